@@ -1,0 +1,140 @@
+package manifest
+
+import "time"
+
+// Catch-up policies: what a timer does about fire times missed while the host
+// was off or the agent was down.
+const (
+	CatchupOnce = "once" // one run for any number of missed fire times (default)
+	CatchupAll  = "all"  // every missed fire time, oldest first, at most MaxCatchup
+	CatchupSkip = "skip" // missed fire times are dropped
+)
+
+// MaxCatchup caps the runs that catchup: all replays.
+const MaxCatchup = 20
+
+// Hardening profiles for the rendered service unit.
+const (
+	HardeningStrict  = "strict"
+	HardeningDefault = "default"
+	HardeningNone    = "none"
+)
+
+// Defaults applied by Spec.Normalize.
+const (
+	DefaultTimezone    = "UTC"
+	DefaultTimeout     = Duration(time.Hour)
+	DefaultInterpreter = "/bin/sh"
+)
+
+// Spec is a pipe as an operator writes it (DESIGN.md, "Pipe spec"). The field
+// names are pinned. Targets is used by the server only and is dropped from the
+// spec that goes into a manifest.
+type Spec struct {
+	Name        string            `json:"name" yaml:"name"`
+	Description string            `json:"description,omitempty" yaml:"description,omitempty"`
+	Schedule    string            `json:"schedule" yaml:"schedule"`
+	Timezone    string            `json:"timezone,omitempty" yaml:"timezone,omitempty"`
+	Script      string            `json:"script,omitempty" yaml:"script,omitempty"`
+	Interpreter string            `json:"interpreter,omitempty" yaml:"interpreter,omitempty"`
+	Command     []string          `json:"command,omitempty" yaml:"command,omitempty"`
+	Files       []string          `json:"files,omitempty" yaml:"files,omitempty"`
+	Env         map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
+	Secrets     []string          `json:"secrets,omitempty" yaml:"secrets,omitempty"`
+	RunAs       string            `json:"run_as,omitempty" yaml:"run_as,omitempty"`
+	Timeout     Duration          `json:"timeout,omitempty" yaml:"timeout,omitempty"`
+	Catchup     string            `json:"catchup,omitempty" yaml:"catchup,omitempty"`
+	Jitter      Duration          `json:"jitter,omitempty" yaml:"jitter,omitempty"`
+	Hardening   string            `json:"hardening,omitempty" yaml:"hardening,omitempty"`
+	Limits      Limits            `json:"limits,omitzero" yaml:"limits,omitempty"`
+	Targets     *Targets          `json:"targets,omitempty" yaml:"targets,omitempty"`
+	Enabled     *bool             `json:"enabled,omitempty" yaml:"enabled,omitempty"`
+}
+
+// Limits are resource limits for one run. Zero means unlimited.
+type Limits struct {
+	CPUPercent int `json:"cpu_percent,omitempty" yaml:"cpu_percent,omitempty"`
+	MemoryMB   int `json:"memory_mb,omitempty" yaml:"memory_mb,omitempty"`
+	Tasks      int `json:"tasks,omitempty" yaml:"tasks,omitempty"`
+}
+
+// Targets selects the agents a pipe runs on: every agent listed by id, and every
+// agent that carries all of the listed tags.
+type Targets struct {
+	Tags   map[string]string `json:"tags,omitempty" yaml:"tags,omitempty"`
+	Agents []string          `json:"agents,omitempty" yaml:"agents,omitempty"`
+}
+
+// IsEnabled reports whether the pipe is enabled (the default).
+func (s *Spec) IsEnabled() bool { return s.Enabled == nil || *s.Enabled }
+
+// Normalize fills in every default so that two specs that mean the same thing
+// compare and serialise equal. It does not validate.
+func (s *Spec) Normalize() {
+	if s.Timezone == "" {
+		s.Timezone = DefaultTimezone
+	}
+	if s.Timeout == 0 {
+		s.Timeout = DefaultTimeout
+	}
+	if s.Catchup == "" {
+		s.Catchup = CatchupOnce
+	}
+	if s.Hardening == "" {
+		s.Hardening = HardeningDefault
+	}
+	if s.Script != "" && s.Interpreter == "" {
+		s.Interpreter = DefaultInterpreter
+	}
+	if s.Enabled == nil {
+		t := true
+		s.Enabled = &t
+	}
+	if len(s.Env) == 0 {
+		s.Env = nil
+	}
+	if len(s.Secrets) == 0 {
+		s.Secrets = nil
+	}
+	if s.Targets != nil && len(s.Targets.Tags) == 0 && len(s.Targets.Agents) == 0 {
+		s.Targets = nil
+	}
+}
+
+// Clone returns a deep copy of s.
+func (s *Spec) Clone() *Spec {
+	c := *s
+	c.Command = append([]string(nil), s.Command...)
+	c.Files = append([]string(nil), s.Files...)
+	c.Secrets = append([]string(nil), s.Secrets...)
+	if s.Env != nil {
+		c.Env = make(map[string]string, len(s.Env))
+		for k, v := range s.Env {
+			c.Env[k] = v
+		}
+	}
+	if s.Targets != nil {
+		t := Targets{Agents: append([]string(nil), s.Targets.Agents...)}
+		if s.Targets.Tags != nil {
+			t.Tags = make(map[string]string, len(s.Targets.Tags))
+			for k, v := range s.Targets.Tags {
+				t.Tags[k] = v
+			}
+		}
+		c.Targets = &t
+	}
+	if s.Enabled != nil {
+		e := *s.Enabled
+		c.Enabled = &e
+	}
+	if len(c.Command) == 0 {
+		c.Command = nil
+	}
+	if len(c.Files) == 0 {
+		c.Files = nil
+	}
+	if len(c.Secrets) == 0 {
+		c.Secrets = nil
+	}
+	return &c
+}

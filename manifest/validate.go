@@ -1,0 +1,381 @@
+package manifest
+
+import (
+	"fmt"
+	"path"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Limits on what a spec may hold. They keep manifests, units and the runner's
+// environment bounded whatever an operator (or an attacker with a token) sends.
+const (
+	MaxNameLen        = 63
+	MaxDescriptionLen = 256
+	MaxScriptBytes    = 1 << 20
+	MaxCommandArgs    = 256
+	MaxArgBytes       = 4096
+	MaxFiles          = 256
+	MaxEnv            = 128
+	MaxEnvValueBytes  = 32 << 10
+	MaxSecrets        = 64
+	MaxTimeout        = Duration(7 * 24 * time.Hour)
+	MinTimeout        = Duration(time.Second)
+	MaxJitter         = Duration(24 * time.Hour)
+	MaxCPUPercent     = 100 * 1024
+	MaxMemoryMB       = 1 << 20
+	MaxTasks          = 1 << 22
+	MaxTags           = 64
+	MaxTargetAgents   = 10000
+)
+
+var (
+	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+	userRE    = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,30}$`)
+	tagKeyRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$`)
+	tagValRE  = regexp.MustCompile(`^[A-Za-z0-9._-]{0,63}$`)
+	agentIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	digestRE  = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+)
+
+// ValidName reports whether s is a valid pipe name.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// ValidTagKey and ValidTagValue report whether s may be used as an agent tag.
+func ValidTagKey(s string) bool   { return tagKeyRE.MatchString(s) }
+func ValidTagValue(s string) bool { return tagValRE.MatchString(s) }
+
+// ValidAgentID reports whether s is shaped like an agent id.
+func ValidAgentID(s string) bool { return agentIDRE.MatchString(s) }
+
+// ValidDigest reports whether s is a "sha256:<64 lowercase hex>" digest.
+func ValidDigest(s string) bool { return digestRE.MatchString(s) }
+
+// Validate checks every field of s and returns all problems at once as a
+// *ValidationError. Empty optional fields are fine: Normalize fills them.
+func (s *Spec) Validate() error {
+	var p problems
+	s.validate(&p, "")
+	return p.err()
+}
+
+func (s *Spec) validate(p *problems, at string) {
+	f := func(field string) string { return join(at, field) }
+
+	switch {
+	case s.Name == "":
+		p.add(f("name"), "required")
+	case !nameRE.MatchString(s.Name):
+		p.add(f("name"), "%s is not a valid name: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", quote(s.Name))
+	}
+	if n := utf8.RuneCountInString(s.Description); n > MaxDescriptionLen {
+		p.add(f("description"), "%d characters, at most %d", n, MaxDescriptionLen)
+	}
+	if hasControl(s.Description, false) {
+		p.add(f("description"), "must be one line without control characters")
+	}
+	if !utf8.ValidString(s.Description) {
+		p.add(f("description"), "not valid UTF-8")
+	}
+
+	if strings.TrimSpace(s.Schedule) == "" {
+		p.add(f("schedule"), "required")
+	} else if _, err := ParseSchedule(s.Schedule); err != nil {
+		p.add(f("schedule"), "%s", err.Error())
+	}
+	if s.Timezone != "" {
+		if err := checkTimezone(s.Timezone); err != nil {
+			p.add(f("timezone"), "%s", err.Error())
+		}
+	}
+
+	hasScript, hasCommand := s.Script != "", len(s.Command) > 0
+	switch {
+	case hasScript && hasCommand:
+		p.add(f("command"), "set either script or command, not both")
+	case !hasScript && !hasCommand:
+		p.add(f("script"), "required: set script (inline) or command (with files)")
+	}
+	if hasScript {
+		if len(s.Script) > MaxScriptBytes {
+			p.add(f("script"), "%d bytes, at most %d", len(s.Script), MaxScriptBytes)
+		}
+		if strings.ContainsRune(s.Script, 0) {
+			p.add(f("script"), "must not contain NUL bytes")
+		}
+		if !utf8.ValidString(s.Script) {
+			p.add(f("script"), "not valid UTF-8")
+		}
+		if len(s.Files) > 0 {
+			p.add(f("files"), "files are only used with command")
+		}
+	}
+	if s.Interpreter != "" {
+		if !hasScript {
+			p.add(f("interpreter"), "only used with script")
+		}
+		if !path.IsAbs(s.Interpreter) || path.Clean(s.Interpreter) != s.Interpreter || hasControl(s.Interpreter, false) || strings.ContainsAny(s.Interpreter, " \t\\%$") {
+			p.add(f("interpreter"), "%s must be a clean absolute path without spaces, '\\', '%%' or '$'", quote(s.Interpreter))
+		}
+	}
+	if len(s.Command) > MaxCommandArgs {
+		p.add(f("command"), "%d arguments, at most %d", len(s.Command), MaxCommandArgs)
+	}
+	for i, a := range s.Command {
+		at := f(fmt.Sprintf("command[%d]", i))
+		switch {
+		case i == 0 && strings.TrimSpace(a) == "":
+			p.add(at, "the program must not be empty")
+		case len(a) > MaxArgBytes:
+			p.add(at, "%d bytes, at most %d", len(a), MaxArgBytes)
+		case hasControl(a, false) || !utf8.ValidString(a):
+			p.add(at, "must not contain control characters or invalid UTF-8")
+		}
+	}
+	if len(s.Files) > MaxFiles {
+		p.add(f("files"), "%d entries, at most %d", len(s.Files), MaxFiles)
+	}
+	seenFile := map[string]int{}
+	for i, fp := range s.Files {
+		at := f(fmt.Sprintf("files[%d]", i))
+		if msg := checkRelPath(fp); msg != "" {
+			p.add(at, "%s", msg)
+			continue
+		}
+		if j, ok := seenFile[path.Clean(fp)]; ok {
+			p.add(at, "duplicate of files[%d]", j)
+		}
+		seenFile[path.Clean(fp)] = i
+	}
+
+	if len(s.Env) > MaxEnv {
+		p.add(f("env"), "%d variables, at most %d", len(s.Env), MaxEnv)
+	}
+	for _, k := range sortedKeys(s.Env) {
+		at := f("env." + k)
+		if !envKeyRE.MatchString(k) {
+			p.add(f("env"), "%s is not a valid variable name: use letters, digits and '_', not starting with a digit", quote(k))
+			continue
+		}
+		if strings.HasPrefix(k, "DROVER_") {
+			p.add(at, "names starting with DROVER_ are reserved for the runner")
+		}
+		v := s.Env[k]
+		if len(v) > MaxEnvValueBytes {
+			p.add(at, "%d bytes, at most %d", len(v), MaxEnvValueBytes)
+		}
+		if strings.ContainsRune(v, 0) || !utf8.ValidString(v) {
+			p.add(at, "must not contain NUL bytes or invalid UTF-8")
+		}
+	}
+
+	if len(s.Secrets) > MaxSecrets {
+		p.add(f("secrets"), "%d names, at most %d", len(s.Secrets), MaxSecrets)
+	}
+	seenSecret := map[string]int{}
+	for i, name := range s.Secrets {
+		at := f(fmt.Sprintf("secrets[%d]", i))
+		if !envKeyRE.MatchString(name) {
+			p.add(at, "%s is not a valid secret name: use letters, digits and '_', not starting with a digit", quote(name))
+			continue
+		}
+		if j, ok := seenSecret[name]; ok {
+			p.add(at, "duplicate of secrets[%d]", j)
+		}
+		seenSecret[name] = i
+		if _, ok := s.Env[name]; ok {
+			p.add(at, "%s is also set in env", name)
+		}
+		if strings.HasPrefix(name, "DROVER_") {
+			p.add(at, "names starting with DROVER_ are reserved for the runner")
+		}
+	}
+
+	if s.RunAs != "" && !userRE.MatchString(s.RunAs) {
+		p.add(f("run_as"), "%s is not a valid user name: use lowercase letters, digits, '_' and '-', at most 31, starting with a letter or '_'", quote(s.RunAs))
+	}
+	if s.Timeout != 0 && (s.Timeout < MinTimeout || s.Timeout > MaxTimeout) {
+		p.add(f("timeout"), "%s out of range %s-%s", s.Timeout, MinTimeout, MaxTimeout)
+	}
+	if s.Jitter < 0 || s.Jitter > MaxJitter {
+		p.add(f("jitter"), "%s out of range 0s-%s", s.Jitter, MaxJitter)
+	}
+	switch s.Catchup {
+	case "", CatchupOnce, CatchupAll, CatchupSkip:
+	default:
+		p.add(f("catchup"), "%s is not one of once, all, skip", quote(s.Catchup))
+	}
+	switch s.Hardening {
+	case "", HardeningStrict, HardeningDefault, HardeningNone:
+	default:
+		p.add(f("hardening"), "%s is not one of strict, default, none", quote(s.Hardening))
+	}
+	checkRange(p, f("limits.cpu_percent"), s.Limits.CPUPercent, MaxCPUPercent)
+	checkRange(p, f("limits.memory_mb"), s.Limits.MemoryMB, MaxMemoryMB)
+	checkRange(p, f("limits.tasks"), s.Limits.Tasks, MaxTasks)
+
+	if t := s.Targets; t != nil {
+		if len(t.Tags) > MaxTags {
+			p.add(f("targets.tags"), "%d tags, at most %d", len(t.Tags), MaxTags)
+		}
+		for _, k := range sortedKeys(t.Tags) {
+			if !tagKeyRE.MatchString(k) {
+				p.add(f("targets.tags"), "%s is not a valid tag key", quote(k))
+				continue
+			}
+			if !tagValRE.MatchString(t.Tags[k]) {
+				p.add(f("targets.tags."+k), "%s is not a valid tag value: use at most 63 letters, digits, '.', '_' and '-'", quote(t.Tags[k]))
+			}
+		}
+		if len(t.Agents) > MaxTargetAgents {
+			p.add(f("targets.agents"), "%d agents, at most %d", len(t.Agents), MaxTargetAgents)
+		}
+		for i, id := range t.Agents {
+			if !agentIDRE.MatchString(id) {
+				p.add(f(fmt.Sprintf("targets.agents[%d]", i)), "%s is not a valid agent id", quote(id))
+			}
+		}
+	}
+}
+
+// Validate checks a manifest and every pipe in it, returning all problems.
+func (m *Manifest) Validate() error {
+	var p problems
+	if !agentIDRE.MatchString(m.AgentID) {
+		p.add("agent_id", "%s is not a valid agent id", quote(m.AgentID))
+	}
+	if m.Serial == 0 {
+		p.add("serial", "must be at least 1")
+	}
+	if m.IssuedAt.IsZero() {
+		p.add("issued_at", "required")
+	}
+	if m.ExpiresAt.IsZero() {
+		p.add("expires_at", "required")
+	} else if !m.ExpiresAt.After(m.IssuedAt) {
+		p.add("expires_at", "must be after issued_at")
+	}
+	seen := map[string]int{}
+	for i := range m.Pipes {
+		pp := &m.Pipes[i]
+		at := fmt.Sprintf("pipes[%d]", i)
+		if j, ok := seen[pp.Name]; ok {
+			p.add(join(at, "name"), "duplicate of pipes[%d]", j)
+		}
+		seen[pp.Name] = i
+		if pp.Name != pp.Spec.Name {
+			p.add(join(at, "name"), "%s does not match spec.name %s", quote(pp.Name), quote(pp.Spec.Name))
+		}
+		if pp.Version == 0 {
+			p.add(join(at, "version"), "must be at least 1")
+		}
+		pp.Spec.validate(&p, join(at, "spec"))
+		if pp.Spec.Targets != nil {
+			p.add(join(at, "spec.targets"), "must not appear in a manifest")
+		}
+		if !digestRE.MatchString(pp.Payload.Digest) {
+			p.add(join(at, "payload.digest"), "%s is not a sha256:<hex> digest", quote(pp.Payload.Digest))
+		}
+		if pp.Payload.Size < 0 {
+			p.add(join(at, "payload.size"), "must not be negative")
+		}
+	}
+	return p.err()
+}
+
+// ValidateSpecs validates several specs, as from one file or one apply, with
+// paths "[i].field"; duplicate names are problems too.
+func ValidateSpecs(specs []Spec) error {
+	var p problems
+	seen := map[string]int{}
+	for i := range specs {
+		at := fmt.Sprintf("[%d]", i)
+		specs[i].validate(&p, at)
+		if j, ok := seen[specs[i].Name]; ok && specs[i].Name != "" {
+			p.add(join(at, "name"), "duplicate of [%d] (%s)", j, specs[i].Name)
+		}
+		seen[specs[i].Name] = i
+	}
+	return p.err()
+}
+
+func checkRange(p *problems, field string, v, max int) {
+	if v < 0 || v > max {
+		p.add(field, "%d out of range 0-%d", v, max)
+	}
+}
+
+func checkTimezone(tz string) error {
+	if tz == "Local" || strings.HasPrefix(tz, "/") || strings.Contains(tz, "..") || hasControl(tz, false) || strings.ContainsAny(tz, " %$\\") {
+		return fmt.Errorf("%s is not an IANA time zone name (e.g. Europe/Berlin)", quote(tz))
+	}
+	if _, err := time.LoadLocation(tz); err != nil {
+		return fmt.Errorf("unknown time zone %s (use an IANA name such as Europe/Berlin)", quote(tz))
+	}
+	return nil
+}
+
+// LoadLocation loads a validated pipe time zone; "" means UTC.
+func LoadLocation(tz string) (*time.Location, error) {
+	if tz == "" {
+		return time.UTC, nil
+	}
+	if err := checkTimezone(tz); err != nil {
+		return nil, err
+	}
+	return time.LoadLocation(tz)
+}
+
+func checkRelPath(fp string) string {
+	switch {
+	case fp == "":
+		return "must not be empty"
+	case path.IsAbs(fp):
+		return fmt.Sprintf("%s must be relative to the pipe file", quote(fp))
+	case hasControl(fp, false) || !utf8.ValidString(fp) || strings.Contains(fp, "\\"):
+		return fmt.Sprintf("%s must not contain control characters or '\\'", quote(fp))
+	}
+	for _, part := range strings.Split(fp, "/") {
+		if part == ".." {
+			return fmt.Sprintf("%s must not leave the pipe's directory", quote(fp))
+		}
+	}
+	if path.Clean(fp) == "." {
+		return fmt.Sprintf("%s names the pipe's own directory", quote(fp))
+	}
+	return ""
+}
+
+// hasControl reports control characters; tab is allowed when tabOK.
+func hasControl(s string, tabOK bool) bool {
+	for _, r := range s {
+		if r == '\t' && tabOK {
+			continue
+		}
+		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
+			return true
+		}
+	}
+	return false
+}
+
+func quote(s string) string {
+	if len(s) > 80 {
+		s = s[:80] + "…"
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
