@@ -55,11 +55,11 @@ func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
 
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("duration must be a string such as \"1h\"")
+		return fmt.Errorf("line %d: duration must be a string such as \"1h\"", n.Line)
 	}
 	v, err := parseDuration(n.Value)
 	if err != nil {
-		return err
+		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
 	*d = v
 	return nil

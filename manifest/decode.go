@@ -1,0 +1,219 @@
+package manifest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// MaxSpecsPerFile bounds how many documents one YAML source may hold.
+const MaxSpecsPerFile = 1000
+
+// MaxSpecFileBytes bounds the size of one YAML source.
+const MaxSpecFileBytes = 16 << 20
+
+// DecodeSpecs reads one or more pipe specs from YAML (documents separated by
+// "---"), refusing unknown fields, and validates them all. Every problem is
+// returned at once as a *ValidationError whose field paths are "[doc].field"
+// and whose lines point into data. Empty documents are ignored.
+func DecodeSpecs(data []byte) ([]Spec, error) {
+	if len(data) > MaxSpecFileBytes {
+		return nil, &ValidationError{Problems: []FieldError{{Message: fmt.Sprintf("%d bytes, at most %d", len(data), MaxSpecFileBytes)}}}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var docs []*yaml.Node
+	for {
+		var n yaml.Node
+		err := dec.Decode(&n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, &ValidationError{Problems: []FieldError{yamlError(fmt.Sprintf("[%d]", len(docs)), err)}}
+		}
+		if isEmptyDoc(&n) {
+			continue
+		}
+		if len(docs) == MaxSpecsPerFile {
+			return nil, &ValidationError{Problems: []FieldError{{Message: fmt.Sprintf("more than %d documents; split the file", MaxSpecsPerFile)}}}
+		}
+		docs = append(docs, &n)
+	}
+	var p problems
+	specs := make([]Spec, len(docs))
+	decoded := make([]bool, len(docs))
+	for i, doc := range docs {
+		at := fmt.Sprintf("[%d]", i)
+		root := doc
+		if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+			root = root.Content[0]
+		}
+		if root.Kind != yaml.MappingNode {
+			p.list = append(p.list, FieldError{Field: at, Message: "a pipe must be a mapping of fields (name:, schedule:, ...)", Line: root.Line})
+			continue
+		}
+		before := len(p.list)
+		checkKnownFields(&p, root, reflect.TypeOf(Spec{}), at)
+		if len(p.list) > before {
+			continue
+		}
+		if err := root.Decode(&specs[i]); err != nil {
+			p.list = append(p.list, yamlError(at, err))
+			continue
+		}
+		decoded[i] = true
+	}
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	if err := ValidateSpecs(specs); err != nil {
+		var ve *ValidationError
+		if errors.As(err, &ve) {
+			for j := range ve.Problems {
+				ve.Problems[j].Line = lineFor(docs, ve.Problems[j].Field)
+			}
+		}
+		return nil, err
+	}
+	return specs, nil
+}
+
+func isEmptyDoc(n *yaml.Node) bool {
+	if n.Kind == 0 {
+		return true
+	}
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) == 0 {
+			return true
+		}
+		c := n.Content[0]
+		return c.Kind == yaml.ScalarNode && c.Tag == "!!null"
+	}
+	return false
+}
+
+var yamlLineRE = regexp.MustCompile(`line (\d+): `)
+
+// yamlError turns a yaml.v3 error into a FieldError with the first line it names.
+func yamlError(at string, err error) FieldError {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg = strings.TrimPrefix(msg, "unmarshal errors:\n  ")
+	msg = strings.ReplaceAll(msg, "\n  ", "; ")
+	fe := FieldError{Field: at, Message: msg}
+	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+		fe.Line, _ = strconv.Atoi(m[1])
+		fe.Message = strings.Replace(msg, m[0], "", 1)
+	}
+	return fe
+}
+
+// yamlFields maps the yaml names of a struct's fields to their types.
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+// checkKnownFields reports mapping keys that the target struct does not have,
+// recursing into nested structs, with their lines.
+func checkKnownFields(p *problems, n *yaml.Node, t reflect.Type, at string) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || n.Kind != yaml.MappingNode {
+		return
+	}
+	fields := yamlFields(t)
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		ft, ok := fields[k.Value]
+		if !ok {
+			known := make([]string, 0, len(fields))
+			for name := range fields {
+				known = append(known, name)
+			}
+			sort.Strings(known)
+			p.list = append(p.list, FieldError{Field: join(at, k.Value), Message: "unknown field (known: " + strings.Join(known, ", ") + ")", Line: k.Line})
+			continue
+		}
+		if seen[k.Value] {
+			p.list = append(p.list, FieldError{Field: join(at, k.Value), Message: "given twice", Line: k.Line})
+		}
+		seen[k.Value] = true
+		checkKnownFields(p, v, ft, join(at, k.Value))
+	}
+}
+
+// lineFor finds the line of a field path like "[2].limits.memory_mb" or
+// "[0].secrets[1]" in the decoded documents; 0 when unknown.
+func lineFor(docs []*yaml.Node, field string) int {
+	if !strings.HasPrefix(field, "[") {
+		return 0
+	}
+	end := strings.IndexByte(field, ']')
+	idx, err := strconv.Atoi(field[1:end])
+	if err != nil || idx < 0 || idx >= len(docs) {
+		return 0
+	}
+	n := docs[idx]
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	line := n.Line
+	rest := strings.TrimPrefix(field[end+1:], ".")
+	for rest != "" {
+		var seg string
+		if strings.HasPrefix(rest, "[") {
+			e := strings.IndexByte(rest, ']')
+			if e < 0 {
+				break
+			}
+			i, err := strconv.Atoi(rest[1:e])
+			if err != nil || n.Kind != yaml.SequenceNode || i >= len(n.Content) {
+				break
+			}
+			n = n.Content[i]
+			line = n.Line
+			rest = strings.TrimPrefix(rest[e+1:], ".")
+			continue
+		}
+		cut := strings.IndexAny(rest, ".[")
+		if cut < 0 {
+			seg, rest = rest, ""
+		} else {
+			seg, rest = rest[:cut], strings.TrimPrefix(rest[cut:], ".")
+		}
+		if n.Kind != yaml.MappingNode {
+			break
+		}
+		found := false
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == seg {
+				line = n.Content[i].Line
+				n = n.Content[i+1]
+				found = true
+				break
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	return line
+}
