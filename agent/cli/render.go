@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/units"
+)
+
+func newRenderCmd(env *Env) *cobra.Command {
+	var (
+		pipeFile, outDir, scope, agentPath, dataDir string
+	)
+	cmd := &cobra.Command{
+		Use:   "render --pipe FILE [--out DIR]",
+		Short: "Validate one pipe spec and write its systemd units, without touching systemd",
+		Long: `Render validates the pipe spec in FILE (one YAML document) and produces the
+drover-pipe-<name>.service and .timer units exactly as the agent would install
+them. With --out the files are written into DIR; otherwise they are printed.
+Nothing is loaded into systemd.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if pipeFile == "" {
+				return usagef("--pipe is required")
+			}
+			opts := units.Options{AgentPath: agentPath, Scope: units.Scope(scope), DataDir: dataDir}
+			if opts.Scope != units.ScopeSystem && opts.Scope != units.ScopeUser {
+				return usagef("--scope %q: use system or user", scope)
+			}
+			data, err := os.ReadFile(pipeFile)
+			if err != nil {
+				return fmt.Errorf("read pipe: %w", err)
+			}
+			specs, err := manifest.DecodeSpecs(data)
+			if err != nil {
+				var ve *manifest.ValidationError
+				if errors.As(err, &ve) {
+					for _, p := range ve.Problems {
+						fmt.Fprintf(env.Stderr, "%s:%s\n", pipeFile, lineOrField(p))
+					}
+					return fmt.Errorf("%s: %d problem(s); nothing rendered", pipeFile, len(ve.Problems))
+				}
+				return err
+			}
+			if len(specs) != 1 {
+				return fmt.Errorf("%s holds %d pipes; render takes exactly one", pipeFile, len(specs))
+			}
+			spec := specs[0]
+			spec.Normalize()
+			files, err := units.Render(&spec, opts)
+			if err != nil {
+				return fmt.Errorf("render %s: %w", spec.Name, err)
+			}
+			if outDir == "" {
+				for i, f := range files {
+					if i > 0 {
+						fmt.Fprintln(env.Stdout)
+					}
+					fmt.Fprintf(env.Stdout, "# --- %s ---\n", f.Name)
+					env.Stdout.Write(f.Content)
+				}
+				return nil
+			}
+			if err := os.MkdirAll(outDir, 0o755); err != nil {
+				return err
+			}
+			for _, f := range files {
+				if err := writeFileAtomic(filepath.Join(outDir, f.Name), f.Content, 0o644); err != nil {
+					return err
+				}
+				fmt.Fprintln(env.Stdout, filepath.Join(outDir, f.Name))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&pipeFile, "pipe", "", "pipe spec YAML file (one document)")
+	cmd.Flags().StringVar(&outDir, "out", "", "write the unit files into this directory instead of printing them")
+	cmd.Flags().StringVar(&scope, "scope", string(units.ScopeSystem), "systemd scope the units are for: system or user")
+	cmd.Flags().StringVar(&agentPath, "agent-path", "/usr/bin/drover-agent", "agent binary the service runs")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "/var/lib/drover", "agent data directory")
+	return cmd
+}
+
+func lineOrField(p manifest.FieldError) string {
+	if p.Line > 0 {
+		p2 := p
+		p2.Line = 0
+		return fmt.Sprintf("%d: %s", p.Line, p2.Error())
+	}
+	return " " + p.Error()
+}
+
+// writeFileAtomic writes data to path through a temporary file in the same
+// directory, fsyncs it, and renames it into place.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
