@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -314,10 +315,27 @@ func checkTimezone(tz string) error {
 	if tz == "Local" || strings.HasPrefix(tz, "/") || strings.Contains(tz, "..") || hasControl(tz, false) || strings.ContainsAny(tz, " %$\\") {
 		return fmt.Errorf("%s is not an IANA time zone name (e.g. Europe/Berlin)", quote(tz))
 	}
-	if _, err := time.LoadLocation(tz); err != nil {
+	if _, err := loadLocationCached(tz); err != nil {
 		return fmt.Errorf("unknown time zone %s (use an IANA name such as Europe/Berlin)", quote(tz))
 	}
 	return nil
+}
+
+// zoneCache keeps loaded zones: validating a 1,000-pipe manifest would
+// otherwise read a zoneinfo file from disk per pipe. Only successes are kept,
+// so a zone installed later is still found.
+var zoneCache sync.Map // string -> *time.Location
+
+func loadLocationCached(tz string) (*time.Location, error) {
+	if l, ok := zoneCache.Load(tz); ok {
+		return l.(*time.Location), nil
+	}
+	l, err := time.LoadLocation(tz)
+	if err != nil {
+		return nil, err
+	}
+	zoneCache.Store(tz, l)
+	return l, nil
 }
 
 // LoadLocation loads a validated pipe time zone; "" means UTC.
@@ -328,7 +346,7 @@ func LoadLocation(tz string) (*time.Location, error) {
 	if err := checkTimezone(tz); err != nil {
 		return nil, err
 	}
-	return time.LoadLocation(tz)
+	return loadLocationCached(tz)
 }
 
 func checkRelPath(fp string) string {
