@@ -195,3 +195,15 @@ func TestDecodeManifestRefusesBadInput(t *testing.T) {
 		t.Errorf("bad zone: got %v", ps)
 	}
 }
+
+func TestTimezoneNames(t *testing.T) {
+	for tz, ok := range map[string]bool{"UTC": true, "Europe/Berlin": true, "America/Argentina/Buenos_Aires": true, "Etc/GMT+5": true,
+		"GMT": false, "CET": false, "EST": false, "right/Europe/Berlin": false, "posix/UTC": false, "Local": false, "": true,
+		"Europe/../etc/passwd": false, "/etc/localtime": false, "Mars/Base": false} {
+		s := validSpec()
+		s.Timezone = tz
+		if err := s.Validate(); (err == nil) != ok {
+			t.Errorf("timezone %q: err = %v, want ok=%v", tz, err, ok)
+		}
+	}
+}

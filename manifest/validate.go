@@ -315,6 +315,12 @@ func checkTimezone(tz string) error {
 	if tz == "Local" || strings.HasPrefix(tz, "/") || strings.Contains(tz, "..") || hasControl(tz, false) || strings.ContainsAny(tz, " %$\\") {
 		return fmt.Errorf("%s is not an IANA time zone name (e.g. Europe/Berlin)", quote(tz))
 	}
+	// systemd reads a bare abbreviation such as GMT, EST or CET as "local
+	// time" when it matches the host's own zone, and "right/" zones count leap
+	// seconds: allow only UTC and Region/City names so both backends agree.
+	if tz != "UTC" && (!strings.Contains(tz, "/") || strings.HasPrefix(tz, "right/") || strings.HasPrefix(tz, "posix/")) {
+		return fmt.Errorf("%s: use UTC or a Region/City IANA name such as Europe/Berlin (abbreviations like CET or EST are ambiguous to systemd)", quote(tz))
+	}
 	if _, err := loadLocationCached(tz); err != nil {
 		return fmt.Errorf("unknown time zone %s (use an IANA name such as Europe/Berlin)", quote(tz))
 	}

@@ -78,6 +78,7 @@ func newRoot(env *Env) *cobra.Command {
 		SilenceErrors: true,
 		Args:          noArgs,
 		Version:       Version,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newScheduleCmd(env))
