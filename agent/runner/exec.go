@@ -1,0 +1,293 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
+	"golang.org/x/sys/unix"
+)
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// secrets reads the values of the pipe's secrets.
+func (r *runner) secrets() (map[string]string, error) {
+	out := map[string]string{}
+	for _, name := range r.spec.Secrets {
+		var dirs []string
+		for _, k := range []string{"CREDENTIALS_DIRECTORY", "DROVER_SECRETS_DIR"} {
+			if d := r.env[k]; d != "" {
+				dirs = append(dirs, d)
+			}
+		}
+		if len(dirs) == 0 {
+			return nil, fmt.Errorf("secret %s: no CREDENTIALS_DIRECTORY or DROVER_SECRETS_DIR", name)
+		}
+		var b []byte
+		var err error
+		for _, d := range dirs {
+			if b, err = os.ReadFile(filepath.Join(d, name)); err == nil || !errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+		}
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("secret %s is not available", name)
+			}
+			return nil, fmt.Errorf("secret %s: %w", name, err)
+		}
+		v := string(b)
+		v = strings.TrimSuffix(v, "\n")
+		v = strings.TrimSuffix(v, "\r")
+		out[name] = v
+	}
+	return out, nil
+}
+
+// childEnv builds the payload's environment.
+func (r *runner) childEnv(p *plannedRun, secrets map[string]string) []string {
+	env := map[string]string{}
+	for k, v := range r.env {
+		if !strings.HasPrefix(k, "DROVER_") {
+			env[k] = v
+		}
+	}
+	if env["PATH"] == "" {
+		env["PATH"] = defaultPath
+	}
+	for k, v := range r.spec.Env {
+		env[k] = v
+	}
+	for k, v := range secrets {
+		env[k] = v
+	}
+	env["DROVER_RUN_ID"] = p.runID
+	env["DROVER_PIPE"] = r.opts.Pipe
+	env["DROVER_TRIGGER"] = TriggerName(p.trigger)
+	if !p.scheduledAt.IsZero() {
+		env["DROVER_SCHEDULED_AT"] = p.scheduledAt.UTC().Format(time.RFC3339)
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// argv returns the payload's command line and working directory.
+func (r *runner) argv(path string) ([]string, string, error) {
+	payload := filepath.Join(r.pdir, "payload")
+	if len(r.spec.Command) == 0 {
+		interp := r.spec.Interpreter
+		if interp == "" {
+			interp = manifest.DefaultInterpreter
+		}
+		return []string{interp, filepath.Join(payload, manifest.ScriptFile)}, payload, nil
+	}
+	args := append([]string(nil), r.spec.Command...)
+	c0 := args[0]
+	switch {
+	case filepath.IsAbs(c0):
+	case strings.Contains(c0, "/"):
+		args[0] = filepath.Join(payload, c0)
+	default:
+		if st, err := os.Stat(filepath.Join(payload, c0)); err == nil && st.Mode().IsRegular() {
+			args[0] = filepath.Join(payload, c0)
+		} else if found := lookPath(c0, path); found != "" {
+			args[0] = found
+		} else {
+			return nil, payload, fmt.Errorf("%s: %w", c0, exec.ErrNotFound)
+		}
+	}
+	return args, payload, nil
+}
+
+func lookPath(file, path string) string {
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, file)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return ""
+}
+
+// note writes a runner message into the run's log (stream SYSTEM) and to
+// the runner's stderr.
+func (r *runner) note(c *chunker, format string, args ...any) {
+	msg := fmt.Sprintf("drover-agent: "+format+"\n", args...)
+	_, _ = r.opts.Stderr.Write([]byte(msg))
+	c.in <- piece{stream: agentpb.LogStream_LOG_STREAM_SYSTEM, data: []byte(msg)}
+}
+
+// runPayload executes the payload in its own process group and fills rr.
+// It returns the run's last log chunks, not yet written.
+func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (final []*agentpb.LogChunk) {
+	c := newChunker(p.runID, r.opts.ChunkBytes, r.opts.FlushEvery, r.now, func(ch *agentpb.LogChunk) {
+		_ = r.record(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: ch}}, false)
+	})
+	defer func() { rr.LogChunks, final = c.close() }()
+	fail := func(code int, err error) {
+		rr.Status = agentpb.RunStatus_RUN_STATUS_FAILED
+		rr.ExitCode = code
+		rr.Error = err.Error()
+		r.note(c, "%v", err)
+	}
+
+	secrets, err := r.secrets()
+	if err != nil {
+		fail(ExitRunnerFailed, err)
+		return
+	}
+	values := make([]string, 0, len(secrets))
+	for _, v := range secrets {
+		values = append(values, v)
+	}
+	env := r.childEnv(p, secrets)
+	args, dir, err := r.argv(envMap(env)["PATH"])
+	if err != nil {
+		fail(ExitNotFound, fmt.Errorf("cannot start the payload: %w", err))
+		return
+	}
+
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		fail(ExitRunnerFailed, err)
+		return
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		fail(ExitRunnerFailed, err)
+		return
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Dir = dir
+	cmd.Env = env
+	cmd.Stdout = outW
+	cmd.Stderr = errW
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	start := time.Now()
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		code := ExitCannotExecute
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, exec.ErrNotFound) {
+			code = ExitNotFound
+		}
+		fail(code, fmt.Errorf("cannot start the payload: %w", err))
+		return
+	}
+	pgid := cmd.Process.Pid
+
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go pump(&pumps, outR, agentpb.LogStream_LOG_STREAM_STDOUT, newMasker(values), r.opts.Stdout, c.in)
+	go pump(&pumps, errR, agentpb.LogStream_LOG_STREAM_STDERR, newMasker(values), r.opts.Stderr, c.in)
+
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+
+	timeout := r.spec.Timeout.D()
+	if timeout <= 0 {
+		timeout = manifest.DefaultTimeout.D()
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+
+	var cause agentpb.RunStatus // TIMED_OUT or CANCELED when the runner killed it
+	var waitErr error
+	select {
+	case waitErr = <-waited:
+	case <-timer.C:
+		cause = agentpb.RunStatus_RUN_STATUS_TIMED_OUT
+	case <-ctx.Done():
+		cause = agentpb.RunStatus_RUN_STATUS_CANCELED
+	}
+	if cause != 0 {
+		what := "timed out after " + timeout.String()
+		if cause == agentpb.RunStatus_RUN_STATUS_CANCELED {
+			what = "canceled"
+		}
+		r.note(c, "run %s: stopping its processes (SIGTERM, SIGKILL after %s)", what, r.opts.KillGrace)
+		_ = unix.Kill(-pgid, unix.SIGTERM)
+		grace := time.NewTimer(r.opts.KillGrace)
+		select {
+		case waitErr = <-waited:
+			grace.Stop()
+		case <-grace.C:
+			_ = unix.Kill(-pgid, unix.SIGKILL)
+			waitErr = <-waited
+		}
+	}
+	rr.Duration = time.Since(start)
+	// Whatever is left of the tree (background children) goes with the run,
+	// as systemd does with the rest of a service's cgroup.
+	_ = unix.Kill(-pgid, unix.SIGKILL)
+	pumpsDone := make(chan struct{})
+	go func() { pumps.Wait(); close(pumpsDone) }()
+	select {
+	case <-pumpsDone:
+	case <-time.After(2 * time.Second):
+		// A process that left the group still holds the pipes open.
+		outR.Close()
+		errR.Close()
+		<-pumpsDone
+	}
+	outR.Close()
+	errR.Close()
+
+	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	switch {
+	case ws.Signaled():
+		rr.Signal = unix.SignalName(ws.Signal())
+		rr.ExitCode = 128 + int(ws.Signal())
+		if cause == 0 && (ws.Signal() == syscall.SIGTERM || ws.Signal() == syscall.SIGINT) {
+			// systemctl stop signals the whole cgroup: the payload may see
+			// SIGTERM before the runner does.
+			select {
+			case <-ctx.Done():
+				cause = agentpb.RunStatus_RUN_STATUS_CANCELED
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	default:
+		rr.ExitCode = ws.ExitStatus()
+	}
+	if cause == agentpb.RunStatus_RUN_STATUS_CANCELED && rr.Duration >= timeout-2*time.Second {
+		// The service manager's own timeout (TimeoutStartSec=, the cron
+		// backend's timer) stopped the run at about the run's timeout.
+		cause = agentpb.RunStatus_RUN_STATUS_TIMED_OUT
+	}
+	switch {
+	case cause != 0:
+		rr.Status = cause
+	case waitErr == nil && rr.ExitCode == 0:
+		rr.Status = agentpb.RunStatus_RUN_STATUS_SUCCEEDED
+	default:
+		rr.Status = agentpb.RunStatus_RUN_STATUS_FAILED
+	}
+	if cause == agentpb.RunStatus_RUN_STATUS_TIMED_OUT {
+		rr.Error = "timed out after " + timeout.String()
+	}
+	return nil // set by the deferred close
+}

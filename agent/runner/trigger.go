@@ -1,0 +1,209 @@
+package runner
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/drover/drover/agent/spool"
+	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
+)
+
+// StateFile is the runner's own state in the spool directory (ignored by the
+// spool reader): the last fire time it ran for, per schedule, and the last
+// API request it consumed.
+const StateFile = "state.json"
+
+// LockFile is the lock that keeps two runs of a pipe from overlapping.
+const LockFile = "lock"
+
+// RequestFreshness is how old a run request file may be and still count.
+const RequestFreshness = time.Minute
+
+// state is the content of StateFile.
+type state struct {
+	// Schedule and Timezone are what LastFire was computed with; after an
+	// edit the old fire time says nothing about the new schedule.
+	Schedule      string    `json:"schedule,omitempty"`
+	Timezone      string    `json:"timezone,omitempty"`
+	LastFire      time.Time `json:"last_fire,omitzero"`
+	LastRequestID string    `json:"last_request_id,omitempty"`
+}
+
+func readState(dir string) state {
+	var st state
+	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if err == nil {
+		_ = json.Unmarshal(b, &st)
+	}
+	return st
+}
+
+func writeState(dir string, st state) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return spool.WriteFileAtomic(filepath.Join(dir, StateFile), b, spool.FileMode)
+}
+
+// lastFireFor returns the last fire time run for this schedule, if known.
+func (st state) lastFireFor(spec *manifest.Spec) time.Time {
+	if st.Schedule != spec.Schedule || st.Timezone != spec.Timezone {
+		return time.Time{}
+	}
+	return st.LastFire
+}
+
+// ParseTrigger parses a trigger name as used by --trigger.
+func ParseTrigger(s string) (agentpb.Trigger, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "schedule":
+		return agentpb.Trigger_TRIGGER_SCHEDULE, nil
+	case "catchup":
+		return agentpb.Trigger_TRIGGER_CATCHUP, nil
+	case "manual":
+		return agentpb.Trigger_TRIGGER_MANUAL, nil
+	case "api":
+		return agentpb.Trigger_TRIGGER_API, nil
+	}
+	return 0, fmt.Errorf("unknown trigger %q (use schedule, catchup, manual or api)", s)
+}
+
+// TriggerName is the lower-case name of a trigger ("schedule", ...).
+func TriggerName(t agentpb.Trigger) string {
+	return strings.ToLower(strings.TrimPrefix(t.String(), "TRIGGER_"))
+}
+
+// requestDir is where the daemon leaves run requests for trigger=api.
+func (r *runner) requestDir() string {
+	switch {
+	case r.opts.RequestDir != "":
+		return r.opts.RequestDir
+	case r.env["DROVER_REQUEST_DIR"] != "":
+		return r.env["DROVER_REQUEST_DIR"]
+	case r.env["XDG_RUNTIME_DIR"] != "":
+		return filepath.Join(r.env["XDG_RUNTIME_DIR"], "drover", "requests")
+	}
+	return "/run/drover/requests"
+}
+
+// takeRequest consumes a fresh run request for this pipe and returns its id,
+// or "". Fresh: written less than RequestFreshness ago and, when it has an
+// expires_at, not expired. lastID is the request the previous run consumed (a request whose
+// file could not be removed must not count twice).
+func (r *runner) takeRequest(lastID string) string {
+	path := filepath.Join(r.requestDir(), r.opts.Pipe+".json")
+	f, err := os.OpenFile(path, os.O_RDONLY|noFollow, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() || st.Size() > 64<<10 {
+		return ""
+	}
+	if age := r.now().Sub(st.ModTime()); age > RequestFreshness || age < -RequestFreshness {
+		return ""
+	}
+	var req struct {
+		RequestID string    `json:"request_id"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	if err := json.NewDecoder(f).Decode(&req); err != nil || req.RequestID == "" || req.RequestID == lastID {
+		return ""
+	}
+	if !req.ExpiresAt.IsZero() && !r.now().Before(req.ExpiresAt) {
+		return ""
+	}
+	// Consume it. A runner without write access to the directory (a dynamic
+	// user) cannot; lastID in the state file then keeps it from counting twice.
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		r.debugf("cannot remove run request %s: %v", path, err)
+	}
+	return req.RequestID
+}
+
+// timerElapse returns when the systemd timer that started this service
+// elapsed, if a timer did (systemd 252+ sets TRIGGER_UNIT and
+// TRIGGER_TIMER_REALTIME_USEC).
+func (r *runner) timerElapse() (time.Time, bool) {
+	if r.env["INVOCATION_ID"] == "" || !strings.HasSuffix(r.env["TRIGGER_UNIT"], ".timer") {
+		return time.Time{}, false
+	}
+	if usec, err := strconv.ParseInt(r.env["TRIGGER_TIMER_REALTIME_USEC"], 10, 64); err == nil && usec > 0 {
+		return time.UnixMicro(usec), true
+	}
+	return r.now(), true
+}
+
+// nextFunc is a schedule: the first fire time strictly after t, zero if none.
+type nextFunc func(after time.Time) time.Time
+
+// schedule returns the pipe's fire-time function, or nil when fire times
+// cannot be computed (an @every interval, or an unparsable schedule).
+func (r *runner) schedule() nextFunc {
+	if r.opts.Schedule != nil {
+		return r.opts.Schedule
+	}
+	s, err := manifest.ParseSchedule(r.spec.Schedule)
+	if err != nil {
+		return nil
+	}
+	if _, every := s.Every(); every {
+		return nil
+	}
+	loc, err := manifest.LoadLocation(r.spec.Timezone)
+	if err != nil {
+		return nil
+	}
+	return func(after time.Time) time.Time { return s.Next(after, loc) }
+}
+
+// prevFire returns the latest fire time <= t, or zero if none is found
+// within 20 years (or the schedule cannot say).
+func prevFire(next nextFunc, t time.Time) time.Time {
+	for w := time.Hour; w <= 20*365*24*time.Hour; w *= 2 {
+		n := next(t.Add(-w))
+		if n.IsZero() {
+			return time.Time{}
+		}
+		if n.After(t) {
+			continue
+		}
+		for {
+			m := next(n)
+			if m.IsZero() || m.After(t) || !m.After(n) {
+				return n
+			}
+			n = m
+		}
+	}
+	return time.Time{}
+}
+
+// missedFires returns up to limit fire times in (after, upTo], the most
+// recent ones, oldest first.
+func missedFires(next nextFunc, after, upTo time.Time, limit int) []time.Time {
+	var out []time.Time
+	t := upTo
+	for len(out) < limit {
+		p := prevFire(next, t)
+		if p.IsZero() || !p.After(after) {
+			break
+		}
+		out = append(out, p)
+		t = p.Add(-time.Nanosecond)
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
