@@ -46,6 +46,9 @@ type Spec struct {
 	Catchup     string            `json:"catchup,omitempty" yaml:"catchup,omitempty"`
 	Jitter      Duration          `json:"jitter,omitempty" yaml:"jitter,omitempty"`
 	Hardening   string            `json:"hardening,omitempty" yaml:"hardening,omitempty"`
+	// WritablePaths are the places outside its state directory a job under
+	// the default or strict profile may write (e.g. /var/backups).
+	WritablePaths []string `json:"writable_paths,omitempty" yaml:"writable_paths,omitempty"`
 	Limits      Limits            `json:"limits,omitzero" yaml:"limits,omitempty"`
 	Targets     *Targets          `json:"targets,omitempty" yaml:"targets,omitempty"`
 	Enabled     *bool             `json:"enabled,omitempty" yaml:"enabled,omitempty"`
@@ -96,6 +99,9 @@ func (s *Spec) Normalize() {
 	if len(s.Secrets) == 0 {
 		s.Secrets = nil
 	}
+	if len(s.WritablePaths) == 0 {
+		s.WritablePaths = nil
+	}
 	if s.Targets != nil && len(s.Targets.Tags) == 0 && len(s.Targets.Agents) == 0 {
 		s.Targets = nil
 	}
@@ -107,6 +113,7 @@ func (s *Spec) Clone() *Spec {
 	c.Command = append([]string(nil), s.Command...)
 	c.Files = append([]string(nil), s.Files...)
 	c.Secrets = append([]string(nil), s.Secrets...)
+	c.WritablePaths = append([]string(nil), s.WritablePaths...)
 	if s.Env != nil {
 		c.Env = make(map[string]string, len(s.Env))
 		for k, v := range s.Env {
@@ -135,6 +142,9 @@ func (s *Spec) Clone() *Spec {
 	}
 	if len(c.Secrets) == 0 {
 		c.Secrets = nil
+	}
+	if len(c.WritablePaths) == 0 {
+		c.WritablePaths = nil
 	}
 	return &c
 }

@@ -32,6 +32,7 @@ const (
 	MaxTasks          = 1 << 22
 	MaxTags           = 64
 	MaxTargetAgents   = 10000
+	MaxWritablePaths  = 32
 )
 
 var (
@@ -215,6 +216,23 @@ func (s *Spec) validate(p *problems, at string) {
 	case "", HardeningStrict, HardeningDefault, HardeningNone:
 	default:
 		p.add(f("hardening"), "%s is not one of strict, default, none", quote(s.Hardening))
+	}
+	if len(s.WritablePaths) > MaxWritablePaths {
+		p.add(f("writable_paths"), "%d paths, at most %d", len(s.WritablePaths), MaxWritablePaths)
+	}
+	for i, wp := range s.WritablePaths {
+		at := f(fmt.Sprintf("writable_paths[%d]", i))
+		switch {
+		case !path.IsAbs(wp) || path.Clean(wp) != wp:
+			p.add(at, "%s must be a clean absolute path", quote(wp))
+		case wp == "/":
+			p.add(at, "the whole file system cannot be made writable; use hardening: none")
+		case hasControl(wp, false) || !utf8.ValidString(wp) || strings.ContainsAny(wp, " \t\\\"';%$"):
+			p.add(at, "%s must not contain blanks, quotes, '\\', ';', '%%' or '$'", quote(wp))
+		}
+	}
+	if len(s.WritablePaths) > 0 && s.Hardening == HardeningNone {
+		p.add(f("writable_paths"), "only used with hardening default or strict (none leaves the file system writable)")
 	}
 	checkRange(p, f("limits.cpu_percent"), s.Limits.CPUPercent, MaxCPUPercent)
 	checkRange(p, f("limits.memory_mb"), s.Limits.MemoryMB, MaxMemoryMB)

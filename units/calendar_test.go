@@ -76,9 +76,9 @@ func TestOnCalendarErrors(t *testing.T) {
 		{daily, "Europe/Berlin %n", `"Europe/Berlin %n" is not an IANA time zone name (e.g. Europe/Berlin)`},
 		{daily, "Local", `"Local" is not an IANA time zone name (e.g. Europe/Berlin)`},
 		{daily, "../../etc/passwd", `"../../etc/passwd" is not an IANA time zone name (e.g. Europe/Berlin)`},
-		{daily, "GMT", `time zone "GMT" cannot be used in OnCalendar=: systemd reads a name that is also the host's zone abbreviation as that abbreviation; use UTC or a Region/City name such as Europe/Berlin (or Etc/GMT)`},
-		{daily, "CET", `time zone "CET" cannot be used in OnCalendar=: systemd reads a name that is also the host's zone abbreviation as that abbreviation; use UTC or a Region/City name such as Europe/Berlin (or Etc/GMT)`},
-		{daily, "right/Europe/Berlin", `time zone "right/Europe/Berlin" counts leap seconds, which is not supported; use the zone without right/`},
+		{daily, "GMT", `"GMT": use UTC or a Region/City IANA name such as Europe/Berlin (abbreviations like CET or EST are ambiguous to systemd)`},
+		{daily, "CET", `"CET": use UTC or a Region/City IANA name such as Europe/Berlin (abbreviations like CET or EST are ambiguous to systemd)`},
+		{daily, "right/Europe/Berlin", `"right/Europe/Berlin": use UTC or a Region/City IANA name such as Europe/Berlin (abbreviations like CET or EST are ambiguous to systemd)`},
 	} {
 		got, err := OnCalendar(c.s, c.tz)
 		if err == nil || err.Error() != c.msg {

@@ -35,7 +35,7 @@ var baseHardening = []option{
 	// own output: $STATE_DIRECTORY) and the private /tmp and /var/tmp below.
 	// A dynamic user gets this anyway; it is spelled out so run_as pipes get
 	// the same file system. A job that must write elsewhere (e.g. a dump into
-	// /var/backups) needs `hardening: none`.
+	// /var/backups) lists those paths in writable_paths (ReadWritePaths=).
 	{"ProtectSystem", "strict"},
 	// Home directories stay readable: backing them up is a common job.
 	{"ProtectHome", "read-only"},

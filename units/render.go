@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/drover/drover/manifest"
 )
@@ -34,6 +35,10 @@ const (
 	// StateDirPrefix is the per-pipe StateDirectory= below /var/lib (system)
 	// or $XDG_STATE_HOME (user): drover-runs/<name>.
 	StateDirPrefix = "drover-runs"
+	// TimeoutGrace is added to a pipe's timeout for TimeoutStartSec=: the
+	// runner times the job out itself (SIGTERM, SIGKILL 5 s later) and
+	// records timed_out before systemd's own limit would stop it.
+	TimeoutGrace = 15 * time.Second
 )
 
 // Options says how the agent that renders the units is installed.
@@ -195,7 +200,9 @@ func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error
 	svc := []option{
 		{"Type", "oneshot"},
 		{"ExecStart", strings.Join(words, " ")},
-		{"TimeoutStartSec", formatSpan(s.Timeout.D())},
+		// The runner enforces the pipe's timeout itself (and records
+		// timed_out); systemd's limit is a backstop after its kill grace.
+		{"TimeoutStartSec", formatSpan(s.Timeout.D() + TimeoutGrace)},
 		// Cancel and timeout kill the job's whole process tree.
 		{"KillMode", "control-group"},
 		{"SyslogIdentifier", ident},
@@ -254,6 +261,18 @@ func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error
 	}
 	if l := s.Limits; l.Tasks > 0 {
 		svc = append(svc, option{"TasksMax", strconv.Itoa(l.Tasks)})
+	}
+
+	if o.Scope == ScopeSystem && s.Hardening != manifest.HardeningNone {
+		paths := slices.Clone(s.WritablePaths)
+		slices.Sort(paths)
+		for _, p := range paths {
+			v, err := literalValue("writable path", p)
+			if err != nil {
+				return nil, err
+			}
+			svc = append(svc, option{"ReadWritePaths", v})
+		}
 	}
 
 	h, err := hardening(s.Hardening, o.Scope, s.RunAs == "root")

@@ -387,7 +387,7 @@ func wantUnits(t testing.TB, spec *manifest.Spec, o Options) (svc, tmr []uopt) {
 	}
 	sv("Type", "oneshot")
 	sv("ExecStart", execValue(append([]string{agent, "run", s.Name}, o.RunArgs...)))
-	sv("TimeoutStartSec", spanSeconds(s.Timeout.D()))
+	sv("TimeoutStartSec", spanSeconds(s.Timeout.D()+15*time.Second))
 	sv("KillMode", "control-group")
 	sv("SyslogIdentifier", "drover-pipe-"+s.Name)
 	sv("StateDirectory", "drover-runs/"+s.Name)
@@ -415,6 +415,11 @@ func wantUnits(t testing.TB, spec *manifest.Spec, o Options) (svc, tmr []uopt) {
 	}
 	if s.Limits.Tasks > 0 {
 		sv("TasksMax", fmt.Sprint(s.Limits.Tasks))
+	}
+	if scope == ScopeSystem && s.Hardening != "none" {
+		for _, p := range slices.Sorted(slices.Values(s.WritablePaths)) {
+			sv("ReadWritePaths", p)
+		}
 	}
 	h, err := hardening(s.Hardening, scope, s.RunAs == "root")
 	if err != nil {
