@@ -13,6 +13,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/agent"
 )
 
 // Version is the build's version, set by Main.
@@ -41,6 +43,7 @@ type Env struct {
 // Main runs drover-agent with the process's arguments and returns its exit code.
 func Main(version string) int {
 	Version = version
+	agent.Version = version
 	return Run(context.Background(), os.Args[1:], Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv})
 }
 
@@ -49,18 +52,34 @@ func Run(ctx context.Context, args []string, env Env) int {
 	if env.Getenv == nil {
 		env.Getenv = func(string) string { return "" }
 	}
+	var cf configFlags
 	root := &cobra.Command{
-		Use:           "drover-agent",
-		Short:         "Drover agent: pulls its signed manifest and runs pipes as systemd timers",
+		Use:   "drover-agent [--config FILE] [flags]",
+		Short: "Drover agent: pulls its signed manifest and runs pipes as systemd timers",
+		Long: `Without a command, drover-agent runs the daemon: it enrolls with the token in
+/etc/drover/enroll.token (or DROVER_ENROLL_TOKEN) when not enrolled, pulls and
+verifies its signed manifest, installs the pipes as systemd timers (or runs them
+on its internal cron scheduler), and reports runs to the server.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       Version,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown command %q", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDaemon(cmd.Context(), &env, &cf)
+		},
 	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	cf.register(root.Flags())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.SetArgs(args)
 	root.SetOut(env.Stdout)
 	root.SetErr(env.Stderr)
-	root.AddCommand(newRenderCmd(&env))
+	root.AddCommand(newRenderCmd(&env), newRunCmd(), newStatusCmd(&env), newSyncCmd(&env), newEnrollCmd(&env))
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK

@@ -1,0 +1,172 @@
+package agent
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-resty/resty/v2"
+)
+
+// API paths (server/doc.go).
+const (
+	pathEnroll   = "/api/v1/agents/enroll"
+	pathRenew    = "/api/v1/agents/self/renew"
+	pathManifest = "/api/v1/agents/self/manifest"
+	pathTrust    = "/api/v1/agents/self/trust"
+	pathPayloads = "/api/v1/agents/self/payloads/"
+	pathSecrets  = "/api/v1/agents/self/secrets"
+)
+
+// maxJSONBytes caps JSON responses (enrollment, renewal, trust, secrets).
+const maxJSONBytes = 4 << 20
+
+// APIError is an error response from the server: its HTTP status and the
+// code and message of its JSON body ({"error":{"code","message"}}).
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string {
+	switch {
+	case e.Code != "" && e.Message != "":
+		return fmt.Sprintf("server: %s (%d %s)", e.Message, e.Status, e.Code)
+	case e.Code != "":
+		return fmt.Sprintf("server: %d %s", e.Status, e.Code)
+	}
+	return fmt.Sprintf("server: HTTP %d", e.Status)
+}
+
+// Permanent reports whether retrying the same request cannot help.
+func (e *APIError) Permanent() bool {
+	switch e.Code {
+	case "invalid_token", "token_expired", "token_used", "agent_revoked", "certificate_refused":
+		return true
+	}
+	return false
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// checkResponse turns a non-2xx (and non-304) response into an *APIError.
+func checkResponse(resp *resty.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode() >= 200 && resp.StatusCode() < 300 || resp.StatusCode() == 304 {
+		return nil
+	}
+	e := &APIError{Status: resp.StatusCode()}
+	if eb, ok := resp.Error().(*errorBody); ok && eb != nil {
+		e.Code, e.Message = eb.Error.Code, eb.Error.Message
+	}
+	return e
+}
+
+// serverHost returns the host name the server certificate must carry.
+func serverHost(server string) (string, error) {
+	u, err := url.Parse(server)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("server URL %q: no host", server)
+	}
+	return u.Hostname(), nil
+}
+
+// newHTTPClient returns a resty client for base with the given TLS config.
+func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log *slog.Logger) *resty.Client {
+	c := resty.New().
+		SetBaseURL(strings.TrimSuffix(base, "/")).
+		SetTLSClientConfig(tlsConf).
+		SetTimeout(timeout).
+		SetRetryCount(0).
+		SetError(&errorBody{}).
+		SetResponseBodyLimit(maxJSONBytes).
+		SetLogger(restyLogger{log}).
+		SetHeader("User-Agent", "drover-agent/"+Version)
+	return c
+}
+
+// mtlsConfig is the TLS configuration of every request after enrollment:
+// the server must present a certificate of the enrolled CA for host, and the
+// agent presents cert (read through get, so renewal takes effect at once).
+func mtlsConfig(host string, pool *x509.CertPool, get func() *tls.Certificate) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		ServerName: host,
+		RootCAs:    pool,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return get(), nil
+		},
+	}
+}
+
+// ErrPinMismatch: no certificate the server presented matches the token's pin.
+var ErrPinMismatch = errors.New("server CA does not match the enrollment token's pin")
+
+// pinnedConfig is the TLS configuration of the enrollment request. The only
+// trust anchor is the CA whose SubjectPublicKeyInfo hash is pin: some
+// certificate of the chain the server presents must be it, and the leaf must
+// verify under it for host. Both checks happen in the handshake, so nothing
+// is sent to a server that fails them.
+func pinnedConfig(host, pin string) *tls.Config {
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         host,
+		InsecureSkipVerify: true, // replaced by VerifyConnection below
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return verifyPinned(cs.PeerCertificates, host, pin)
+		},
+	}
+}
+
+func verifyPinned(chain []*x509.Certificate, host, pin string) error {
+	if len(chain) == 0 {
+		return fmt.Errorf("%w: the server sent no certificate", ErrPinMismatch)
+	}
+	var ca *x509.Certificate
+	for _, c := range chain {
+		if SPKIPin(c) == pin {
+			ca = c
+			break
+		}
+	}
+	if ca == nil {
+		return ErrPinMismatch
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	opts := x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: host}
+	if _, err := chain[0].Verify(opts); err != nil {
+		return fmt.Errorf("server certificate does not verify under the pinned CA: %w", err)
+	}
+	return nil
+}
+
+// restyLogger sends resty's own messages to the agent's log at debug level.
+type restyLogger struct{ log *slog.Logger }
+
+func (l restyLogger) Errorf(format string, v ...any) {
+	l.log.Debug("http: " + fmt.Sprintf(format, v...))
+}
+func (l restyLogger) Warnf(format string, v ...any) {
+	l.log.Debug("http: " + fmt.Sprintf(format, v...))
+}
+func (l restyLogger) Debugf(format string, v ...any) {
+	l.log.Debug("http: " + fmt.Sprintf(format, v...))
+}

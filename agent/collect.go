@@ -1,0 +1,188 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/drover/drover/agent/spool"
+	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
+)
+
+// collectInterval is how often the spool directories are scanned.
+const collectInterval = time.Second
+
+// RunSummary is the last finished run of a pipe, for status.
+type RunSummary struct {
+	RunID      string    `json:"run_id"`
+	Status     string    `json:"status"`
+	Trigger    string    `json:"trigger"`
+	ExitCode   int32     `json:"exit_code"`
+	Signal     string    `json:"signal,omitempty"`
+	StartedAt  time.Time `json:"started_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+}
+
+// WithSpoolRoots replaces the directories whose <pipe>/spool
+// subdirectories the daemon drains (see DefaultSpoolRoots).
+func WithSpoolRoots(roots ...string) Option {
+	return func(a *Agent) { a.spoolRoots = roots }
+}
+
+// DefaultSpoolRoots returns where runners spool their records: every pipe
+// has <root>/<pipe>/spool. System scope: /var/lib/drover-runs (the
+// per-pipe StateDirectory=); user scope: $XDG_STATE_HOME/drover-runs; the
+// cron backend and runs outside systemd: <data dir>/runs.
+func DefaultSpoolRoots(cfg Config) []string {
+	roots := []string{filepath.Join(cfg.DataDir, "runs")}
+	switch cfg.Scope {
+	case ScopeUser:
+		base := os.Getenv("XDG_STATE_HOME")
+		if base == "" {
+			if home, err := os.UserHomeDir(); err == nil {
+				base = filepath.Join(home, ".local", "state")
+			}
+		}
+		if base != "" {
+			roots = append(roots, filepath.Join(base, "drover-runs"))
+		}
+	default:
+		roots = append(roots, "/var/lib/drover-runs")
+	}
+	return roots
+}
+
+// collectLoop moves runner records from the spool directories into the
+// outbox, continuously.
+func (a *Agent) collectLoop(ctx context.Context) {
+	t := time.NewTicker(collectInterval)
+	defer t.Stop()
+	for {
+		a.collectOnce()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.spoolCh:
+		}
+	}
+}
+
+func (a *Agent) kickSpool() {
+	select {
+	case a.spoolCh <- struct{}{}:
+	default:
+	}
+}
+
+// collectOnce drains every spool once.
+func (a *Agent) collectOnce() {
+	for _, root := range a.spoolRoots {
+		ents, err := os.ReadDir(root)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			pipe := e.Name()
+			if !manifest.ValidName(pipe) {
+				continue
+			}
+			dir := filepath.Join(root, pipe, "spool")
+			a.drainSpool(dir, pipe)
+		}
+	}
+}
+
+// drainSpool commits one spool's records to the outbox (at most once each)
+// and deletes their files.
+func (a *Agent) drainSpool(dir, pipe string) {
+	r := spool.Reader{Dir: dir, Pipe: pipe, OnBad: func(name string, err error) {
+		a.log.Warn("spool: set aside a bad record", "dir", dir, "file", name, "err", err)
+	}}
+	n, err := r.DrainBatch(func(recs []spool.Record) error {
+		if err := a.store.EnqueueSpooled(dir, recs); err != nil {
+			return err
+		}
+		for _, rec := range recs {
+			a.noteRecord(rec.Msg)
+		}
+		a.kickOutbox()
+		return nil
+	})
+	if err != nil {
+		a.log.Error("spool: drain", "dir", dir, "err", err)
+	}
+	if n > 0 {
+		names, lerr := spool.List(dir)
+		if lerr != nil {
+			return
+		}
+		present := map[string]bool{}
+		for _, name := range names {
+			present[name] = true
+		}
+		if err := a.store.PruneSpooled(dir, func(name string) bool { return present[name] }); err != nil {
+			a.log.Warn("spool: prune", "dir", dir, "err", err)
+		}
+	}
+}
+
+// noteRecord remembers run ids (for CancelRun) and last results (for status).
+func (a *Agent) noteRecord(msg *agentpb.AgentMessage) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch b := msg.GetBody().(type) {
+	case *agentpb.AgentMessage_RunStarted:
+		a.runPipes[b.RunStarted.GetRunId()] = b.RunStarted.GetPipe()
+	case *agentpb.AgentMessage_RunFinished:
+		f := b.RunFinished
+		delete(a.runPipes, f.GetRunId())
+		a.lastRuns[f.GetPipe()] = RunSummary{
+			RunID: f.GetRunId(), Status: runStatusName(f.GetStatus()), Trigger: triggerName(f.GetTrigger()),
+			ExitCode: f.GetExitCode(), Signal: f.GetSignal(),
+			StartedAt: f.GetStartedAt().AsTime(), FinishedAt: f.GetFinishedAt().AsTime(),
+		}
+	}
+}
+
+func (a *Agent) pipeOfRun(runID string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.runPipes[runID]
+}
+
+func runStatusName(s agentpb.RunStatus) string {
+	switch s {
+	case agentpb.RunStatus_RUN_STATUS_PENDING:
+		return "pending"
+	case agentpb.RunStatus_RUN_STATUS_RUNNING:
+		return "running"
+	case agentpb.RunStatus_RUN_STATUS_SUCCEEDED:
+		return "succeeded"
+	case agentpb.RunStatus_RUN_STATUS_FAILED:
+		return "failed"
+	case agentpb.RunStatus_RUN_STATUS_TIMED_OUT:
+		return "timed_out"
+	case agentpb.RunStatus_RUN_STATUS_CANCELED:
+		return "canceled"
+	case agentpb.RunStatus_RUN_STATUS_SKIPPED:
+		return "skipped"
+	}
+	return "unknown"
+}
+
+func triggerName(t agentpb.Trigger) string {
+	switch t {
+	case agentpb.Trigger_TRIGGER_SCHEDULE:
+		return "schedule"
+	case agentpb.Trigger_TRIGGER_CATCHUP:
+		return "catchup"
+	case agentpb.Trigger_TRIGGER_MANUAL:
+		return "manual"
+	case agentpb.Trigger_TRIGGER_API:
+		return "api"
+	}
+	return "unknown"
+}

@@ -1,0 +1,371 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-resty/resty/v2"
+
+	"github.com/drover/drover/manifest"
+)
+
+// Version is the agent's version, reported at enrollment and in Hello. The
+// CLI sets it from the build.
+var Version = "dev"
+
+// Agent is the drover-agent daemon: enrollment, renewal, the sync loop, the
+// stream, the spool collector and the control socket. Create it with New
+// and run it with Run; tests run it in-process.
+type Agent struct {
+	cfg       Config
+	log       *slog.Logger
+	clock     Clock
+	store     Store
+	backend   Backend
+	host      HostInfo
+	envToken  string
+	notify    func(string) // sd_notify; nil: none
+	watchdog  time.Duration
+	sdVersion string
+
+	enrolled chan struct{} // closed once an identity is loaded
+	syncReq  chan chan SyncResult
+	enrollCh chan enrollCall
+	outboxCh chan struct{} // a record was enqueued (buffered 1)
+	spoolCh  chan struct{} // collect spools now (buffered 1)
+
+	alive atomic.Int64 // unix nanos of the last main-loop turn, for the watchdog
+
+	mu            sync.Mutex
+	id            *Identity
+	http          *resty.Client
+	etag          string
+	current       *manifest.Manifest // manifest in force (accepted and applied)
+	currentEnv    []byte
+	currentDigest string
+	payloads      map[string][]byte // verified payloads of current, by digest
+	secrets       map[string]string
+	applyOK       bool
+	lastReject    string // digest of the last envelope reported as rejected
+	results       []PipeResult
+	lastRuns      map[string]RunSummary
+	lastSync      time.Time
+	lastSyncErr   string
+	streamUp      bool
+	enrollErr     string
+	runPipes      map[string]string // run id -> pipe, from RunStarted records
+	spoolRoots    []string
+}
+
+// Option configures an Agent.
+type Option func(*Agent)
+
+// WithClock sets the clock (default: the system clock).
+func WithClock(c Clock) Option { return func(a *Agent) { a.clock = c } }
+
+// WithStore sets the durable store. Required.
+func WithStore(s Store) Option { return func(a *Agent) { a.store = s } }
+
+// WithBackend sets the backend pipes run on. Required.
+func WithBackend(b Backend) Option { return func(a *Agent) { a.backend = b } }
+
+// WithHostInfo overrides what the agent reports about its host.
+func WithHostInfo(h HostInfo) Option { return func(a *Agent) { a.host = h } }
+
+// WithEnrollToken passes a token value (DROVER_ENROLL_TOKEN, or
+// `drover-agent --token`); it is used when the agent is not enrolled.
+func WithEnrollToken(tok string) Option {
+	return func(a *Agent) { a.envToken = strings.TrimSpace(tok) }
+}
+
+// WithNotify sets the sd_notify function (state strings such as
+// "READY=1") and the watchdog interval (0: no watchdog).
+func WithNotify(notify func(state string), watchdog time.Duration) Option {
+	return func(a *Agent) { a.notify, a.watchdog = notify, watchdog }
+}
+
+// WithSystemdVersion sets the systemd version Hello reports when the
+// backend does not tell it itself.
+func WithSystemdVersion(v string) Option { return func(a *Agent) { a.sdVersion = v } }
+
+// New returns an agent for cfg. cfg is validated here.
+func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{
+		cfg:      cfg,
+		log:      logger,
+		clock:    realClock{},
+		host:     DefaultHostInfo(),
+		enrolled: make(chan struct{}),
+		syncReq:  make(chan chan SyncResult, 16),
+		enrollCh: make(chan enrollCall),
+		outboxCh: make(chan struct{}, 1),
+		spoolCh:  make(chan struct{}, 1),
+		lastRuns: map[string]RunSummary{},
+		runPipes: map[string]string{},
+	}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.spoolRoots == nil {
+		a.spoolRoots = DefaultSpoolRoots(cfg)
+	}
+	if a.store == nil {
+		return nil, errors.New("agent: no store")
+	}
+	if a.backend == nil {
+		return nil, errors.New("agent: no backend")
+	}
+	return a, nil
+}
+
+// Run runs the daemon until ctx is canceled. It returns nil then, or an
+// error that prevents the agent from working at all.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := ensureDataDir(a.cfg.DataDir); err != nil {
+		return err
+	}
+	ln, err := listenControl(a.cfg.SocketPath())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Go(func() { a.serveControl(ctx, ln) })
+
+	a.log.Info("agent starting", "version", Version, "backend", a.backend.Name(), "scope", a.cfg.Scope,
+		"systemd", a.systemdVersion(), "data_dir", a.cfg.DataDir, "control", a.cfg.SocketPath())
+	a.alive.Store(a.clock.Now().UnixNano())
+	a.sdNotify("READY=1")
+	defer a.log.Info("agent stopped")
+	defer a.sdNotify("STOPPING=1")
+	if a.watchdog > 0 {
+		wg.Go(func() { a.watchdogLoop(ctx) })
+	}
+	wg.Go(func() { a.collectLoop(ctx) })
+
+	if err := a.waitEnrolled(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	a.sdNotify("STATUS=enrolled as " + a.identity().AgentID)
+	a.applyStored(ctx)
+	wg.Go(func() { a.renewLoop(ctx) })
+	wg.Go(func() { a.streamLoop(ctx) })
+	a.syncLoop(ctx)
+	return nil
+}
+
+func (a *Agent) sdNotify(state string) {
+	if a.notify != nil {
+		a.notify(state)
+	}
+}
+
+// watchdogLoop pings systemd's watchdog while the daemon's loops turn.
+func (a *Agent) watchdogLoop(ctx context.Context) {
+	t := time.NewTicker(a.watchdog / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// The sync loop and the enrollment wait mark themselves alive at
+		// least every interval; a loop wedged longer than that stops the
+		// pings and systemd restarts the agent.
+		last := time.Unix(0, a.alive.Load())
+		if a.clock.Now().Sub(last) < a.cfg.SyncInterval+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
+			a.sdNotify("WATCHDOG=1")
+		}
+	}
+}
+
+func (a *Agent) markAlive() { a.alive.Store(a.clock.Now().UnixNano()) }
+
+// identity returns the loaded identity (nil before enrollment).
+func (a *Agent) identity() *Identity {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.id
+}
+
+// setIdentity installs id and rebuilds the HTTP client around it.
+func (a *Agent) setIdentity(id *Identity) {
+	server := a.cfg.Server
+	if server == "" {
+		server = id.Server
+	}
+	host, _ := serverHost(server)
+	a.mu.Lock()
+	first := a.id == nil
+	a.id = id
+	a.http = newHTTPClient(server, mtlsConfig(host, id.caPool, a.currentCert), a.cfg.RequestTimeout, a.log)
+	a.mu.Unlock()
+	if first {
+		close(a.enrolled)
+	}
+}
+
+func (a *Agent) currentCert() *tls.Certificate {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.id.cert
+	return &c
+}
+
+func (a *Agent) httpClient() *resty.Client {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.http
+}
+
+// enrollCall is an enrollment requested over the control socket.
+type enrollCall struct {
+	token string
+	reply chan error
+}
+
+// waitEnrolled loads the identity or enrolls with a token from the control
+// socket, the environment or the token file, retrying with backoff.
+func (a *Agent) waitEnrolled(ctx context.Context) error {
+	id, err := loadIdentity(a.cfg.DataDir)
+	if err == nil {
+		if _, serr := os.Stat(a.cfg.TokenFile); a.cfg.TokenFile != "" && serr == nil {
+			a.log.Info("already enrolled; the token file is not used (remove it)", "agent_id", id.AgentID, "token_file", a.cfg.TokenFile)
+		}
+		a.setIdentity(id)
+		return nil
+	}
+	if !errors.Is(err, errNotEnrolled) {
+		return fmt.Errorf("load identity: %w", err)
+	}
+	a.log.Info("not enrolled; waiting for an enrollment token", "token_file", a.cfg.TokenFile)
+	bo := newBackoff(time.Second, a.cfg.MaxBackoff)
+	var retryAt time.Time // zero: try as soon as a token is there
+	var lastFile string   // token file content of the last failed attempt
+	poll := time.NewTicker(time.Second)
+	defer poll.Stop()
+	for {
+		a.markAlive()
+		tokStr, fromFile := a.envToken, false
+		if fileTok, ok := a.readTokenFile(); ok {
+			// A changed token file is tried at once, even during backoff.
+			if fileTok != lastFile {
+				retryAt = time.Time{}
+			}
+			tokStr, fromFile = fileTok, true
+		}
+		if tokStr != "" && !a.clock.Now().Before(retryAt) {
+			id, err := a.tryEnroll(ctx, tokStr)
+			if err == nil {
+				if fromFile {
+					a.removeTokenFile()
+				}
+				a.setIdentity(id)
+				return nil
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if fromFile {
+				lastFile = tokStr
+			}
+			d := bo.next()
+			retryAt = a.clock.Now().Add(d)
+			a.log.Error("enrollment failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case call := <-a.enrollCh:
+			id, err := a.tryEnroll(ctx, call.token)
+			if err == nil {
+				a.setIdentity(id)
+				call.reply <- nil
+				return nil
+			}
+			call.reply <- err
+		case <-poll.C:
+		}
+	}
+}
+
+func (a *Agent) readTokenFile() (string, bool) {
+	if a.cfg.TokenFile == "" {
+		return "", false
+	}
+	b, err := os.ReadFile(a.cfg.TokenFile)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			a.log.Warn("read token file", "err", err)
+		}
+		return "", false
+	}
+	s := strings.TrimSpace(string(b))
+	return s, s != ""
+}
+
+func (a *Agent) removeTokenFile() {
+	if err := os.Remove(a.cfg.TokenFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		a.log.Warn("remove token file", "err", err)
+	}
+}
+
+func (a *Agent) tryEnroll(ctx context.Context, tokStr string) (*Identity, error) {
+	tok, err := ParseToken(tokStr)
+	if err != nil {
+		a.setEnrollErr(err)
+		return nil, err
+	}
+	a.log.Info("enrolling", "server", a.cfg.Server, "token", tok.String())
+	id, err := enroll(ctx, a.cfg.Server, tok, a.host, a.cfg.DataDir, a.store, a.cfg.RequestTimeout, a.clock.Now, a.log)
+	if err != nil {
+		a.setEnrollErr(err)
+		return nil, err
+	}
+	a.setEnrollErr(nil)
+	a.log.Info("enrolled", "agent_id", id.AgentID, "grpc", id.GRPCAddr, "cert_expires", id.NotAfter())
+	return id, nil
+}
+
+func (a *Agent) setEnrollErr(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.enrollErr = ""
+	if err != nil {
+		a.enrollErr = err.Error()
+	}
+}
+
+// sleep waits d or until ctx is done; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,249 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/drover/drover/signing"
+)
+
+// HostInfo describes the host in enrollment and in Hello.
+type HostInfo struct {
+	Hostname     string
+	OS           string
+	Arch         string
+	AgentVersion string
+}
+
+type enrollRequest struct {
+	Token        string `json:"token"`
+	Hostname     string `json:"hostname"`
+	OS           string `json:"os"`
+	Arch         string `json:"arch"`
+	AgentVersion string `json:"agent_version"`
+	CSR          string `json:"csr"`
+}
+
+type enrollResponse struct {
+	AgentID       string            `json:"agent_id"`
+	Certificate   string            `json:"certificate"`
+	CABundle      string            `json:"ca_bundle"`
+	TrustRoot     signing.TrustRoot `json:"trust_root"`
+	GRPCAddr      string            `json:"grpc_addr"`
+	CertExpiresAt time.Time         `json:"cert_expires_at"`
+}
+
+type renewRequest struct {
+	CSR string `json:"csr"`
+}
+
+type renewResponse struct {
+	Certificate   string    `json:"certificate"`
+	CABundle      string    `json:"ca_bundle"`
+	CertExpiresAt time.Time `json:"cert_expires_at"`
+}
+
+// newKeyAndCSR generates an ECDSA P-256 key and a CSR for it.
+func newKeyAndCSR(hostname string) (*ecdsa.PrivateKey, string, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, "", err
+	}
+	tmpl := &x509.CertificateRequest{Subject: pkix.Name{CommonName: hostname}}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	if err != nil {
+		return nil, "", err
+	}
+	return key, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})), nil
+}
+
+// parseChain parses the PEM certificates in b.
+func parseChain(b []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no certificate")
+	}
+	return out, nil
+}
+
+// checkIssued checks that certPEM's leaf is for key and verifies as a client
+// certificate under the CAs of caPEM.
+func checkIssued(certPEM, caPEM []byte, key *ecdsa.PrivateKey, now time.Time) (*x509.Certificate, error) {
+	chain, err := parseChain(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	leaf := chain[0]
+	pub, ok := leaf.PublicKey.(*ecdsa.PublicKey)
+	if !ok || !pub.Equal(&key.PublicKey) {
+		return nil, errors.New("certificate: not for the key this agent generated")
+	}
+	cas, err := parseChain(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("ca_bundle: %w", err)
+	}
+	roots := x509.NewCertPool()
+	for _, c := range cas {
+		roots.AddCert(c)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots: roots, Intermediates: inter, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}); err != nil {
+		return nil, fmt.Errorf("certificate: does not verify under the CA bundle: %w", err)
+	}
+	return leaf, nil
+}
+
+// compactJSON normalises the bytes of a key-list envelope so that the same
+// list always compares equal.
+func compactJSON(b []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// enroll runs the enrollment protocol with tok against server and stores the
+// result in dataDir and st. Nothing is sent unless the server's chain holds
+// the CA the token pins.
+func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDir string, st Store, timeout time.Duration, now func() time.Time, log *slog.Logger) (*Identity, error) {
+	if server == "" {
+		return nil, errors.New("enroll: no server URL configured (server: in agent.yaml, --server or DROVER_SERVER)")
+	}
+	if err := checkServerURL(server); err != nil {
+		return nil, fmt.Errorf("enroll: server: %w", err)
+	}
+	hostName, err := serverHost(server)
+	if err != nil {
+		return nil, err
+	}
+	key, csr, err := newKeyAndCSR(host.Hostname)
+	if err != nil {
+		return nil, fmt.Errorf("enroll: key: %w", err)
+	}
+	c := newHTTPClient(server, pinnedConfig(hostName, tok.Pin), timeout, log)
+	var out enrollResponse
+	resp, err := c.R().SetContext(ctx).
+		SetBody(enrollRequest{
+			Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
+			AgentVersion: host.AgentVersion, CSR: csr,
+		}).
+		SetResult(&out).
+		Post(pathEnroll)
+	if err := checkResponse(resp, err); err != nil {
+		return nil, fmt.Errorf("enroll: %w", err)
+	}
+	if resp.StatusCode() != 200 && resp.StatusCode() != 201 {
+		return nil, fmt.Errorf("enroll: unexpected HTTP %d", resp.StatusCode())
+	}
+	if out.AgentID == "" {
+		return nil, errors.New("enroll: the response has no agent_id")
+	}
+	if _, _, err := net.SplitHostPort(out.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("enroll: grpc_addr %q: %w", out.GRPCAddr, err)
+	}
+	caPEM := []byte(out.CABundle)
+	cas, err := parseChain(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("enroll: ca_bundle: %w", err)
+	}
+	pinned := false
+	for _, ca := range cas {
+		if SPKIPin(ca) == tok.Pin {
+			pinned = true
+		}
+	}
+	if !pinned {
+		return nil, fmt.Errorf("enroll: ca_bundle: %w", ErrPinMismatch)
+	}
+	if _, err := checkIssued([]byte(out.Certificate), caPEM, key, now()); err != nil {
+		return nil, fmt.Errorf("enroll: %w", err)
+	}
+	kl, err := compactJSON(out.TrustRoot.KeyList)
+	if err != nil {
+		return nil, fmt.Errorf("enroll: trust_root.key_list: %w", err)
+	}
+	tr, err := signing.NewTrustRoot(out.TrustRoot.RootKeys, kl, now())
+	if err != nil {
+		return nil, fmt.Errorf("enroll: trust_root: %w", err)
+	}
+	cred, err := encodeCredentials([]byte(out.Certificate), key)
+	if err != nil {
+		return nil, err
+	}
+	id := &Identity{AgentID: out.AgentID, Server: server, GRPCAddr: out.GRPCAddr, EnrolledAt: now().UTC()}
+	if err := id.setCredentials(cred, caPEM); err != nil {
+		return nil, fmt.Errorf("enroll: %w", err)
+	}
+	if err := saveCredentials(dataDir, cred, caPEM); err != nil {
+		return nil, fmt.Errorf("enroll: save credentials: %w", err)
+	}
+	if err := st.SetTrustRoot(tr); err != nil {
+		return nil, fmt.Errorf("enroll: save trust root: %w", err)
+	}
+	if err := saveIdentity(dataDir, id); err != nil {
+		return nil, fmt.Errorf("enroll: save identity: %w", err)
+	}
+	return id, nil
+}
+
+// Enroll enrolls once with token, outside the daemon (`drover-agent enroll`
+// when no daemon runs), storing the identity in cfg.DataDir and st. An
+// agent that is already enrolled is left alone.
+func Enroll(ctx context.Context, cfg Config, st Store, token string, host HostInfo, log *slog.Logger) (*Identity, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := ensureDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	if id, err := loadIdentity(cfg.DataDir); err == nil {
+		return nil, fmt.Errorf("already enrolled as %s", id.AgentID)
+	}
+	tok, err := ParseToken(token)
+	if err != nil {
+		return nil, err
+	}
+	return enroll(ctx, cfg.Server, tok, host, cfg.DataDir, st, cfg.RequestTimeout, time.Now, log)
+}
+
+// DefaultHostInfo describes this host.
+func DefaultHostInfo() HostInfo {
+	h, _ := os.Hostname()
+	return HostInfo{Hostname: h, OS: runtime.GOOS, Arch: runtime.GOARCH, AgentVersion: Version}
+}

@@ -1,0 +1,215 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Files in the data directory. identity.json is written last at enrollment,
+// so its presence means "enrolled"; agent.pem holds the client certificate
+// and its key together, so that renewal replaces both in one rename.
+const (
+	identityFile = "identity.json"
+	credFile     = "agent.pem"
+	caFile       = "ca.pem"
+)
+
+// Identity is what enrollment leaves in the data directory.
+type Identity struct {
+	AgentID    string    `json:"agent_id"`
+	Server     string    `json:"server"`
+	GRPCAddr   string    `json:"grpc_addr"`
+	EnrolledAt time.Time `json:"enrolled_at"`
+
+	cert   tls.Certificate // leaf set
+	caPEM  []byte
+	caPool *x509.CertPool
+}
+
+// NotAfter is the client certificate's expiry.
+func (id *Identity) NotAfter() time.Time { return id.cert.Leaf.NotAfter }
+
+// NotBefore is the client certificate's start.
+func (id *Identity) NotBefore() time.Time { return id.cert.Leaf.NotBefore }
+
+// RenewAt is two thirds into the certificate's lifetime.
+func (id *Identity) RenewAt() time.Time {
+	nb, na := id.NotBefore(), id.NotAfter()
+	return nb.Add(na.Sub(nb) * 2 / 3)
+}
+
+// errNotEnrolled: no identity.json in the data directory.
+var errNotEnrolled = errors.New("not enrolled")
+
+// ensureDataDir creates dir with mode 0700, and tightens an existing one.
+func ensureDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("data dir: %s is not a directory", dir)
+	}
+	if st.Mode().Perm() != 0o700 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+	}
+	return nil
+}
+
+// loadIdentity reads the identity from dir. It returns errNotEnrolled when
+// identity.json does not exist.
+func loadIdentity(dir string) (*Identity, error) {
+	b, err := os.ReadFile(filepath.Join(dir, identityFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errNotEnrolled
+	}
+	if err != nil {
+		return nil, err
+	}
+	var id Identity
+	if err := json.Unmarshal(b, &id); err != nil {
+		return nil, fmt.Errorf("%s: %w", identityFile, err)
+	}
+	if id.AgentID == "" {
+		return nil, fmt.Errorf("%s: no agent_id", identityFile)
+	}
+	cred, err := readPrivate(filepath.Join(dir, credFile))
+	if err != nil {
+		return nil, err
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, caFile))
+	if err != nil {
+		return nil, err
+	}
+	if err := id.setCredentials(cred, ca); err != nil {
+		return nil, err
+	}
+	return &id, nil
+}
+
+// setCredentials parses agent.pem (certificate chain and key) and the CA
+// bundle.
+func (id *Identity) setCredentials(cred, caPEM []byte) error {
+	cert, err := tls.X509KeyPair(cred, cred)
+	if err != nil {
+		return fmt.Errorf("%s: %w", credFile, err)
+	}
+	if cert.Leaf == nil {
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return fmt.Errorf("%s: %w", credFile, err)
+		}
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return fmt.Errorf("%s: no CA certificate", caFile)
+	}
+	id.cert, id.caPEM, id.caPool = cert, caPEM, pool
+	return nil
+}
+
+// readPrivate reads a file that must not be readable by group or others.
+func readPrivate(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s: must be a regular file of mode 0600", path)
+	}
+	var buf bytes.Buffer
+	_, err = buf.ReadFrom(f)
+	return buf.Bytes(), err
+}
+
+// encodeCredentials returns the agent.pem bytes: the certificate chain PEM
+// followed by the private key.
+func encodeCredentials(chainPEM []byte, key *ecdsa.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.Write(bytes.TrimSpace(chainPEM))
+	b.WriteByte('\n')
+	if err := pem.Encode(&b, &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// saveCredentials replaces agent.pem and ca.pem.
+func saveCredentials(dir string, cred, caPEM []byte) error {
+	if err := writeFileAtomic(filepath.Join(dir, caFile), caPEM, 0o600); err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(dir, credFile), cred, 0o600)
+}
+
+// saveIdentity writes identity.json, the mark of a finished enrollment.
+func saveIdentity(dir string, id *Identity) error {
+	b, err := json.MarshalIndent(id, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(dir, identityFile), append(b, '\n'), 0o600)
+}
+
+// writeFileAtomic replaces path with data through a synced temp file in the
+// same directory, and syncs the directory.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if err = f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err = f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	if d, derr := os.Open(dir); derr == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}

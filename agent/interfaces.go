@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/drover/drover/agent/apply"
+	"github.com/drover/drover/agent/spool"
+	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/signing"
+)
+
+// The daemon consumes three small interfaces. The CLI adapts the real
+// implementations (agent/store, agent/apply) to them; tests use fakes.
+
+// Clock tells the time. Tests may move it.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// ManifestState is what the store remembers of manifests.
+type ManifestState struct {
+	Envelope      []byte // the last accepted envelope, exact bytes; nil: none
+	Serial        uint64 // its serial; 0: none
+	Digest        string // "sha256:<hex>" of its payload
+	AppliedSerial uint64 // the serial last applied successfully
+	AppliedDigest string
+}
+
+// Store is the agent's durable state (agent/store, bbolt at D/agent.db).
+// Every method is one transaction.
+type Store interface {
+	// ManifestState returns the accepted and applied manifest state.
+	ManifestState() (ManifestState, error)
+	// TrustRoot returns the trust root pinned at enrollment (nil if none).
+	TrustRoot() (*signing.TrustRoot, error)
+	// SetTrustRoot replaces the trust root (enrollment, key list refresh).
+	SetTrustRoot(tr *signing.TrustRoot) error
+	// AcceptManifest records an accepted envelope with its serial and
+	// digest, and tr too when it is not nil, in one transaction.
+	AcceptManifest(env []byte, serial uint64, digest string, tr *signing.TrustRoot) error
+	// SetApplied records the serial and digest in force on the host.
+	SetApplied(serial uint64, digest string) error
+
+	// Enqueue appends records to the outbox, giving each the next sequence
+	// number.
+	Enqueue(msgs ...*agentpb.AgentMessage) error
+	// EnqueueSpooled appends spool records in one transaction, once each: a
+	// record whose (source, name) was enqueued before is skipped.
+	EnqueueSpooled(source string, recs []spool.Record) error
+	// PruneSpooled forgets the de-duplication entries of source whose
+	// record files are gone.
+	PruneSpooled(source string, present func(name string) bool) error
+	// Pending returns up to limit unacknowledged records with seq > after,
+	// in order.
+	Pending(after uint64, limit int) ([]*agentpb.AgentMessage, error)
+	// Ack deletes every record with seq <= seq.
+	Ack(seq uint64) error
+	// OutboxStats returns the number and total size of unacknowledged records.
+	OutboxStats() (records, bytes uint64, err error)
+}
+
+// Backend runs pipes on the host: systemd units or the internal cron
+// scheduler. It is the part of apply.Backend the daemon uses; every
+// apply.Backend satisfies it.
+type Backend interface {
+	// Name is "systemd" or "cron".
+	Name() string
+	// Apply makes the host run exactly the manifest's pipes.
+	Apply(ctx context.Context, in apply.Input) (*apply.Result, error)
+	// Check restores drift against the last applied input.
+	Check(ctx context.Context) ([]apply.Step, error)
+	// Status returns every installed pipe's schedule and last result.
+	Status(ctx context.Context) ([]apply.PipeState, error)
+	// RunNow starts a pipe now (trigger api).
+	RunNow(ctx context.Context, pipe, requestID string) error
+	// Cancel stops a pipe's run and kills its process tree.
+	Cancel(ctx context.Context, pipe, runID string) error
+	Close() error
+}
+
+// systemdVersioner is implemented by backends that know their manager's
+// version.
+type systemdVersioner interface {
+	SystemdVersion() string
+}

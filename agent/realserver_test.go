@@ -1,0 +1,172 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/agent/apply"
+	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/server"
+	"github.com/drover/drover/units"
+)
+
+// realServer is drover-server running in-process on 127.0.0.1.
+type realServer struct {
+	t      *testing.T
+	s      *server.Server
+	base   string
+	admin  string
+	client *http.Client
+}
+
+func startRealServer(t *testing.T) *realServer {
+	t.Helper()
+	cfg := server.DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.Store.Synchronous = "normal"
+	s, err := server.New(cfg, slog.New(slog.DiscardHandler), server.SystemClock())
+	must(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("server did not stop")
+		}
+	})
+	admin, err := server.ReadAdminToken(cfg.DataDir)
+	must(t, err)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(s.CACertPEM())
+	return &realServer{t: t, s: s, base: "https://" + s.HTTPAddr(), admin: admin,
+		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}
+}
+
+// api calls the admin API and decodes the JSON answer into out.
+func (rs *realServer) api(method, path string, body, out any) {
+	rs.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		must(rs.t, err)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, rs.base+path, rd)
+	must(rs.t, err)
+	req.Header.Set("Authorization", "Bearer "+rs.admin)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := rs.client.Do(req)
+	must(rs.t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		rs.t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+	}
+	if out != nil {
+		must(rs.t, json.Unmarshal(b, out))
+	}
+}
+
+// TestRealServer runs the agent against drover-server in-process: token
+// file enrollment with the pin check, a pipe created on the server reaching
+// the agent through SyncNow and a verified manifest (on the systemd user
+// manager when one runs), ETag revalidation, and runs spooled on the host
+// arriving at the server exactly once.
+func TestRealServer(t *testing.T) {
+	rs := startRealServer(t)
+	var tok server.TokenResponse
+	rs.api("POST", "/api/v1/enrollment-tokens", server.TokenRequest{Tags: map[string]string{"role": "agenttest"}}, &tok)
+
+	cfg := testConfig(t, nil)
+	cfg.Server = rs.base
+	var backend Backend
+	if sdtest.Available() == nil {
+		cfg.Backend = BackendSystemd
+		b, err := apply.Select(t.Context(), apply.BackendSystemd, apply.Config{DataDir: cfg.DataDir, Scope: units.ScopeUser, AgentPath: "/bin/true"})
+		must(t, err)
+		t.Cleanup(func() { b.Close() })
+		backend = b
+	}
+	must(t, os.WriteFile(cfg.TokenFile, []byte(tok.Token+"\n"), 0o600))
+	ta := startAgent(t, cfg, backend)
+	id := ta.enrolled(15 * time.Second)
+	if _, err := os.Stat(cfg.TokenFile); !os.IsNotExist(err) {
+		t.Fatal("token file not removed")
+	}
+	waitFor(t, 15*time.Second, "the agent online on the server", func() bool {
+		var ag server.AgentJSON
+		rs.api("GET", "/api/v1/agents/"+id.AgentID, nil, &ag)
+		return ag.Online && ta.a.Status(t.Context()).StreamConnected
+	})
+
+	var put server.PutPipeResponse
+	rs.api("PUT", "/api/v1/pipes/rs-hello", map[string]any{"spec": map[string]any{
+		"schedule": "11 4 * * *", "script": "echo hello", "targets": map[string]any{"tags": map[string]string{"role": "agenttest"}},
+	}}, &put)
+	waitFor(t, 20*time.Second, "the pipe on the agent", func() bool {
+		st := ta.a.Status(t.Context())
+		return st.AppliedSerial > 0 && len(st.Pipes) == 1 && st.Pipes[0].Name == "rs-hello" && !st.Pipes[0].NextRun.IsZero()
+	})
+	if r := ta.syncNow(); r.Outcome != OutcomeUnchanged || !r.NotModified {
+		t.Fatalf("revalidation: %+v (want a 304)", r)
+	}
+	if sdtest.Available() == nil {
+		if _, ok := sdtest.ListTimers(t)[units.TimerName("rs-hello")]; !ok {
+			t.Fatal("list-timers does not show the pipe")
+		}
+	}
+
+	runs := spoolRuns(t, cfg.DataDir, "rs-hello", 0, 20)
+	waitFor(t, 20*time.Second, "20 runs on the server", func() bool {
+		var out struct {
+			Runs []server.RunJSON `json:"runs"`
+		}
+		rs.api("GET", "/api/v1/runs?pipe=rs-hello&agent="+id.AgentID, nil, &out)
+		if len(out.Runs) != len(runs) {
+			return false
+		}
+		for _, r := range out.Runs {
+			if r.Status != "succeeded" || r.LogChunks != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, 10*time.Second, "an empty outbox", func() bool {
+		n, _, _ := ta.store.OutboxStats()
+		return n == 0
+	})
+	var ag server.AgentJSON
+	rs.api("GET", "/api/v1/agents/"+id.AgentID, nil, &ag)
+	if ag.AppliedSerial == 0 || ag.Backend != ta.backend.Name() || ag.Scope != "user" || ag.ManifestState != "applied" {
+		t.Fatalf("the server's view of the agent: %+v", ag)
+	}
+
+	// Deleting the pipe on the server removes it from the host.
+	rs.api("DELETE", "/api/v1/pipes/rs-hello", nil, nil)
+	waitFor(t, 20*time.Second, "the pipe to go", func() bool {
+		st := ta.a.Status(t.Context())
+		for _, p := range st.Pipes {
+			if p.Version > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}

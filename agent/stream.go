@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentpb "github.com/drover/drover/proto"
+)
+
+// Stream tuning.
+const (
+	// sendWindow bounds the records sent but not yet acknowledged.
+	sendWindow = 1024
+	// pendingBatch is how many outbox records are read at a time.
+	pendingBatch = 256
+	// streamHealthy is how long a stream must have lived for the reconnect
+	// backoff to start over.
+	streamHealthy = 30 * time.Second
+)
+
+// streamLoop keeps the telemetry stream open, reconnecting with backoff and
+// jitter, until ctx is done.
+func (a *Agent) streamLoop(ctx context.Context) {
+	bo := newBackoff(time.Second, a.cfg.MaxBackoff)
+	for {
+		start := time.Now()
+		err := a.streamOnce(ctx)
+		a.setStreamUp(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > streamHealthy {
+			bo.reset()
+		}
+		d := bo.next()
+		a.log.Warn("stream closed; reconnecting", "err", err, "retry_in", d.Round(time.Millisecond))
+		if !sleep(ctx, d) {
+			return
+		}
+	}
+}
+
+func (a *Agent) setStreamUp(up bool) {
+	a.mu.Lock()
+	a.streamUp = up
+	a.mu.Unlock()
+}
+
+// streamOnce runs one stream: Hello, then the outbox in order and a
+// heartbeat, while a receiver handles acks and commands. It returns when
+// the stream breaks or ctx is done.
+func (a *Agent) streamOnce(ctx context.Context) error {
+	id := a.identity()
+	host, _, err := net.SplitHostPort(id.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("grpc_addr %q: %w", id.GRPCAddr, err)
+	}
+	creds := credentials.NewTLS(mtlsConfig(host, id.caPool, a.currentCert))
+	conn, err := grpc.NewClient(id.GRPCAddr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: a.cfg.HeartbeatInterval * 2, Timeout: 20 * time.Second}),
+		grpc.WithUserAgent("drover-agent/"+Version),
+	)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := agentpb.NewAgentClient(conn).AgentStream(sctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(a.hello()); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+
+	var acked atomic.Uint64
+	ackCh := make(chan struct{}, 1)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			if ack := msg.GetAck(); ack != nil {
+				if err := a.store.Ack(ack.GetSeq()); err != nil {
+					a.log.Error("outbox ack", "seq", ack.GetSeq(), "err", err)
+					continue
+				}
+				if ack.GetSeq() > acked.Load() {
+					acked.Store(ack.GetSeq())
+				}
+				select {
+				case ackCh <- struct{}{}:
+				default:
+				}
+				continue
+			}
+			a.handleCommand(ctx, msg)
+		}
+	}()
+	a.setStreamUp(true)
+	a.log.Info("stream connected", "grpc", id.GRPCAddr)
+
+	hb := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	var lastSent uint64
+	for {
+		// Send what is pending, in order, within the window.
+		for lastSent < acked.Load()+sendWindow {
+			msgs, err := a.store.Pending(max(lastSent, acked.Load()), pendingBatch)
+			if err != nil {
+				return fmt.Errorf("outbox: %w", err)
+			}
+			if len(msgs) == 0 {
+				break
+			}
+			for _, m := range msgs {
+				if err := stream.Send(m); err != nil {
+					return fmt.Errorf("send: %w", err)
+				}
+				lastSent = m.GetSeq()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			_ = stream.CloseSend()
+			return ctx.Err()
+		case err := <-recvErr:
+			return err
+		case <-a.outboxCh:
+		case <-ackCh:
+		case <-hb.C:
+			if err := stream.Send(a.heartbeat(ctx)); err != nil {
+				return fmt.Errorf("send heartbeat: %w", err)
+			}
+		}
+	}
+}
+
+// hello is the first message of every stream.
+func (a *Agent) hello() *agentpb.AgentMessage {
+	ms, _ := a.store.ManifestState()
+	h := &agentpb.Hello{
+		AgentVersion:   a.host.AgentVersion,
+		Os:             a.host.OS,
+		Arch:           a.host.Arch,
+		Hostname:       a.host.Hostname,
+		Backend:        a.backend.Name(),
+		Scope:          a.cfg.Scope,
+		SystemdVersion: a.systemdVersion(),
+		ManifestSerial: ms.Serial,
+		ManifestDigest: ms.Digest,
+	}
+	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: h}}
+}
+
+func (a *Agent) systemdVersion() string {
+	if a.backend.Name() != BackendSystemd {
+		return ""
+	}
+	if v, ok := a.backend.(systemdVersioner); ok {
+		return v.SystemdVersion()
+	}
+	return a.sdVersion
+}
+
+func (a *Agent) heartbeat(ctx context.Context) *agentpb.AgentMessage {
+	hb := &agentpb.Heartbeat{SentAt: timestamppb.New(a.clock.Now())}
+	if states, err := a.backend.Status(ctx); err == nil {
+		for _, s := range states {
+			if s.Running && s.RunID != "" {
+				hb.RunningRunIds = append(hb.RunningRunIds, s.RunID)
+			}
+		}
+	}
+	hb.OutboxRecords, hb.OutboxBytes, _ = a.store.OutboxStats()
+	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Heartbeat{Heartbeat: hb}}
+}
+
+// handleCommand carries out SyncNow, RunNow and CancelRun.
+func (a *Agent) handleCommand(ctx context.Context, msg *agentpb.ServerMessage) {
+	switch b := msg.GetBody().(type) {
+	case *agentpb.ServerMessage_SyncNow:
+		a.log.Info("server asked for a sync", "serial", b.SyncNow.GetSerial())
+		a.RequestSync()
+	case *agentpb.ServerMessage_RunNow:
+		pipe, req := b.RunNow.GetPipe(), b.RunNow.GetRequestId()
+		go func() {
+			if err := a.backend.RunNow(ctx, pipe, req); err != nil {
+				a.log.Error("run now", "pipe", pipe, "request_id", req, "err", err)
+				return
+			}
+			a.log.Info("run started on request", "pipe", pipe, "request_id", req)
+			a.kickSpool()
+		}()
+	case *agentpb.ServerMessage_CancelRun:
+		run := b.CancelRun.GetRunId()
+		go func() {
+			if err := a.cancelRun(ctx, run); err != nil {
+				a.log.Error("cancel run", "run_id", run, "err", err)
+				return
+			}
+			a.log.Info("run canceled", "run_id", run)
+			a.kickSpool()
+		}()
+	default:
+		a.log.Debug("ignoring an unknown server message")
+	}
+}
+
+// cancelRun finds the pipe a run belongs to and cancels it.
+func (a *Agent) cancelRun(ctx context.Context, runID string) error {
+	if runID == "" {
+		return errors.New("no run id")
+	}
+	pipe := a.pipeOfRun(runID)
+	if pipe == "" {
+		if states, err := a.backend.Status(ctx); err == nil {
+			for _, s := range states {
+				if s.Running && s.RunID == runID {
+					pipe = s.Name
+				}
+			}
+		}
+	}
+	if pipe == "" {
+		return fmt.Errorf("run %s is not known to be running", runID)
+	}
+	return a.backend.Cancel(ctx, pipe, runID)
+}
