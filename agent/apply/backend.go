@@ -1,0 +1,373 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/units"
+)
+
+// Backend installs pipes on the host and drives their runs. The daemon owns
+// one; its methods are safe for concurrent use.
+type Backend interface {
+	// Name is "systemd" or "cron".
+	Name() string
+	// Apply makes the host match in.Manifest. A pipe that fails is reported
+	// in Result.Errors and left as it was; the others are applied. The error
+	// is for failures that stop everything (no unit dir, the manager gone).
+	Apply(ctx context.Context, in Input) (*Result, error)
+	// Check restores drift against the last applied input (managed units
+	// edited or deleted by hand, timers stopped by hand) and returns the
+	// steps it took; none before the first Apply.
+	Check(ctx context.Context) ([]Step, error)
+	// Status returns every installed pipe's schedule and last result.
+	Status(ctx context.Context) ([]PipeState, error)
+	// RunNow starts a run of pipe with trigger api and requestID.
+	RunNow(ctx context.Context, pipe, requestID string) error
+	// Cancel stops pipe's active run, killing its whole process tree. With
+	// a runID it acts only if that run is the active one.
+	Cancel(ctx context.Context, pipe, runID string) error
+	Close() error
+}
+
+// PayloadFunc returns the bundle bytes of a pipe's payload (verified by the
+// caller; Apply checks the digest again).
+type PayloadFunc func(p *manifest.Pipe) ([]byte, error)
+
+// Input is what Apply applies.
+type Input struct {
+	Manifest *manifest.Manifest
+	Payloads PayloadFunc
+	// Secrets holds secret values by pipe, then by name.
+	Secrets map[string]map[string]string
+}
+
+// Result reports one Apply.
+type Result struct {
+	Steps  []Step            // every step of the plan, noop ones included
+	Errors map[string]string // pipe -> why it was not (fully) applied
+	Drift  []Step            // restore steps: what had been changed by hand
+	// Reloads counts daemon-reloads (0 or 1).
+	Reloads  int
+	Duration time.Duration
+}
+
+// Changed reports whether the apply changed the host.
+func (r *Result) Changed() bool {
+	for _, s := range r.Steps {
+		if s.Changes() {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Result) fail(pipe string, err error) {
+	if r.Errors == nil {
+		r.Errors = map[string]string{}
+	}
+	if old, ok := r.Errors[pipe]; ok {
+		r.Errors[pipe] = old + "; " + err.Error()
+		return
+	}
+	r.Errors[pipe] = err.Error()
+}
+
+// PipeState is one pipe as the backend sees it.
+type PipeState struct {
+	Name        string    `json:"name"`
+	Enabled     bool      `json:"enabled"`
+	Scheduled   bool      `json:"scheduled"`             // the timer or cron entry is active
+	Next        time.Time `json:"next,omitzero"`         // next elapse
+	LastTrigger time.Time `json:"last_trigger,omitzero"` // last elapse
+	Running     bool      `json:"running"`
+	RunID       string    `json:"run_id,omitempty"`      // the active run (systemd: invocation id)
+	LastResult  string    `json:"last_result,omitempty"` // success, exit-code, signal, timeout, ...
+	LastExit    int       `json:"last_exit,omitempty"`
+}
+
+// Errors returned by RunNow and Cancel.
+var (
+	ErrUnknownPipe    = errors.New("no such pipe")
+	ErrNotRunning     = errors.New("pipe is not running (or another run is)")
+	ErrAlreadyRunning = errors.New("pipe is already running")
+)
+
+// Config configures a backend.
+type Config struct {
+	DataDir   string      // default units.DefaultDataDir
+	Scope     units.Scope // default units.ScopeSystem
+	AgentPath string      // default units.DefaultAgentPath
+	RunArgs   []string    // extra `run` arguments
+
+	// Paths, defaulted from Scope and the environment.
+	UnitDir    string // /etc/systemd/system | $XDG_CONFIG_HOME/systemd/user
+	RuntimeDir string // /run/drover | $XDG_RUNTIME_DIR/drover (RunNow requests)
+	StampDir   string // /var/lib/systemd/timers | $XDG_DATA_HOME/systemd/timers
+	// BusAddress is the D-Bus address of the manager; default: the system
+	// manager's private socket or bus, or $DBUS_SESSION_BUS_ADDRESS.
+	BusAddress string
+
+	Logger *slog.Logger
+	Now    func() time.Time // tests
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.DataDir == "" {
+		c.DataDir = units.DefaultDataDir
+	}
+	if c.Scope == "" {
+		c.Scope = units.ScopeSystem
+	}
+	if c.AgentPath == "" {
+		c.AgentPath = units.DefaultAgentPath
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	home := os.Getenv("HOME")
+	switch c.Scope {
+	case units.ScopeSystem:
+		if c.UnitDir == "" {
+			c.UnitDir = "/etc/systemd/system"
+		}
+		if c.RuntimeDir == "" {
+			c.RuntimeDir = "/run/drover"
+		}
+		if c.StampDir == "" {
+			c.StampDir = "/var/lib/systemd/timers"
+		}
+	case units.ScopeUser:
+		if c.UnitDir == "" {
+			base := os.Getenv("XDG_CONFIG_HOME")
+			if base == "" {
+				base = filepath.Join(home, ".config")
+			}
+			c.UnitDir = filepath.Join(base, "systemd", "user")
+		}
+		if c.RuntimeDir == "" {
+			rt := os.Getenv("XDG_RUNTIME_DIR")
+			if rt == "" {
+				return c, errors.New("user scope: XDG_RUNTIME_DIR is not set")
+			}
+			c.RuntimeDir = filepath.Join(rt, "drover")
+		}
+		if c.StampDir == "" {
+			base := os.Getenv("XDG_DATA_HOME")
+			if base == "" {
+				base = filepath.Join(home, ".local", "share")
+			}
+			c.StampDir = filepath.Join(base, "systemd", "timers")
+		}
+	default:
+		return c, fmt.Errorf("scope %q is not system or user", c.Scope)
+	}
+	for _, p := range []string{c.DataDir, c.UnitDir, c.RuntimeDir, c.StampDir, c.AgentPath} {
+		if !filepath.IsAbs(p) {
+			return c, fmt.Errorf("path %q is not absolute", p)
+		}
+	}
+	return c, nil
+}
+
+func (c Config) renderOptions() units.Options {
+	return units.Options{AgentPath: c.AgentPath, Scope: c.Scope, DataDir: c.DataDir, RunArgs: c.RunArgs}
+}
+
+// prepared is one pipe of an Input, ready to plan.
+type prepared struct {
+	pipe    manifest.Pipe
+	json    []byte
+	desired Desired
+}
+
+// prepare renders every pipe of m (withUnits: for systemd) and computes its
+// generation digest. A pipe that fails has Desired.Err set.
+func prepare(m *manifest.Manifest, opts units.Options, withUnits bool) ([]prepared, error) {
+	if m == nil {
+		return nil, errors.New("apply: nil manifest")
+	}
+	seen := map[string]bool{}
+	out := make([]prepared, 0, len(m.Pipes))
+	for i := range m.Pipes {
+		p := m.Pipes[i]
+		pr := prepared{pipe: p, desired: Desired{Pipe: p.Name}}
+		if !manifest.ValidName(p.Name) {
+			return nil, fmt.Errorf("apply: pipe name %q is not valid", p.Name)
+		}
+		if seen[p.Name] {
+			return nil, fmt.Errorf("apply: pipe %q appears twice", p.Name)
+		}
+		seen[p.Name] = true
+		spec := p.Spec.Clone()
+		spec.Normalize()
+		pr.desired.Enabled = spec.IsEnabled()
+		if spec.Name != p.Name {
+			pr.desired.Err = fmt.Errorf("spec name %q differs from pipe name", spec.Name)
+			out = append(out, pr)
+			continue
+		}
+		if withUnits {
+			files, err := units.Render(spec, opts)
+			if err != nil {
+				pr.desired.Err = err
+				out = append(out, pr)
+				continue
+			}
+			for _, f := range files {
+				pr.desired.Units = append(pr.desired.Units, UnitFile{Name: f.Name, Data: f.Content})
+			}
+		} else if err := spec.Validate(); err != nil {
+			pr.desired.Err = err
+			out = append(out, pr)
+			continue
+		}
+		pj, err := encodePipe(&p)
+		if err != nil {
+			pr.desired.Err = err
+			out = append(out, pr)
+			continue
+		}
+		pr.json = pj
+		pr.desired.Digest = pipeDigest(pj, p.Payload.Digest, pr.desired.Units)
+		out = append(out, pr)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].pipe.Name < out[j].pipe.Name })
+	return out, nil
+}
+
+// parallel runs f(0..n-1) on a few goroutines.
+func parallel(n int, f func(i int)) {
+	workers := min(n, 4)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				f(i)
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// materialise carries out the pipe-directory steps and writes secrets. It
+// returns the set of pipes that failed (their unit steps must be skipped).
+func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *Result) map[string]bool {
+	failed := map[string]bool{}
+	byName := map[string]*prepared{}
+	for i := range preps {
+		byName[preps[i].pipe.Name] = &preps[i]
+	}
+	root := filepath.Join(dataDir, pipesDir)
+	if err := ensureDir(dataDir, 0o700); err != nil {
+		for _, p := range preps {
+			failed[p.pipe.Name] = true
+			res.fail(p.pipe.Name, err)
+		}
+		return failed
+	}
+	if err := ensureDir(root, 0o755); err != nil {
+		for _, p := range preps {
+			failed[p.pipe.Name] = true
+			res.fail(p.pipe.Name, err)
+		}
+		return failed
+	}
+	// Fetch payloads in order, build generations on a few goroutines (the
+	// work is file system calls), sync once, then make them live.
+	type build struct {
+		pr     *prepared
+		bundle []byte
+		final  string
+		err    error
+	}
+	var builds []*build
+	for _, s := range steps {
+		if s.File != "pipes/"+s.Pipe || !(s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore) {
+			continue
+		}
+		pr := byName[s.Pipe]
+		if pr == nil {
+			continue
+		}
+		bl := &build{pr: pr}
+		switch {
+		case in.Payloads == nil:
+			bl.err = errors.New("no payload source")
+		default:
+			bundle, err := in.Payloads(&pr.pipe)
+			switch {
+			case err != nil:
+				bl.err = fmt.Errorf("payload: %w", err)
+			case manifest.Digest(bundle) != pr.pipe.Payload.Digest:
+				bl.err = fmt.Errorf("payload digest %s, manifest says %s", manifest.Digest(bundle), pr.pipe.Payload.Digest)
+			default:
+				bl.bundle = bundle
+			}
+		}
+		builds = append(builds, bl)
+	}
+	parallel(len(builds), func(i int) {
+		bl := builds[i]
+		if bl.err == nil {
+			bl.final, bl.err = buildGeneration(dataDir, &bl.pr.pipe, bl.pr.json, bl.bundle, bl.pr.desired.Gen())
+			bl.bundle = nil
+		}
+	})
+	if len(builds) > 0 {
+		syncErr := syncFS(map[string]bool{root: true})
+		for _, bl := range builds {
+			err := bl.err
+			if err == nil {
+				err = syncErr
+			}
+			if err == nil {
+				err = publishGeneration(dataDir, bl.pr.pipe.Name, bl.final)
+			}
+			if err != nil {
+				if bl.final != "" {
+					os.RemoveAll(bl.final)
+				}
+				failed[bl.pr.pipe.Name] = true
+				res.fail(bl.pr.pipe.Name, fmt.Errorf("pipe directory: %w", err))
+			}
+		}
+		if err := syncDir(root); err != nil {
+			for _, bl := range builds {
+				failed[bl.pr.pipe.Name] = true
+				res.fail(bl.pr.pipe.Name, err)
+			}
+		}
+	}
+	keep := map[string]bool{}
+	for _, p := range preps {
+		keep[p.pipe.Name] = true
+		if p.desired.Err != nil || failed[p.pipe.Name] {
+			continue
+		}
+		if err := writeSecrets(dataDir, p.pipe.Name, in.Secrets[p.pipe.Name]); err != nil {
+			failed[p.pipe.Name] = true
+			res.fail(p.pipe.Name, fmt.Errorf("secrets: %w", err))
+		}
+	}
+	removeSecretsExcept(dataDir, keep)
+	return failed
+}

@@ -1,0 +1,749 @@
+package apply
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/units"
+)
+
+// Systemd is the systemd backend: units in the unit dir, loaded and driven
+// over D-Bus (go-systemd), system or user manager.
+type Systemd struct {
+	cfg            Config
+	runtimeUnitDir string
+	conn           *sddbus.Conn
+
+	mu   sync.Mutex // serialises Apply and Check
+	last *Input     // last applied input, for Check
+}
+
+// NewSystemd connects to the manager of cfg.Scope.
+func NewSystemd(ctx context.Context, cfg Config) (*Systemd, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := connect(ctx, cfg.Scope, cfg.BusAddress)
+	if err != nil {
+		return nil, err
+	}
+	b := &Systemd{cfg: cfg, conn: conn, runtimeUnitDir: "/run/systemd/system"}
+	if cfg.Scope == units.ScopeUser {
+		b.runtimeUnitDir = filepath.Join(filepath.Dir(cfg.RuntimeDir), "systemd", "user")
+	}
+	return b, nil
+}
+
+func connect(ctx context.Context, scope units.Scope, address string) (*sddbus.Conn, error) {
+	// go-systemd ties the connection to the context it was made with: it
+	// must outlive this call.
+	life := context.WithoutCancel(ctx)
+	var conn *sddbus.Conn
+	var err error
+	switch {
+	case address != "":
+		conn, err = sddbus.NewConnection(func() (*godbus.Conn, error) {
+			c, err := godbus.Dial(address, godbus.WithContext(life))
+			if err != nil {
+				return nil, err
+			}
+			if err := c.Auth(nil); err != nil {
+				c.Close()
+				return nil, err
+			}
+			if err := c.Hello(); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return c, nil
+		})
+	case scope == units.ScopeUser:
+		conn, err = sddbus.NewUserConnectionContext(life)
+	default:
+		// The private socket needs no dbus-daemon; fall back to the bus.
+		conn, err = sddbus.NewSystemdConnectionContext(life)
+		if err != nil {
+			conn, err = sddbus.NewSystemConnectionContext(life)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("systemd %s manager: %w", scope, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := conn.SystemStateContext(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("systemd %s manager does not answer: %w", scope, err)
+	}
+	return conn, nil
+}
+
+func (b *Systemd) Name() string { return "systemd" }
+
+func (b *Systemd) Close() error {
+	b.conn.Close()
+	return nil
+}
+
+// readState reads the unit dir, the pipe dirs and the timers' runtime state.
+func (b *Systemd) readState(ctx context.Context) (State, map[string]bool, error) {
+	st := State{Units: map[string]FileState{}, Timers: map[string]TimerState{}}
+	ents, err := os.ReadDir(b.cfg.UnitDir)
+	if err != nil && !os.IsNotExist(err) {
+		return st, nil, err
+	}
+	for _, e := range ents {
+		if _, ok := pipeOfUnit(e.Name()); !ok || e.IsDir() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(b.cfg.UnitDir, e.Name()))
+		if err != nil {
+			// Unreadable (a dangling link): not ours to touch.
+			st.Units[e.Name()] = FileState{}
+			continue
+		}
+		st.Units[e.Name()] = FileState{Managed: units.IsManaged(data), Data: data}
+	}
+	if st.PipeDirs, err = readPipeDirs(b.cfg.DataDir); err != nil {
+		return st, nil, err
+	}
+	loaded := map[string]bool{}
+	list, err := b.conn.ListUnitsByPatternsContext(ctx, nil, []string{"drover-pipe-*.timer"})
+	if err != nil {
+		return st, nil, fmt.Errorf("list timers: %w", err)
+	}
+	active := map[string]bool{}
+	for _, u := range list {
+		if u.LoadState != "not-found" {
+			loaded[u.Name] = true
+		}
+		active[u.Name] = u.ActiveState == "active" || u.ActiveState == "activating"
+	}
+	for name := range st.Units {
+		if !strings.HasSuffix(name, ".timer") {
+			continue
+		}
+		_, lerr := os.Lstat(filepath.Join(b.cfg.UnitDir, "timers.target.wants", name))
+		st.Timers[name] = TimerState{Active: active[name], Enabled: lerr == nil}
+	}
+	return st, loaded, nil
+}
+
+// Apply implements Backend.
+func (b *Systemd) Apply(ctx context.Context, in Input) (*Result, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	res, err := b.apply(ctx, in)
+	if err == nil {
+		cp := in
+		b.last = &cp
+	}
+	return res, err
+}
+
+// Check implements Backend.
+func (b *Systemd) Check(ctx context.Context) ([]Step, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.last == nil {
+		return nil, nil
+	}
+	res, err := b.apply(ctx, *b.last)
+	if err != nil {
+		return nil, err
+	}
+	var out []Step
+	for _, s := range res.Steps {
+		if s.Changes() {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
+	t0 := time.Now()
+	lap := phaseTimer(b.cfg.Logger, "apply")
+	res := &Result{}
+	preps, err := prepare(in.Manifest, b.cfg.renderOptions(), true)
+	if err != nil {
+		return nil, err
+	}
+	lap("render")
+	if err := ensureDir(b.cfg.UnitDir, 0o755); err != nil {
+		return nil, err
+	}
+	removeTemps(b.cfg.UnitDir)
+	removeStaleGuards(b.runtimeUnitDir)
+
+	cur, loaded, err := b.readState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	desired := make([]Desired, len(preps))
+	for i, p := range preps {
+		desired[i] = p.desired
+	}
+	steps := Plan(desired, cur)
+	res.Steps = steps
+	for _, s := range steps {
+		switch s.Action {
+		case ActionError, ActionConflict:
+			res.fail(s.Pipe, errors.New(s.String()))
+		case ActionRestore:
+			res.Drift = append(res.Drift, s)
+		}
+	}
+
+	lap("read state and plan")
+	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
+	lap("pipe dirs and secrets")
+	wantedRendered := map[string][]byte{}
+	for _, p := range preps {
+		for _, u := range p.desired.Units {
+			wantedRendered[u.Name] = u.Data
+		}
+	}
+
+	var (
+		stopJobs, disable, startJobs, enable []string
+		writes                               []pendingFile
+		removes                              []string
+		removedPipes                         = map[string]bool{}
+		guarded                              []string
+		toWrite                              []Step
+	)
+	now := b.cfg.Now()
+	for _, s := range steps {
+		if failed[s.Pipe] && s.Action != ActionRemove {
+			continue
+		}
+		switch {
+		case s.Action == ActionRemove && strings.HasPrefix(s.File, "pipes/"):
+			removedPipes[s.Pipe] = true
+		case s.Action == ActionRemove:
+			stopJobs = append(stopJobs, s.File)
+			if strings.HasSuffix(s.File, ".timer") {
+				disable = append(disable, s.File)
+			}
+			removes = append(removes, s.File)
+		case s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore:
+			if strings.HasPrefix(s.File, "pipes/") {
+				continue
+			}
+			toWrite = append(toWrite, s)
+		case s.Action == ActionRestart:
+			stopJobs = append(stopJobs, s.File)
+			fallthrough
+		case s.Action == ActionStart:
+			startJobs = append(startJobs, s.File)
+			enable = append(enable, s.File)
+			if loaded[s.File] {
+				guarded = append(guarded, s.File)
+			}
+		case s.Action == ActionStop:
+			stopJobs = append(stopJobs, s.File)
+			disable = append(disable, s.File)
+		}
+	}
+
+	pend := make([]pendingFile, len(toWrite))
+	errs := make([]error, len(toWrite))
+	parallel(len(toWrite), func(i int) {
+		pend[i], errs[i] = writeTemp(filepath.Join(b.cfg.UnitDir, toWrite[i].File), wantedRendered[toWrite[i].File], 0o644)
+	})
+	for i, s := range toWrite {
+		if errs[i] != nil {
+			res.fail(s.Pipe, errs[i])
+			continue
+		}
+		writes = append(writes, pend[i])
+	}
+	lap("write temp units")
+	// Before the reload: stop what must not run on the new files.
+	b.runJobs(ctx, "stop", stopJobs, res)
+	lap("stop jobs")
+	if err := disableLinks(b.cfg.UnitDir, disable); err != nil {
+		b.cfg.Logger.Warn("disable timers", "err", err)
+	}
+	if err := commitFiles(writes); err != nil {
+		return res, fmt.Errorf("write units: %w", err)
+	}
+	lap("write units")
+	for _, f := range removes {
+		if err := os.Remove(filepath.Join(b.cfg.UnitDir, f)); err != nil && !os.IsNotExist(err) {
+			p, _ := pipeOfUnit(f)
+			res.fail(p, err)
+		}
+		if strings.HasSuffix(f, ".timer") {
+			_ = removeStamp(b.cfg.StampDir, f)
+		}
+	}
+	if len(removes) > 0 {
+		_ = syncDir(b.cfg.UnitDir)
+	}
+	for _, tm := range startJobs {
+		if !loaded[tm] {
+			_ = removeStamp(b.cfg.StampDir, tm)
+		}
+	}
+	for _, tm := range guarded {
+		if err := armGuard(b.runtimeUnitDir, b.cfg.StampDir, tm, now); err != nil {
+			return res, fmt.Errorf("guard %s: %w", tm, err)
+		}
+	}
+	lap("remove units, guard")
+	if err := enableLinks(b.cfg.UnitDir, enable); err != nil {
+		return res, fmt.Errorf("enable timers: %w", err)
+	}
+	lap("enable")
+	batch := len(startJobs) >= batchMin
+	if batch {
+		if err := writeBatchTarget(b.runtimeUnitDir, startJobs); err != nil {
+			return res, fmt.Errorf("batch target: %w", err)
+		}
+		defer os.Remove(filepath.Join(b.runtimeUnitDir, batchTarget))
+	}
+	if len(writes) > 0 || len(removes) > 0 || len(guarded) > 0 || len(enable) > 0 || len(disable) > 0 || batch {
+		if err := b.conn.ReloadContext(ctx); err != nil {
+			return res, fmt.Errorf("daemon-reload: %w", err)
+		}
+		res.Reloads++
+	}
+	lap("reload")
+	if batch {
+		b.startBatch(ctx, startJobs, res)
+	} else {
+		b.runJobs(ctx, "start", startJobs, res)
+	}
+	lap("start jobs")
+	for _, tm := range guarded {
+		disarmGuard(b.runtimeUnitDir, tm)
+	}
+	for _, u := range removes {
+		_ = b.conn.ResetFailedUnitContext(ctx, u)
+	}
+
+	keep := map[string]bool{}
+	for _, p := range preps {
+		keep[p.pipe.Name] = true
+	}
+	if err := gcPipeDirs(b.cfg.DataDir, keep, b.busy(ctx)); err != nil {
+		b.cfg.Logger.Warn("clean pipe dirs", "err", err)
+	}
+	lap("gc")
+	res.Duration = time.Since(t0)
+	return res, nil
+}
+
+// phaseTimer logs, at debug level, how long each phase took.
+func phaseTimer(log *slog.Logger, what string) func(phase string) {
+	last := time.Now()
+	return func(phase string) {
+		now := time.Now()
+		log.Debug(what, "phase", phase, "took", now.Sub(last))
+		last = now
+	}
+}
+
+// busy returns a function telling whether a pipe's service is running now.
+func (b *Systemd) busy(ctx context.Context) func(string) bool {
+	running := map[string]bool{}
+	list, err := b.conn.ListUnitsByPatternsContext(ctx, []string{"active", "activating", "deactivating", "reloading"}, []string{"drover-pipe-*.service"})
+	if err != nil {
+		return func(string) bool { return true } // unsure: keep everything
+	}
+	for _, u := range list {
+		if p, ok := pipeOfUnit(u.Name); ok {
+			running[p] = true
+		}
+	}
+	return func(p string) bool { return running[p] }
+}
+
+// runJobs queues a job per unit and waits for all of them. The D-Bus calls
+// go out from a few goroutines at once, so their round trips overlap.
+func (b *Systemd) runJobs(ctx context.Context, kind string, names []string, res *Result) {
+	if len(names) == 0 {
+		return
+	}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		work = make(chan string)
+	)
+	fail := func(unit string, err error) {
+		p, _ := pipeOfUnit(unit)
+		mu.Lock()
+		res.fail(p, fmt.Errorf("%s %s: %w", kind, unit, err))
+		mu.Unlock()
+	}
+	for range min(jobWorkers, len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := range work {
+				ch := make(chan string, 1)
+				var err error
+				if kind == "stop" {
+					_, err = b.conn.StopUnitContext(ctx, n, "replace", ch)
+				} else {
+					_, err = b.conn.StartUnitContext(ctx, n, "replace", ch)
+				}
+				if err != nil {
+					if kind != "stop" || !strings.Contains(err.Error(), "not loaded") {
+						fail(n, err)
+					}
+					continue
+				}
+				select {
+				case r := <-ch:
+					if r != "done" {
+						fail(n, fmt.Errorf("job %s", r))
+					}
+				case <-ctx.Done():
+					fail(n, ctx.Err())
+				}
+			}
+		}()
+	}
+	for _, n := range names {
+		work <- n
+	}
+	close(work)
+	wg.Wait()
+}
+
+// Many timers are started with one job on a runtime target that wants them
+// all: one transaction instead of one D-Bus call and transaction per timer.
+const (
+	batchMin    = 16
+	batchTarget = "drover-apply-batch.target"
+)
+
+// writeBatchTarget writes the runtime target (loaded by the apply's reload)
+// whose start starts timers; After= makes its job end after theirs.
+func writeBatchTarget(runtimeUnitDir string, timers []string) error {
+	if err := os.MkdirAll(runtimeUnitDir, 0o755); err != nil {
+		return err
+	}
+	var b strings.Builder
+	b.WriteString("# Written by drover-agent for one apply; removed right after.\n[Unit]\nDescription=drover-agent: start timers\nDefaultDependencies=no\n")
+	for i := 0; i < len(timers); i += 32 {
+		line := strings.Join(timers[i:min(i+32, len(timers))], " ")
+		b.WriteString("Wants=" + line + "\nAfter=" + line + "\n")
+	}
+	return os.WriteFile(filepath.Join(runtimeUnitDir, batchTarget), []byte(b.String()), 0o644)
+}
+
+// startBatch starts timers through the batch target, then checks each one.
+func (b *Systemd) startBatch(ctx context.Context, timers []string, res *Result) {
+	ch := make(chan string, 1)
+	if _, err := b.conn.StartUnitContext(ctx, batchTarget, "replace", ch); err != nil {
+		b.cfg.Logger.Warn("batch start failed; starting one by one", "err", err)
+		b.runJobs(ctx, "start", timers, res)
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+	// Stopping a target does not stop what it only Wants=; stopped, the
+	// target is unloaded once its file is gone.
+	stop := make(chan string, 1)
+	if _, err := b.conn.StopUnitContext(ctx, batchTarget, "replace", stop); err == nil {
+		select {
+		case <-stop:
+		case <-ctx.Done():
+		}
+	}
+	list, err := b.conn.ListUnitsByNamesContext(ctx, timers)
+	if err != nil {
+		b.cfg.Logger.Warn("check batch start", "err", err)
+		return
+	}
+	var retry []string
+	for _, u := range list {
+		if u.ActiveState != "active" {
+			retry = append(retry, u.Name)
+		}
+	}
+	// Whatever did not start is tried alone, for a precise error.
+	b.runJobs(ctx, "start", retry, res)
+}
+
+// jobWorkers bounds the D-Bus job calls in flight.
+const jobWorkers = 16
+
+// enableLinks does what `systemctl enable` does for our timers, whose only
+// [Install] line is WantedBy=timers.target: a link
+// <unit dir>/timers.target.wants/<timer> -> <unit dir>/<timer>. Done on disk
+// before the one reload, it costs microseconds where EnableUnitFiles over
+// D-Bus takes seconds for a thousand units.
+func enableLinks(unitDir string, timers []string) error {
+	if len(timers) == 0 {
+		return nil
+	}
+	wants := filepath.Join(unitDir, "timers.target.wants")
+	if err := os.MkdirAll(wants, 0o755); err != nil {
+		return err
+	}
+	removeTemps(wants)
+	for _, tm := range timers {
+		link, target := filepath.Join(wants, tm), filepath.Join(unitDir, tm)
+		err := os.Symlink(target, link)
+		if err == nil {
+			continue
+		}
+		if !os.IsExist(err) {
+			return err
+		}
+		if cur, err := os.Readlink(link); err == nil && cur == target {
+			continue
+		}
+		tmp := filepath.Join(wants, tmpPrefix+tm+"-"+randHex(4))
+		if err := os.Symlink(target, tmp); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, link); err != nil {
+			os.Remove(tmp)
+			return err
+		}
+	}
+	return syncDir(wants)
+}
+
+// disableLinks removes the links enableLinks makes.
+func disableLinks(unitDir string, timers []string) error {
+	if len(timers) == 0 {
+		return nil
+	}
+	wants := filepath.Join(unitDir, "timers.target.wants")
+	var errs []error
+	for _, tm := range timers {
+		if err := os.Remove(filepath.Join(wants, tm)); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	if _, err := os.Stat(wants); err == nil {
+		errs = append(errs, syncDir(wants))
+	}
+	return errors.Join(errs...)
+}
+
+// pipesOnDisk lists pipes with a managed unit in the unit dir.
+func (b *Systemd) pipesOnDisk() []string {
+	ents, _ := os.ReadDir(b.cfg.UnitDir)
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range ents {
+		p, ok := pipeOfUnit(e.Name())
+		if !ok || seen[p] {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(b.cfg.UnitDir, e.Name()))
+		if err != nil || !units.IsManaged(data) {
+			continue
+		}
+		seen[p] = true
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (b *Systemd) managed(pipe string) bool {
+	data, err := os.ReadFile(filepath.Join(b.cfg.UnitDir, units.ServiceName(pipe)))
+	return err == nil && units.IsManaged(data)
+}
+
+// Status implements Backend.
+func (b *Systemd) Status(ctx context.Context) ([]PipeState, error) {
+	var out []PipeState
+	for _, p := range b.pipesOnDisk() {
+		ps := PipeState{Name: p}
+		tp, err := b.conn.GetAllPropertiesContext(ctx, units.TimerName(p))
+		if err != nil {
+			return nil, err
+		}
+		sp, err := b.conn.GetAllPropertiesContext(ctx, units.ServiceName(p))
+		if err != nil {
+			return nil, err
+		}
+		ps.Scheduled = tp["ActiveState"] == "active"
+		ps.Enabled = tp["UnitFileState"] == "enabled"
+		ps.Next = usecTime(tp["NextElapseUSecRealtime"])
+		ps.LastTrigger = usecTime(tp["LastTriggerUSec"])
+		as, _ := sp["ActiveState"].(string)
+		ps.Running = as == "activating" || as == "active" || as == "deactivating"
+		if ps.Running {
+			ps.RunID = invocationID(sp["InvocationID"])
+		}
+		ps.LastResult, _ = sp["Result"].(string)
+		if st, ok := sp["ExecMainStatus"].(int32); ok {
+			ps.LastExit = int(st)
+		}
+		out = append(out, ps)
+	}
+	return out, nil
+}
+
+func usecTime(v any) time.Time {
+	u, ok := v.(uint64)
+	if !ok || u == 0 || u == ^uint64(0) {
+		return time.Time{}
+	}
+	return time.UnixMicro(int64(u))
+}
+
+func invocationID(v any) string {
+	b, ok := v.([]byte)
+	if !ok || len(b) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%x", b)
+}
+
+// sameRunID compares run ids loosely: systemd's 32 hex digits or a UUID.
+func sameRunID(a, b string) bool {
+	norm := func(s string) string { return strings.ToLower(strings.ReplaceAll(s, "-", "")) }
+	return norm(a) == norm(b)
+}
+
+// RunNow implements Backend: it writes the request file, then starts the
+// service without waiting for the run to end; the file is removed when it
+// has.
+func (b *Systemd) RunNow(ctx context.Context, pipe, requestID string) error {
+	if !manifest.ValidName(pipe) || !b.managed(pipe) {
+		return fmt.Errorf("%w: %q", ErrUnknownPipe, pipe)
+	}
+	svc := units.ServiceName(pipe)
+	if p, err := b.conn.GetUnitPropertyContext(ctx, svc, "ActiveState"); err == nil {
+		if s, _ := p.Value.Value().(string); s == "active" || s == "activating" {
+			return ErrAlreadyRunning
+		}
+	}
+	path, err := writeRequest(b.cfg.RuntimeDir, pipe, requestID, b.cfg.Now())
+	if err != nil {
+		return err
+	}
+	ch := make(chan string, 1)
+	if _, err := b.conn.StartUnitContext(ctx, svc, "replace", ch); err != nil {
+		removeRequest(path, requestID)
+		return fmt.Errorf("start %s: %w", svc, err)
+	}
+	go func() {
+		<-ch // oneshot: the start job ends when the run does
+		removeRequest(path, requestID)
+	}()
+	return nil
+}
+
+// Cancel implements Backend: StopUnit on the service; KillMode=control-group
+// kills the whole tree.
+func (b *Systemd) Cancel(ctx context.Context, pipe, runID string) error {
+	if !manifest.ValidName(pipe) || !b.managed(pipe) {
+		return fmt.Errorf("%w: %q", ErrUnknownPipe, pipe)
+	}
+	svc := units.ServiceName(pipe)
+	props, err := b.conn.GetUnitPropertiesContext(ctx, svc)
+	if err != nil {
+		return err
+	}
+	as, _ := props["ActiveState"].(string)
+	if as != "active" && as != "activating" && as != "reloading" {
+		return ErrNotRunning
+	}
+	if runID != "" && !sameRunID(runID, invocationID(props["InvocationID"])) {
+		return ErrNotRunning
+	}
+	ch := make(chan string, 1)
+	if _, err := b.conn.StopUnitContext(ctx, svc, "replace", ch); err != nil {
+		return fmt.Errorf("stop %s: %w", svc, err)
+	}
+	select {
+	case r := <-ch:
+		if r != "done" {
+			return fmt.Errorf("stop %s: job %s", svc, r)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// request is the RunNow request file (see the package doc).
+type request struct {
+	RequestID   string    `json:"request_id"`
+	Trigger     string    `json:"trigger"`
+	RequestedAt time.Time `json:"requested_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+}
+
+// RequestTTL bounds how long after RunNow a starting runner honours a request.
+const RequestTTL = time.Minute
+
+// RequestPath returns where RunNow writes pipe's request under runtimeDir.
+func RequestPath(runtimeDir, pipe string) string {
+	return filepath.Join(runtimeDir, "requests", pipe+".json")
+}
+
+func writeRequest(runtimeDir, pipe, requestID string, now time.Time) (string, error) {
+	if err := os.MkdirAll(filepath.Join(runtimeDir, "requests"), 0o755); err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(request{RequestID: requestID, Trigger: "api", RequestedAt: now.UTC(), ExpiresAt: now.Add(RequestTTL).UTC()})
+	if err != nil {
+		return "", err
+	}
+	path := RequestPath(runtimeDir, pipe)
+	p, err := writeTemp(path, append(b, '\n'), 0o644)
+	if err != nil {
+		return "", err
+	}
+	if err := os.Rename(p.tmp, path); err != nil {
+		os.Remove(p.tmp)
+		return "", err
+	}
+	return path, nil
+}
+
+// removeRequest deletes the request file if it still holds requestID.
+func removeRequest(path, requestID string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	var r request
+	if json.Unmarshal(b, &r) == nil && r.RequestID == requestID {
+		os.Remove(path)
+	}
+}
+
+// ReadRequest reads pipe's pending RunNow request, for the runner: ok is
+// false when there is none or it expired.
+func ReadRequest(runtimeDir, pipe string, now time.Time) (requestID string, ok bool) {
+	b, err := os.ReadFile(RequestPath(runtimeDir, pipe))
+	if err != nil {
+		return "", false
+	}
+	var r request
+	if json.Unmarshal(b, &r) != nil || r.Trigger != "api" || now.After(r.ExpiresAt) {
+		return "", false
+	}
+	return r.RequestID, true
+}
