@@ -1,0 +1,266 @@
+package server
+
+import (
+	"crypto"
+	"errors"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/signing"
+)
+
+// Media types of agent endpoints (documented in doc.go).
+const (
+	ManifestMediaType = "application/vnd.drover.manifest.v1.dsse+json"
+	BundleMediaType   = "application/vnd.drover.bundle.v1+gzip"
+)
+
+// EnrollRequest is the body of POST /api/v1/agents/enroll.
+type EnrollRequest struct {
+	Token        string `json:"token"`
+	Hostname     string `json:"hostname"`
+	OS           string `json:"os"`
+	Arch         string `json:"arch"`
+	AgentVersion string `json:"agent_version"`
+	CSR          string `json:"csr"`
+}
+
+// EnrollResponse is the answer to a successful enrollment.
+type EnrollResponse struct {
+	AgentID       string            `json:"agent_id"`
+	Certificate   string            `json:"certificate"`
+	CABundle      string            `json:"ca_bundle"`
+	TrustRoot     signing.TrustRoot `json:"trust_root"`
+	GRPCAddr      string            `json:"grpc_addr"`
+	CertExpiresAt time.Time         `json:"cert_expires_at"`
+}
+
+// RenewRequest is the body of POST /api/v1/agents/self/renew.
+type RenewRequest struct {
+	CSR string `json:"csr"`
+}
+
+// RenewResponse is the answer to a renewal.
+type RenewResponse struct {
+	Certificate   string    `json:"certificate"`
+	CABundle      string    `json:"ca_bundle"`
+	CertExpiresAt time.Time `json:"cert_expires_at"`
+}
+
+// SecretsResponse is the answer to GET /api/v1/agents/self/secrets.
+type SecretsResponse struct {
+	Secrets map[string]string `json:"secrets"`
+}
+
+func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
+	s.enrollRequests.Add(1)
+	if !s.enrollLimiter.allow(sourceIP(r), s.clock.Now()) {
+		w.Header().Set("Retry-After", "60")
+		return newError(ErrRateLimited, "too many enrollment attempts from this address; retry later")
+	}
+	var req EnrollRequest
+	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	var details []Detail
+	check := func(field, v string, required bool, max int) {
+		switch {
+		case v == "" && required:
+			details = append(details, Detail{Field: field, Message: "required"})
+		case len(v) > max || strings.ContainsFunc(v, func(r rune) bool { return !unicode.IsPrint(r) }):
+			details = append(details, Detail{Field: field, Message: "at most " + strconv.Itoa(max) + " printable characters"})
+		}
+	}
+	check("hostname", req.Hostname, true, 253)
+	check("os", req.OS, false, 64)
+	check("arch", req.Arch, false, 64)
+	check("agent_version", req.AgentVersion, false, 64)
+	if req.Token == "" {
+		details = append(details, Detail{Field: "token", Message: "required"})
+	}
+	if req.CSR == "" {
+		details = append(details, Detail{Field: "csr", Message: "required"})
+	}
+	if len(details) > 0 {
+		return newError(ErrInvalidRequest, "the enrollment request has invalid fields", details...)
+	}
+	pt, err := parseToken(req.Token)
+	if err != nil {
+		return err
+	}
+	if pt.pin != s.ca.pin {
+		return newError(ErrInvalidToken, "the enrollment token was made for another server (its CA pin does not match)")
+	}
+	csr, err := parseAgentCSR(req.CSR)
+	if err != nil {
+		return err
+	}
+	now := s.clock.Now()
+	tok, err := checkToken(r.Context(), s.store, pt, now)
+	if err != nil {
+		return err
+	}
+	id := newAgentID()
+	certPEM, serial, notAfter, err := s.ca.issueAgentCert(id, csr, now, s.cfg.Enrollment.CertLifetime)
+	if err != nil {
+		return err
+	}
+	name := tok.Name
+	if name == "" {
+		name = req.Hostname
+	}
+	a := &Agent{ID: id, Name: name, Hostname: req.Hostname, OS: req.OS, Arch: req.Arch, AgentVersion: req.AgentVersion,
+		Tags: tok.Tags, CreatedAt: now, CertSerial: serial, CertExpiresAt: notAfter}
+	if err := s.store.EnrollAgent(r.Context(), tok.ID, now, a); err != nil {
+		switch {
+		case errors.Is(err, ErrTokenUsed):
+			return newError(ErrTokenUsed, "the enrollment token was already used")
+		case errors.Is(err, ErrTokenExpired):
+			return newError(ErrTokenExpired, "the enrollment token has expired")
+		case errors.Is(err, ErrInvalidToken):
+			return newError(ErrInvalidToken, "the enrollment token is not valid")
+		}
+		return err
+	}
+	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
+	if _, err := s.compiler.compile(r.Context(), []string{id}); err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, EnrollResponse{
+		AgentID: id, Certificate: string(certPEM), CABundle: string(s.ca.pem), TrustRoot: s.keys.trustRoot(),
+		GRPCAddr: s.grpcPublicAddr(r), CertExpiresAt: notAfter,
+	})
+}
+
+// grpcPublicAddr is the stream address given to agents.
+func (s *Server) grpcPublicAddr(r *http.Request) string {
+	if s.cfg.GRPCPublicAddr != "" {
+		return s.cfg.GRPCPublicAddr
+	}
+	_, port, _ := net.SplitHostPort(s.GRPCAddr())
+	host := ""
+	if s.publicHost != "" {
+		host = s.publicHost
+	} else if h, _, err := net.SplitHostPort(r.Host); err == nil {
+		host = h
+	} else {
+		host = r.Host
+	}
+	return net.JoinHostPort(host, port)
+}
+
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID string) error {
+	var req RenewRequest
+	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	csr, err := parseAgentCSR(req.CSR)
+	if err != nil {
+		return err
+	}
+	if cur, ok := r.TLS.PeerCertificates[0].PublicKey.(interface{ Equal(crypto.PublicKey) bool }); ok && cur.Equal(csr.PublicKey) {
+		return newError(ErrInvalidRequest, "renewal needs a fresh key", Detail{Field: "csr", Message: "the key is the one of the current certificate"})
+	}
+	certPEM, serial, notAfter, err := s.ca.issueAgentCert(agentID, csr, s.clock.Now(), s.cfg.Enrollment.CertLifetime)
+	if err != nil {
+		return err
+	}
+	if err := s.store.SetNextCert(r.Context(), agentID, serial, notAfter); err != nil {
+		return err
+	}
+	s.log.Info("agent certificate renewed", "agent", agentID)
+	return writeJSON(w, http.StatusOK, RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.pem), CertExpiresAt: notAfter})
+}
+
+func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agentID string) error {
+	m, err := s.store.GetManifest(r.Context(), agentID)
+	if err != nil {
+		return err
+	}
+	etag := `"` + m.Digest + `"`
+	h := w.Header()
+	h.Set("ETag", etag)
+	h.Set("Cache-Control", "no-cache")
+	if etagMatch(r.Header.Get("If-None-Match"), etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return nil
+	}
+	h.Set("Content-Type", ManifestMediaType)
+	h.Set("Content-Length", strconv.Itoa(len(m.Envelope)))
+	h.Set("X-Drover-Manifest-Serial", strconv.FormatUint(m.Serial, 10))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(m.Envelope)
+	return nil
+}
+
+// etagMatch implements If-None-Match: "*" or any listed tag, weak or strong.
+func etagMatch(header, etag string) bool {
+	if header == "" {
+		return false
+	}
+	for _, t := range strings.Split(header, ",") {
+		t = strings.TrimSpace(t)
+		if t == "*" || strings.TrimPrefix(t, "W/") == etag {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) handleSelfTrust(w http.ResponseWriter, r *http.Request, agentID string) error {
+	w.Header().Set("Cache-Control", "no-cache")
+	return writeJSON(w, http.StatusOK, s.keys.trustRoot())
+}
+
+func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agentID string) error {
+	digest := r.PathValue("digest")
+	if !manifest.ValidDigest(digest) {
+		return newError(ErrNotFound, "payload not found")
+	}
+	m, err := s.store.GetManifest(r.Context(), agentID)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(m.Payloads, digest) {
+		return newError(ErrNotFound, "payload not found")
+	}
+	b, err := s.store.GetPayload(r.Context(), digest)
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", BundleMediaType)
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("ETag", `"`+digest+`"`)
+	h.Set("Cache-Control", "private, max-age=31536000, immutable")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+	return nil
+}
+
+func (s *Server) handleSelfSecrets(w http.ResponseWriter, r *http.Request, agentID string) error {
+	m, err := s.store.GetManifest(r.Context(), agentID)
+	if err != nil {
+		return err
+	}
+	sealed, err := s.store.GetSecrets(r.Context(), m.Secrets)
+	if err != nil {
+		return err
+	}
+	out := SecretsResponse{Secrets: make(map[string]string, len(sealed))}
+	for name, v := range sealed {
+		plain, err := s.sealer.open(name, v)
+		if err != nil {
+			return err // names the secret, never its value
+		}
+		out.Secrets[name] = string(plain)
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	return writeJSON(w, http.StatusOK, out)
+}

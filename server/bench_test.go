@@ -1,0 +1,156 @@
+package server
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	agentpb "github.com/drover/drover/proto"
+)
+
+// Benchmarks of the issue's three targets (figures in the README):
+//
+//	go test ./server -run '^$' -bench . -benchtime 3s
+func benchManifestGET(b *testing.B, conditional bool) {
+	ts := startServer(b)
+	a := ts.enrollAgent(map[string]string{"role": "web"})
+	ts.putScriptPipe("job", "echo hello", map[string]string{"role": "web"})
+	r, err := a.get("/api/v1/agents/self/manifest")
+	if err != nil || r.code != 200 {
+		b.Fatalf("%v %v", r, err)
+	}
+	etag := r.header.Get("ETag")
+	want := 200
+	if conditional {
+		want = 304
+	}
+	b.SetParallelism(8) // 16 concurrent keep-alive connections on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req, _ := http.NewRequest("GET", a.base+"/api/v1/agents/self/manifest", nil)
+			if conditional {
+				req.Header.Set("If-None-Match", etag)
+			}
+			resp, err := a.client.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				b.Errorf("status %d, want %d", resp.StatusCode, want)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+}
+
+func BenchmarkManifestGET304(b *testing.B) { benchManifestGET(b, true) }
+func BenchmarkManifestGET200(b *testing.B) { benchManifestGET(b, false) }
+
+// BenchmarkStreamIngest measures log records ingested with durable acks
+// (synchronous=full): b.N records over the given number of agent streams,
+// timed until the last record of every stream is acknowledged.
+func BenchmarkStreamIngest(b *testing.B) {
+	for _, streams := range []int{1, 8} {
+		b.Run(fmt.Sprintf("streams=%d", streams), func(b *testing.B) {
+			ts := startServer(b, func(c *Config) { c.Store.Synchronous = "full" })
+			sts := make([]*testStream, streams)
+			for i := range sts {
+				a := ts.enrollAgent(nil)
+				st, err := a.openStream("")
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer st.close()
+				sts[i] = st
+			}
+			data := make([]byte, 120)
+			for i := range data {
+				data[i] = 'a' + byte(i%26)
+			}
+			per := b.N/streams + 1
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for i, st := range sts {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for seq := uint64(1); seq <= uint64(per); seq++ {
+						m := &agentpb.AgentMessage{Seq: seq, Body: &agentpb.AgentMessage_LogChunk{LogChunk: &agentpb.LogChunk{
+							RunId: fmt.Sprintf("bench-%d-%d", i, seq/1000), ChunkSeq: seq % 1000, Data: data}}}
+						if err := st.stream.Send(m); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+					if err := st.waitAck(uint64(per), time.Minute); err != nil {
+						b.Error(err)
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(per*streams)/b.Elapsed().Seconds(), "records/s")
+		})
+	}
+}
+
+// seedAgents inserts n agents tagged role=web straight into the store.
+func seedAgents(b *testing.B, db *SQLiteStore, n int) {
+	now := time.Now().UnixNano()
+	err := withTx(context.Background(), db.w, func(tx *sql.Tx) error {
+		st, err := tx.Prepare(`INSERT INTO agents(id, name, tags, created_at, updated_at, cert_serial) VALUES(?,?,?,?,?,?)`)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for i := range n {
+			id := fmt.Sprintf("agt-bench-%05d", i)
+			if _, err := st.Exec(id, id, `{"role":"web","env":"prod"}`, now, now, fmt.Sprint(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkRecompile10kAgents: one change to a pipe's target tags adds it
+// to (or removes it from) the manifests of 10,000 agents; each op is the
+// admin PUT that recompiles, signs and stores all 10,000 manifests.
+func BenchmarkRecompile10kAgents(b *testing.B) {
+	ts := startServer(b)
+	db := ts.db()
+	seedAgents(b, db, 10000)
+	ts.putScriptPipe("base", "echo base", map[string]string{"role": "web"})
+	ts.putScriptPipe("extra", "echo extra", map[string]string{"tier": "gold"})
+	for i := range 3 {
+		ts.putScriptPipe(fmt.Sprintf("other-%d", i), "echo other", map[string]string{"env": "prod"})
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		tags := map[string]string{"role": "web"}
+		if i%2 == 1 {
+			tags = map[string]string{"tier": "gold"}
+		}
+		start := time.Now()
+		ts.putScriptPipe("extra", "echo extra", tags)
+		b.ReportMetric(time.Since(start).Seconds(), "s/10k-manifests")
+	}
+	b.StopTimer()
+	var changed int
+	db.r.QueryRow(`SELECT COUNT(*) FROM manifests WHERE serial >= 2`).Scan(&changed)
+	if changed < 10000 {
+		b.Fatalf("only %d manifests were re-signed", changed)
+	}
+}

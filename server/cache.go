@@ -1,0 +1,102 @@
+package server
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxCached bounds the cache; past it the cache starts over.
+const maxCached = 200000
+
+// cachedStore keeps what every agent request reads — the certificate state
+// and the published manifest — in memory, so that the hot path (a manifest
+// poll answered 304) does not touch the database. It is correct for one
+// server process: every write that changes a cached value goes through it
+// and invalidates after the write committed. A generation counter stops a
+// read that raced with a write from caching the old value. (Several servers
+// on PostgreSQL will need an invalidation channel or no cache.)
+type cachedStore struct {
+	Store
+
+	mu        sync.RWMutex
+	gen       atomic.Uint64
+	certs     map[string]*AgentCert
+	manifests map[string]*StoredManifest
+}
+
+func newCachedStore(s Store) *cachedStore {
+	return &cachedStore{Store: s, certs: map[string]*AgentCert{}, manifests: map[string]*StoredManifest{}}
+}
+
+func (c *cachedStore) invalidate(ids ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen.Add(1)
+	for _, id := range ids {
+		delete(c.certs, id)
+		delete(c.manifests, id)
+	}
+}
+
+// cacheGet is the read-through part shared by both maps.
+func cacheGet[V any](c *cachedStore, m map[string]*V, id string, load func() (*V, error)) (*V, error) {
+	c.mu.RLock()
+	v, ok := m[id]
+	c.mu.RUnlock()
+	if ok {
+		return v, nil
+	}
+	gen := c.gen.Load()
+	v, err := load()
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.gen.Load() == gen {
+		if len(m) >= maxCached {
+			clear(m)
+		}
+		m[id] = v
+	}
+	c.mu.Unlock()
+	return v, nil
+}
+
+func (c *cachedStore) AgentCert(ctx context.Context, id string) (*AgentCert, error) {
+	return cacheGet(c, c.certs, id, func() (*AgentCert, error) { return c.Store.AgentCert(ctx, id) })
+}
+
+func (c *cachedStore) GetManifest(ctx context.Context, id string) (*StoredManifest, error) {
+	return cacheGet(c, c.manifests, id, func() (*StoredManifest, error) { return c.Store.GetManifest(ctx, id) })
+}
+
+func (c *cachedStore) SetNextCert(ctx context.Context, id, serial string, expires time.Time) error {
+	defer c.invalidate(id)
+	return c.Store.SetNextCert(ctx, id, serial, expires)
+}
+
+func (c *cachedStore) PromoteCert(ctx context.Context, id, serial string) error {
+	defer c.invalidate(id)
+	return c.Store.PromoteCert(ctx, id, serial)
+}
+
+func (c *cachedStore) RevokeAgent(ctx context.Context, id string, now time.Time) error {
+	defer c.invalidate(id)
+	return c.Store.RevokeAgent(ctx, id, now)
+}
+
+func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *Agent) error {
+	defer c.invalidate(a.ID)
+	return c.Store.EnrollAgent(ctx, tokenID, now, a)
+}
+
+func (c *cachedStore) SaveManifests(ctx context.Context, ms []*StoredManifest) error {
+	ids := make([]string, len(ms))
+	for i, m := range ms {
+		ids[i] = m.AgentID
+	}
+	defer c.invalidate(ids...)
+	return c.Store.SaveManifests(ctx, ms)
+}

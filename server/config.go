@@ -1,0 +1,396 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/signing"
+)
+
+// Default paths and addresses (DESIGN.md, "Paths and names").
+const (
+	DefaultConfigFile = "/etc/drover-server/server.yaml"
+	DefaultDataDir    = "/var/lib/drover-server"
+	DefaultHTTPAddr   = ":8443"
+	DefaultGRPCAddr   = ":8444"
+)
+
+// Config is the server configuration. Zero values are not defaults: start
+// from DefaultConfig and decode YAML over it (LoadConfig does both).
+type Config struct {
+	// DataDir holds keys, certificates and the database (see doc.go).
+	DataDir string `yaml:"data_dir"`
+	// HTTPAddr and GRPCAddr are the listen addresses.
+	HTTPAddr string `yaml:"http_addr"`
+	GRPCAddr string `yaml:"grpc_addr"`
+	// PublicURL is how agents reach the HTTPS API (e.g. https://drover.example:8443).
+	// Its host goes into the server certificate's SANs.
+	PublicURL string `yaml:"public_url"`
+	// GRPCPublicAddr is the host:port agents are told to dial for the stream.
+	// Empty: the host of PublicURL (or of the enrollment request) with the
+	// gRPC listener's port.
+	GRPCPublicAddr string `yaml:"grpc_public_addr"`
+	// TLSSANs are extra DNS names or IPs for the server certificate; the
+	// hostname, localhost, 127.0.0.1 and ::1 are always included.
+	TLSSANs []string `yaml:"tls_sans"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `yaml:"log_level"`
+	// LogFormat is text or json.
+	LogFormat string `yaml:"log_format"`
+
+	HTTP       HTTPConfig       `yaml:"http"`
+	GRPC       GRPCConfig       `yaml:"grpc"`
+	Enrollment EnrollmentConfig `yaml:"enrollment"`
+	Signing    SigningConfig    `yaml:"signing"`
+	Store      StoreConfig      `yaml:"store"`
+	Runs       RunsConfig       `yaml:"runs"`
+}
+
+// HTTPConfig bounds the HTTPS listener.
+type HTTPConfig struct {
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	ReadTimeout       time.Duration `yaml:"read_timeout"`
+	WriteTimeout      time.Duration `yaml:"write_timeout"`
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	MaxHeaderBytes    int           `yaml:"max_header_bytes"`
+	// MaxBodyBytes caps JSON request bodies except pipe uploads.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxConcurrent bounds requests in flight; more wait briefly, then get 503.
+	MaxConcurrent int `yaml:"max_concurrent"`
+	// ShutdownTimeout bounds draining on SIGTERM.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// GRPCConfig bounds the telemetry listener.
+type GRPCConfig struct {
+	MaxStreams     int           `yaml:"max_streams"`
+	MaxRecvBytes   int           `yaml:"max_recv_bytes"`
+	KeepaliveTime  time.Duration `yaml:"keepalive_time"`
+	KeepaliveWait  time.Duration `yaml:"keepalive_timeout"`
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// IdleTimeout closes connections without streams.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// OfflineAfter: an agent is online while it has a live stream and was
+	// heard from (any message, heartbeats included) within this time.
+	OfflineAfter time.Duration `yaml:"offline_after"`
+}
+
+// EnrollmentConfig governs tokens and agent certificates.
+type EnrollmentConfig struct {
+	DefaultTTL   time.Duration `yaml:"default_ttl"`
+	MaxTTL       time.Duration `yaml:"max_ttl"`
+	CertLifetime time.Duration `yaml:"cert_lifetime"`
+	// RatePerMinute and Burst limit enrollment attempts per source address.
+	RatePerMinute int `yaml:"rate_per_minute"`
+	Burst         int `yaml:"burst"`
+}
+
+// SigningConfig governs manifest and key-list signing.
+type SigningConfig struct {
+	Algorithm        string        `yaml:"algorithm"`
+	ManifestLifetime time.Duration `yaml:"manifest_lifetime"`
+	KeyListLifetime  time.Duration `yaml:"key_list_lifetime"`
+	// MaxPayloadBytes caps one pipe bundle.
+	MaxPayloadBytes int64 `yaml:"max_payload_bytes"`
+}
+
+// StoreConfig configures the embedded SQLite store.
+type StoreConfig struct {
+	// Synchronous is SQLite's synchronous mode: full (acks survive power
+	// loss) or normal (acks survive a process crash).
+	Synchronous string `yaml:"synchronous"`
+	// IngestBatch caps the records committed in one transaction.
+	IngestBatch int `yaml:"ingest_batch"`
+}
+
+// RunsConfig governs run history and logs.
+type RunsConfig struct {
+	MaxLogBytes       int64         `yaml:"max_log_bytes"`
+	MaxChunkBytes     int           `yaml:"max_chunk_bytes"`
+	RetentionAge      time.Duration `yaml:"retention_age"`
+	RetentionPerPipe  int           `yaml:"retention_per_pipe"`
+	RetentionInterval time.Duration `yaml:"retention_interval"`
+}
+
+// DefaultConfig returns the configuration used with no file and no environment.
+func DefaultConfig() Config {
+	return Config{
+		DataDir:   DefaultDataDir,
+		HTTPAddr:  DefaultHTTPAddr,
+		GRPCAddr:  DefaultGRPCAddr,
+		LogLevel:  "info",
+		LogFormat: "text",
+		HTTP: HTTPConfig{
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       60 * time.Second,
+			WriteTimeout:      60 * time.Second,
+			IdleTimeout:       120 * time.Second,
+			MaxHeaderBytes:    64 << 10,
+			MaxBodyBytes:      1 << 20,
+			MaxConcurrent:     512,
+			ShutdownTimeout:   15 * time.Second,
+		},
+		GRPC: GRPCConfig{
+			MaxStreams:     20000,
+			MaxRecvBytes:   4 << 20,
+			KeepaliveTime:  30 * time.Second,
+			KeepaliveWait:  10 * time.Second,
+			ConnectTimeout: 20 * time.Second,
+			IdleTimeout:    5 * time.Minute,
+			OfflineAfter:   90 * time.Second,
+		},
+		Enrollment: EnrollmentConfig{
+			DefaultTTL:    time.Hour,
+			MaxTTL:        30 * 24 * time.Hour,
+			CertLifetime:  30 * 24 * time.Hour,
+			RatePerMinute: 60,
+			Burst:         100,
+		},
+		Signing: SigningConfig{
+			Algorithm:        string(signing.Ed25519),
+			ManifestLifetime: manifest.DefaultLifetime,
+			KeyListLifetime:  365 * 24 * time.Hour,
+			MaxPayloadBytes:  manifest.DefaultMaxBundleBytes,
+		},
+		Store: StoreConfig{
+			Synchronous: "full",
+			IngestBatch: 2000,
+		},
+		Runs: RunsConfig{
+			MaxLogBytes:       1 << 20,
+			MaxChunkBytes:     256 << 10,
+			RetentionAge:      30 * 24 * time.Hour,
+			RetentionPerPipe:  1000,
+			RetentionInterval: time.Hour,
+		},
+	}
+}
+
+// LoadConfig returns DefaultConfig overlaid with the YAML file at path (if
+// path is not empty; a missing file is an error only when required) and then
+// with DROVER_* environment variables from env (os.Environ form), and
+// validates the result.
+func LoadConfig(path string, required bool, env []string) (Config, error) {
+	cfg := DefaultConfig()
+	if path != "" {
+		b, err := os.ReadFile(path)
+		switch {
+		case err == nil:
+			if err := DecodeConfig(b, &cfg); err != nil {
+				return cfg, fmt.Errorf("config %s: %w", path, err)
+			}
+		case errors.Is(err, os.ErrNotExist) && !required:
+		default:
+			return cfg, fmt.Errorf("read config: %w", err)
+		}
+	}
+	if err := cfg.ApplyEnv(env); err != nil {
+		return cfg, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// DecodeConfig decodes YAML over cfg, refusing unknown fields.
+func DecodeConfig(b []byte, cfg *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("decode yaml: %w", err)
+	}
+	return nil
+}
+
+// ApplyEnv applies DROVER_<PATH> variables, where PATH is the upper-cased
+// YAML path joined by '_': DROVER_HTTP_ADDR, DROVER_DATA_DIR,
+// DROVER_ENROLLMENT_CERT_LIFETIME, DROVER_TLS_SANS (comma-separated). Unknown
+// DROVER_ variables are ignored: the agent and droverctl share the prefix.
+func (c *Config) ApplyEnv(env []string) error {
+	vars := map[string]string{}
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "DROVER_") {
+			vars[k] = v
+		}
+	}
+	if len(vars) == 0 {
+		return nil
+	}
+	return applyEnv(reflect.ValueOf(c).Elem(), "DROVER", vars)
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+func applyEnv(v reflect.Value, prefix string, vars map[string]string) error {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if tag == "" || tag == "-" {
+			continue
+		}
+		name := prefix + "_" + strings.ToUpper(tag)
+		fv := v.Field(i)
+		if fv.Kind() == reflect.Struct {
+			if err := applyEnv(fv, name, vars); err != nil {
+				return err
+			}
+			continue
+		}
+		s, ok := vars[name]
+		if !ok {
+			continue
+		}
+		bad := func(err error) error { return fmt.Errorf("environment %s: %w", name, err) }
+		switch {
+		case fv.Type() == durationType:
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return bad(err)
+			}
+			fv.SetInt(int64(d))
+		case fv.Kind() == reflect.String:
+			fv.SetString(s)
+		case fv.Kind() == reflect.Int || fv.Kind() == reflect.Int64:
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				return bad(err)
+			}
+			fv.SetInt(n)
+		case fv.Kind() == reflect.Bool:
+			b, err := strconv.ParseBool(s)
+			if err != nil {
+				return bad(err)
+			}
+			fv.SetBool(b)
+		case fv.Kind() == reflect.Slice && fv.Type().Elem().Kind() == reflect.String:
+			var list []string
+			for _, p := range strings.Split(s, ",") {
+				if p = strings.TrimSpace(p); p != "" {
+					list = append(list, p)
+				}
+			}
+			fv.Set(reflect.ValueOf(list))
+		}
+	}
+	return nil
+}
+
+// Validate checks every field and returns all problems at once as a
+// *manifest.ValidationError with YAML field paths.
+func (c *Config) Validate() error {
+	var ps []manifest.FieldError
+	add := func(field, format string, args ...any) {
+		ps = append(ps, manifest.FieldError{Field: field, Message: fmt.Sprintf(format, args...)})
+	}
+	if c.DataDir == "" {
+		add("data_dir", "required")
+	}
+	for _, a := range []struct{ f, v string }{{"http_addr", c.HTTPAddr}, {"grpc_addr", c.GRPCAddr}} {
+		if _, port, err := net.SplitHostPort(a.v); err != nil {
+			add(a.f, "%q is not host:port", a.v)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			add(a.f, "%q has an invalid port", a.v)
+		}
+	}
+	if c.PublicURL != "" {
+		u, err := url.Parse(c.PublicURL)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			add("public_url", "%q must be an https:// URL with a host", c.PublicURL)
+		}
+	}
+	if c.GRPCPublicAddr != "" {
+		if _, _, err := net.SplitHostPort(c.GRPCPublicAddr); err != nil {
+			add("grpc_public_addr", "%q is not host:port", c.GRPCPublicAddr)
+		}
+	}
+	for i, s := range c.TLSSANs {
+		if s == "" || strings.ContainsAny(s, " /:") && net.ParseIP(s) == nil {
+			add(fmt.Sprintf("tls_sans[%d]", i), "%q is not a DNS name or IP address", s)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		add("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		add("log_format", "%q is not one of text, json", c.LogFormat)
+	}
+	positive := func(field string, d time.Duration) {
+		if d <= 0 {
+			add(field, "must be a positive duration")
+		}
+	}
+	positive("http.read_header_timeout", c.HTTP.ReadHeaderTimeout)
+	positive("http.read_timeout", c.HTTP.ReadTimeout)
+	positive("http.write_timeout", c.HTTP.WriteTimeout)
+	positive("http.idle_timeout", c.HTTP.IdleTimeout)
+	positive("http.shutdown_timeout", c.HTTP.ShutdownTimeout)
+	positive("grpc.keepalive_time", c.GRPC.KeepaliveTime)
+	positive("grpc.keepalive_timeout", c.GRPC.KeepaliveWait)
+	positive("grpc.connect_timeout", c.GRPC.ConnectTimeout)
+	positive("grpc.idle_timeout", c.GRPC.IdleTimeout)
+	positive("grpc.offline_after", c.GRPC.OfflineAfter)
+	positive("enrollment.default_ttl", c.Enrollment.DefaultTTL)
+	positive("enrollment.max_ttl", c.Enrollment.MaxTTL)
+	positive("runs.retention_age", c.Runs.RetentionAge)
+	positive("runs.retention_interval", c.Runs.RetentionInterval)
+	if c.Enrollment.DefaultTTL > c.Enrollment.MaxTTL {
+		add("enrollment.default_ttl", "longer than enrollment.max_ttl")
+	}
+	if c.Enrollment.CertLifetime < time.Hour || c.Enrollment.CertLifetime > 397*24*time.Hour {
+		add("enrollment.cert_lifetime", "must be between 1h and 397 days")
+	}
+	if c.Signing.ManifestLifetime < 2*time.Minute || c.Signing.ManifestLifetime > 90*24*time.Hour {
+		add("signing.manifest_lifetime", "must be between 2m and 90 days")
+	}
+	if c.Signing.KeyListLifetime < 24*time.Hour || c.Signing.KeyListLifetime < 2*c.Signing.ManifestLifetime {
+		add("signing.key_list_lifetime", "must be at least 24h and twice signing.manifest_lifetime")
+	}
+	switch signing.Algorithm(c.Signing.Algorithm) {
+	case signing.Ed25519, signing.ECDSAP256:
+	default:
+		add("signing.algorithm", "%q is not one of %s, %s", c.Signing.Algorithm, signing.Ed25519, signing.ECDSAP256)
+	}
+	atLeast := func(field string, v, min int64) {
+		if v < min {
+			add(field, "must be at least %d", min)
+		}
+	}
+	atLeast("http.max_header_bytes", int64(c.HTTP.MaxHeaderBytes), 4096)
+	atLeast("http.max_body_bytes", c.HTTP.MaxBodyBytes, 4096)
+	atLeast("http.max_concurrent", int64(c.HTTP.MaxConcurrent), 1)
+	atLeast("grpc.max_streams", int64(c.GRPC.MaxStreams), 1)
+	atLeast("grpc.max_recv_bytes", int64(c.GRPC.MaxRecvBytes), 64<<10)
+	atLeast("enrollment.rate_per_minute", int64(c.Enrollment.RatePerMinute), 1)
+	atLeast("enrollment.burst", int64(c.Enrollment.Burst), 1)
+	atLeast("signing.max_payload_bytes", c.Signing.MaxPayloadBytes, 1024)
+	atLeast("store.ingest_batch", int64(c.Store.IngestBatch), 1)
+	atLeast("runs.max_log_bytes", c.Runs.MaxLogBytes, 1024)
+	atLeast("runs.max_chunk_bytes", int64(c.Runs.MaxChunkBytes), 1024)
+	atLeast("runs.retention_per_pipe", int64(c.Runs.RetentionPerPipe), 1)
+	switch c.Store.Synchronous {
+	case "full", "normal":
+	default:
+		add("store.synchronous", "%q is not one of full, normal", c.Store.Synchronous)
+	}
+	if len(ps) > 0 {
+		return &manifest.ValidationError{Problems: ps}
+	}
+	return nil
+}

@@ -1,0 +1,191 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/manifest"
+)
+
+func TestConfigDefaultsFileEnvAndValidation(t *testing.T) {
+	def := DefaultConfig()
+	if err := def.Validate(); err != nil {
+		t.Fatalf("the defaults do not validate: %v", err)
+	}
+	if def.DataDir != "/var/lib/drover-server" || def.HTTPAddr != ":8443" || def.GRPCAddr != ":8444" ||
+		def.Enrollment.DefaultTTL != time.Hour || def.Enrollment.CertLifetime != 30*24*time.Hour ||
+		def.Signing.ManifestLifetime != 7*24*time.Hour || def.Runs.MaxLogBytes != 1<<20 || def.Signing.MaxPayloadBytes != 10<<20 {
+		t.Fatalf("defaults: %+v", def)
+	}
+
+	// No file at the default path is fine; a named file must exist.
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "none.yaml"), false, nil); err != nil {
+		t.Fatalf("missing optional file: %v", err)
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "none.yaml"), true, nil); err == nil {
+		t.Fatal("a missing required file was accepted")
+	}
+
+	path := filepath.Join(t.TempDir(), "server.yaml")
+	os.WriteFile(path, []byte("data_dir: /srv/drover\nhttp_addr: 127.0.0.1:9443\nenrollment:\n  cert_lifetime: 240h\nruns:\n  retention_age: 72h\ntls_sans: [drover.example]\n"), 0o600)
+	cfg, err := LoadConfig(path, true, []string{"DROVER_HTTP_ADDR=0.0.0.0:7443", "DROVER_RUNS_MAX_LOG_BYTES=2048", "DROVER_TLS_SANS=a.example, b.example", "DROVER_AGENT_ONLY=x", "PATH=/bin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DataDir != "/srv/drover" || cfg.HTTPAddr != "0.0.0.0:7443" || cfg.Enrollment.CertLifetime != 240*time.Hour ||
+		cfg.Runs.RetentionAge != 72*time.Hour || cfg.Runs.MaxLogBytes != 2048 || strings.Join(cfg.TLSSANs, ",") != "a.example,b.example" || cfg.GRPCAddr != ":8444" {
+		t.Fatalf("file + env: %+v", cfg)
+	}
+
+	os.WriteFile(path, []byte("data_dir: /x\nbogus: 1\n"), 0o600)
+	if _, err := LoadConfig(path, true, nil); err == nil || !strings.Contains(err.Error(), "bogus") {
+		t.Fatalf("an unknown field was accepted: %v", err)
+	}
+	if _, err := LoadConfig("", false, []string{"DROVER_HTTP_READ_TIMEOUT=soon"}); err == nil {
+		t.Fatal("a bad duration in the environment was accepted")
+	}
+
+	bad := DefaultConfig()
+	bad.HTTPAddr = "nope"
+	bad.LogLevel = "loud"
+	bad.Enrollment.CertLifetime = time.Minute
+	bad.Signing.Algorithm = "rsa"
+	bad.Store.Synchronous = "off"
+	var ve *manifest.ValidationError
+	if err := bad.Validate(); !errors.As(err, &ve) || len(ve.Problems) != 5 {
+		t.Fatalf("validation: %v", err)
+	}
+	for _, f := range []string{"http_addr", "log_level", "enrollment.cert_lifetime", "signing.algorithm", "store.synchronous"} {
+		if !strings.Contains(ve.Error(), f+":") {
+			t.Errorf("no problem for %s in %v", f, ve)
+		}
+	}
+}
+
+func TestDataDirModesAndReuse(t *testing.T) {
+	ts := startServer(t)
+	dir := ts.cfg.DataDir
+	fi, err := os.Stat(dir)
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("data dir mode %v %v", fi.Mode(), err)
+	}
+	entries, _ := os.ReadDir(dir)
+	names := map[string]bool{}
+	for _, e := range entries {
+		info, _ := e.Info()
+		names[e.Name()] = true
+		want := os.FileMode(0o600)
+		if e.Name() == "ca.crt" {
+			want = 0o644
+		}
+		if info.Mode().Perm() != want {
+			t.Errorf("%s has mode %v, want %v", e.Name(), info.Mode().Perm(), want)
+		}
+	}
+	for _, n := range []string{"ca.key", "ca.crt", "tls.key", "tls.crt", "root.key", "keylist.dsse", "secrets.key", "admin.token", "server.db"} {
+		if !names[n] {
+			t.Errorf("%s was not created", n)
+		}
+	}
+	pin, admin := ts.s.CAPin(), ts.admin
+
+	// A second server on the same data dir is refused while the first runs.
+	if _, err := New(ts.cfg, testLogger(t), nil); !errors.Is(err, errLocked) {
+		t.Fatalf("a second server on the same data dir: %v", err)
+	}
+	ts.stop()
+	ts2 := startServer(t, func(c *Config) { *c = ts.cfg })
+	if ts2.s.CAPin() != pin || ts2.admin != admin {
+		t.Fatal("a restart did not reuse the CA and the admin token")
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	ts := startServer(t)
+	run := func(args ...string) (string, string, int) {
+		var out, errOut bytes.Buffer
+		code := Main("test", args, nil, &out, &errOut)
+		return out.String(), errOut.String(), code
+	}
+	// tokens create writes straight into the data dir, even while the server runs.
+	out, errOut, code := run("tokens", "create", "--data-dir", ts.cfg.DataDir, "--tag", "role=web", "--ttl", "10m")
+	if code != 0 {
+		t.Fatalf("tokens create: %d %s", code, errOut)
+	}
+	a, err := enroll(ts.base, strings.TrimSpace(out), "cli-host")
+	if err != nil {
+		t.Fatalf("enroll with a CLI token: %v", err)
+	}
+	defer a.close()
+	var ag AgentJSON
+	ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
+	if ag.Tags["role"] != "web" {
+		t.Errorf("preset tags: %v", ag.Tags)
+	}
+	// keys rotate goes through the running server's API.
+	out, errOut, code = run("keys", "rotate", "--data-dir", ts.cfg.DataDir, "--http-addr", ts.s.HTTPAddr())
+	if code != 0 || !strings.Contains(out, "key list version 2") {
+		t.Fatalf("keys rotate: %d %q %q", code, out, errOut)
+	}
+	if _, err := a.pullManifest(); err != nil {
+		t.Fatalf("manifest after a CLI rotation: %v", err)
+	}
+	// With the server stopped, it rotates in the data dir, and the next
+	// start re-signs every manifest.
+	ts.stop()
+	if out, errOut, code = run("keys", "rotate", "--data-dir", ts.cfg.DataDir); code != 0 || !strings.Contains(out, "key list version 3") {
+		t.Fatalf("offline keys rotate: %d %q %q", code, out, errOut)
+	}
+	ts2 := startServer(t, func(c *Config) { *c = ts.cfg })
+	a.base = ts2.base
+	acc, err := a.pullManifest()
+	if err != nil || acc.Manifest.KeyListVersion != 3 {
+		t.Fatalf("manifest after an offline rotation: %v %+v", err, acc)
+	}
+	if _, errOut, code = run("serve", "--config", "/nonexistent.yaml"); code != 2 || !strings.Contains(errOut, "nonexistent") {
+		t.Fatalf("a missing --config file: %d %s", code, errOut)
+	}
+	if _, _, code = run("frobnicate"); code != 2 {
+		t.Fatalf("unknown command: %d", code)
+	}
+}
+
+func TestManifestResignedBeforeExpiry(t *testing.T) {
+	ts := startServer(t)
+	a := ts.enrollAgent(nil)
+	acc1, err := a.pullManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing is due yet.
+	if n, err := ts.s.compiler.resignDue(t.Context()); err != nil || n != 0 {
+		t.Fatalf("resign before half-life: %d %v", n, err)
+	}
+	ts.clock.Advance(4 * 24 * time.Hour)
+	if n, err := ts.s.compiler.resignDue(t.Context()); err != nil || n != 1 {
+		t.Fatalf("resign after half-life: %d %v", n, err)
+	}
+	ts.clock.Advance(-4 * 24 * time.Hour)
+	r, _ := a.get("/api/v1/agents/self/manifest")
+	if r.header.Get("X-Drover-Manifest-Serial") != "2" {
+		t.Fatalf("serial after re-signing: %s", r.header.Get("X-Drover-Manifest-Serial"))
+	}
+	// A key-list refresh at half its lifetime re-signs the list with a
+	// higher version; manifests follow, and agents update through /trust.
+	changed, err := ts.s.keys.refresh(time.Now().Add(200*24*time.Hour), ts.cfg.Signing.KeyListLifetime)
+	if err != nil || !changed {
+		t.Fatalf("key list refresh: %v %v", changed, err)
+	}
+	if _, err := ts.s.compiler.compile(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	acc, err := a.pullManifest()
+	if err != nil || acc.Manifest.KeyListVersion != 2 || acc.KeyID != acc1.KeyID {
+		t.Fatalf("after a key-list refresh: %v %+v", err, acc)
+	}
+}

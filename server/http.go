@@ -1,0 +1,325 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// apiHandler is a handler that returns its error; serve writes it.
+type apiHandler func(w http.ResponseWriter, r *http.Request) error
+
+// serve adapts an apiHandler, logging internal errors (never the request body).
+func (s *Server) serve(h apiHandler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			if k := kindOf(err); k.err == ErrInternal || k.err == ErrUnavailable {
+				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			writeError(w, err)
+		}
+	})
+}
+
+// Admin actions, the seam for the role system of a later issue.
+const (
+	actTokensCreate = "tokens.create"
+	actPipesRead    = "pipes.read"
+	actPipesWrite   = "pipes.write"
+	actPipesRun     = "pipes.run"
+	actAgentsRead   = "agents.read"
+	actAgentsWrite  = "agents.write"
+	actRunsRead     = "runs.read"
+	actSecretsRead  = "secrets.read"
+	actSecretsWrite = "secrets.write"
+	actKeysRotate   = "keys.rotate"
+)
+
+// authorize decides whether the request may perform action. Today the admin
+// token may do everything; roles will refine this without touching handlers.
+func (s *Server) authorize(r *http.Request, action string) error {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || tok == "" {
+		return newError(ErrUnauthenticated, "an Authorization: Bearer token is required")
+	}
+	if !s.admin.check(strings.TrimSpace(tok)) {
+		return newError(ErrUnauthenticated, "the bearer token is not valid")
+	}
+	_ = action
+	return nil
+}
+
+// adminOnly wraps an admin handler with authorize.
+func (s *Server) adminOnly(action string, h apiHandler) http.Handler {
+	return s.serve(func(w http.ResponseWriter, r *http.Request) error {
+		if err := s.authorize(r, action); err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="drover"`)
+			return err
+		}
+		return h(w, r)
+	})
+}
+
+// agentHandler is a handler for an authenticated agent.
+type agentHandler func(w http.ResponseWriter, r *http.Request, agentID string) error
+
+// agentOnly wraps a handler that needs an agent's client certificate.
+func (s *Server) agentOnly(h agentHandler) http.Handler {
+	return s.serve(func(w http.ResponseWriter, r *http.Request) error {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.PeerCertificates) == 0 {
+			return newError(ErrUnauthenticated, "a client certificate issued by this server is required")
+		}
+		id, err := s.checkAgentCert(r.Context(), r.TLS.PeerCertificates[0])
+		if err != nil {
+			return err
+		}
+		return h(w, r, id)
+	})
+}
+
+// checkAgentCert maps a verified client certificate to its agent, refusing
+// certificates of unknown or revoked agents and any certificate whose serial
+// is neither the agent's current nor its next one. The first use of the next
+// certificate makes it current, which retires the previous one.
+func (s *Server) checkAgentCert(ctx context.Context, cert *x509.Certificate) (string, error) {
+	id, serial, err := agentIdentity(cert)
+	if err != nil {
+		return "", err
+	}
+	ac, err := s.store.AgentCert(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return "", newError(ErrCertRefused, "the certificate names an unknown agent")
+	}
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case ac.Revoked:
+		return "", errRevoked
+	case serial == ac.Serial:
+		return id, nil
+	case serial == ac.NextSerial:
+		if err := s.store.PromoteCert(ctx, id, serial); err != nil {
+			return "", err
+		}
+		return id, nil
+	}
+	return "", newError(ErrCertRefused, "the certificate was superseded by a renewal")
+}
+
+// decodeJSON decodes a JSON object body of at most limit bytes strictly:
+// unknown fields, trailing data and a wrong Content-Type are refused.
+func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return newError(ErrUnsupportedMedia, "the body must be application/json")
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return newError(ErrTooLarge, fmt.Sprintf("the body is larger than %s", byteSize(limit)))
+	}
+	if err != nil {
+		return newError(ErrInvalidRequest, "cannot read the body")
+	}
+	return decodeStrict(body, v, "")
+}
+
+// decodeStrict decodes one JSON value strictly; field paths in errors are
+// prefixed with at.
+func decodeStrict(body []byte, v any, at string) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("trailing data after the JSON value")
+	}
+	if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("trailing data after the JSON value")
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.Is(err, io.EOF):
+		return newError(ErrInvalidRequest, "the body is empty")
+	case errors.As(err, &te):
+		f := joinField(at, te.Field)
+		return newError(ErrInvalidRequest, "a field has the wrong type", Detail{Field: f, Message: "must be " + jsonTypeName(te.Type.Kind().String())})
+	case errors.As(err, &se):
+		return newError(ErrInvalidRequest, fmt.Sprintf("malformed JSON at byte %d", se.Offset))
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return newError(ErrInvalidRequest, "unknown field "+name, Detail{Field: joinField(at, name), Message: "unknown field"})
+	}
+	// Errors from UnmarshalJSON methods (durations and the like).
+	return newError(ErrInvalidRequest, "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "), Detail{Field: at, Message: strings.TrimPrefix(err.Error(), "json: ")})
+}
+
+func joinField(at, f string) string {
+	switch {
+	case at == "":
+		return f
+	case f == "":
+		return at
+	}
+	return at + "." + f
+}
+
+func jsonTypeName(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "map", "struct":
+		return "an object"
+	case "slice", "array":
+		return "an array"
+	case "bool":
+		return "true or false"
+	}
+	return "a number"
+}
+
+// writeJSON writes v with status code.
+func writeJSON(w http.ResponseWriter, code int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode response: %w", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+	return nil
+}
+
+// withErrorsAsJSON makes the mux's own 404 and 405 answers JSON errors.
+func withErrorsAsJSON(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		rec := &statusRecorder{header: http.Header{}}
+		mux.ServeHTTP(rec, r)
+		if allow := rec.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		if rec.code == http.StatusMethodNotAllowed {
+			writeError(w, newError(ErrMethodNotAllowed, r.Method+" is not allowed here"))
+			return
+		}
+		writeError(w, newError(ErrNotFound, "no such endpoint"))
+	})
+}
+
+// statusRecorder captures the status and headers of the mux's error answers.
+type statusRecorder struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusRecorder) Header() http.Header         { return s.header }
+func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusRecorder) WriteHeader(code int)        { s.code = code }
+
+// limitConcurrency bounds requests in flight; a request that cannot start
+// within a second gets 503.
+func limitConcurrency(n int, next http.Handler) http.Handler {
+	sem := make(chan struct{}, n)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case sem <- struct{}{}:
+		default:
+			t := time.NewTimer(time.Second)
+			select {
+			case sem <- struct{}{}:
+				t.Stop()
+			case <-t.C:
+				w.Header().Set("Retry-After", "1")
+				writeError(w, newError(ErrUnavailable, "the server is busy; retry shortly"))
+				return
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			}
+		}
+		defer func() { <-sem }()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// rateLimiter is a token bucket per source address.
+type rateLimiter struct {
+	mu      sync.Mutex
+	rate    float64 // tokens per second
+	burst   float64
+	buckets map[string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+func newRateLimiter(perMinute, burst int) *rateLimiter {
+	return &rateLimiter{rate: float64(perMinute) / 60, burst: float64(burst), buckets: map[string]*bucket{}}
+}
+
+// allow takes a token for key at now.
+func (l *rateLimiter) allow(key string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.buckets[key]
+	if b == nil {
+		if len(l.buckets) >= 10000 {
+			l.sweep(now)
+		}
+		b = &bucket{tokens: l.burst, last: now}
+		l.buckets[key] = b
+	}
+	if el := now.Sub(b.last).Seconds(); el > 0 {
+		b.tokens = min(l.burst, b.tokens+el*l.rate)
+		b.last = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// sweep forgets buckets that have refilled.
+func (l *rateLimiter) sweep(now time.Time) {
+	for k, b := range l.buckets {
+		if b.tokens+now.Sub(b.last).Seconds()*l.rate >= l.burst {
+			delete(l.buckets, k)
+		}
+	}
+}
+
+// sourceIP is the rate-limiting key of a request: the peer's address (a
+// proxy in front must do its own limiting).
+func sourceIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}

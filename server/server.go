@@ -1,0 +1,381 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/signing"
+)
+
+// Clock tells the time; tests pass one they control.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// SystemClock returns the real clock.
+func SystemClock() Clock { return systemClock{} }
+
+// maintenanceInterval is how often the server re-signs manifests due for it
+// and refreshes the key list.
+const maintenanceInterval = time.Minute
+
+// Server is the control plane: the HTTPS API and the gRPC telemetry stream
+// over one store. Create it with New, then call Run once.
+type Server struct {
+	cfg        Config
+	log        *slog.Logger
+	clock      Clock
+	lock       *dirLock
+	ca         *ca
+	keys       *keyring
+	admin      *adminAuth
+	sealer     *sealer
+	store      Store
+	compiler   *compiler
+	hub        *hub
+	ingest     *ingester
+	streams    *streamService
+	publicHost string
+
+	enrollLimiter  *rateLimiter
+	enrollRequests atomic.Int64
+
+	httpLn  net.Listener
+	grpcLn  net.Listener
+	httpSrv *http.Server
+	grpcSrv *grpc.Server
+
+	stopping atomic.Bool
+	ran      atomic.Bool
+}
+
+// New prepares the data dir (creating keys, certificates and tokens on first
+// start), opens the store, compiles manifests and binds both listeners, so
+// that HTTPAddr and GRPCAddr are known before Run. On error everything
+// acquired is released.
+func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if clock == nil {
+		clock = SystemClock()
+	}
+	s := &Server{cfg: cfg, log: logger, clock: clock, hub: newHub(),
+		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst)}
+	defer func() {
+		if err != nil {
+			s.release()
+		}
+	}()
+	if cfg.PublicURL != "" {
+		if u, err := url.Parse(cfg.PublicURL); err == nil {
+			s.publicHost = u.Hostname()
+		}
+	}
+	if err := ensureDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	if s.lock, err = lockDataDir(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	now := clock.Now()
+	if s.ca, err = loadOrCreateCA(cfg.DataDir, now); err != nil {
+		return nil, err
+	}
+	tlsCert, err := loadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(&cfg), now)
+	if err != nil {
+		return nil, err
+	}
+	if s.keys, err = loadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime); err != nil {
+		return nil, err
+	}
+	if _, err := s.keys.refresh(now, cfg.Signing.KeyListLifetime); err != nil {
+		return nil, err
+	}
+	secretsKey, err := loadOrCreateSecret(cfg.DataDir, "secrets.key")
+	if err != nil {
+		return nil, err
+	}
+	if s.sealer, err = newSealer(secretsKey); err != nil {
+		return nil, err
+	}
+	if s.admin, err = loadOrCreateAdminToken(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	if err != nil {
+		return nil, err
+	}
+	s.store = newCachedStore(st)
+	s.compiler = &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
+	s.ingest = newIngester(st, cfg.Store.IngestBatch, IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes}, logger)
+	s.streams = &streamService{s: s}
+	// Catch up with anything that changed while the server was down (a key
+	// rotation done offline, manifests that passed half their lifetime).
+	if n, err := s.compiler.compile(ctx, nil); err != nil {
+		return nil, err
+	} else if n > 0 {
+		logger.Info("manifests recompiled at start", "changed", n)
+	}
+
+	s.httpSrv = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
+		ReadTimeout:       cfg.HTTP.ReadTimeout,
+		WriteTimeout:      cfg.HTTP.WriteTimeout,
+		IdleTimeout:       cfg.HTTP.IdleTimeout,
+		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+		TLSConfig: &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			Certificates: []tls.Certificate{tlsCert},
+			ClientAuth:   tls.VerifyClientCertIfGiven,
+			ClientCAs:    s.ca.pool,
+		},
+	}
+	grpcTLS := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{tlsCert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    s.ca.pool,
+	}
+	s.grpcSrv = grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(grpcTLS)),
+		grpc.MaxRecvMsgSize(cfg.GRPC.MaxRecvBytes),
+		grpc.MaxConcurrentStreams(16),
+		grpc.ConnectionTimeout(cfg.GRPC.ConnectTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.GRPC.KeepaliveTime, Timeout: cfg.GRPC.KeepaliveWait, MaxConnectionIdle: cfg.GRPC.IdleTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	agentpb.RegisterAgentServer(s.grpcSrv, s.streams)
+
+	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("listen https: %w", err)
+	}
+	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("listen grpc: %w", err)
+	}
+	return s, nil
+}
+
+// release closes what New acquired, for a server that will not run.
+func (s *Server) release() {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+	if s.store != nil {
+		s.store.Close()
+	}
+	s.lock.release()
+}
+
+// HTTPAddr is the bound HTTPS address.
+func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
+
+// GRPCAddr is the bound gRPC address.
+func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
+
+// CAPin is the pin that enrollment tokens of this server carry.
+func (s *Server) CAPin() string { return s.ca.pin }
+
+// CACertPEM is the CA certificate clients trust.
+func (s *Server) CACertPEM() []byte { return s.ca.pem }
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		_ = writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.Handle("POST /api/v1/agents/enroll", s.serve(s.handleEnroll))
+	mux.Handle("POST /api/v1/agents/self/renew", s.agentOnly(s.handleRenew))
+	mux.Handle("GET /api/v1/agents/self/manifest", s.agentOnly(s.handleSelfManifest))
+	mux.Handle("GET /api/v1/agents/self/trust", s.agentOnly(s.handleSelfTrust))
+	mux.Handle("GET /api/v1/agents/self/payloads/{digest}", s.agentOnly(s.handleSelfPayload))
+	mux.Handle("GET /api/v1/agents/self/secrets", s.agentOnly(s.handleSelfSecrets))
+
+	mux.Handle("POST /api/v1/enrollment-tokens", s.adminOnly(actTokensCreate, s.handleCreateToken))
+	mux.Handle("GET /api/v1/pipes", s.adminOnly(actPipesRead, s.handleListPipes))
+	mux.Handle("GET /api/v1/pipes/{name}", s.adminOnly(actPipesRead, s.handleGetPipe))
+	mux.Handle("PUT /api/v1/pipes/{name}", s.adminOnly(actPipesWrite, s.handlePutPipe))
+	mux.Handle("DELETE /api/v1/pipes/{name}", s.adminOnly(actPipesWrite, s.handleDeletePipe))
+	mux.Handle("POST /api/v1/pipes/{name}/run", s.adminOnly(actPipesRun, s.handleRunPipe))
+	mux.Handle("GET /api/v1/agents", s.adminOnly(actAgentsRead, s.handleListAgents))
+	mux.Handle("GET /api/v1/agents/{id}", s.adminOnly(actAgentsRead, s.handleGetAgent))
+	mux.Handle("PUT /api/v1/agents/{id}/tags", s.adminOnly(actAgentsWrite, s.handlePutTags))
+	mux.Handle("POST /api/v1/agents/{id}/revoke", s.adminOnly(actAgentsWrite, s.handleRevokeAgent))
+	mux.Handle("GET /api/v1/runs", s.adminOnly(actRunsRead, s.handleListRuns))
+	mux.Handle("GET /api/v1/runs/{id}", s.adminOnly(actRunsRead, s.handleGetRun))
+	mux.Handle("GET /api/v1/runs/{id}/logs", s.adminOnly(actRunsRead, s.handleRunLogs))
+	mux.Handle("GET /api/v1/secrets", s.adminOnly(actSecretsRead, s.handleListSecrets))
+	mux.Handle("PUT /api/v1/secrets/{name}", s.adminOnly(actSecretsWrite, s.handlePutSecret))
+	mux.Handle("DELETE /api/v1/secrets/{name}", s.adminOnly(actSecretsWrite, s.handleDeleteSecret))
+	mux.Handle("POST /api/v1/keys/rotate", s.adminOnly(actKeysRotate, s.handleRotateKeys))
+	return limitConcurrency(s.cfg.HTTP.MaxConcurrent, withErrorsAsJSON(mux))
+}
+
+// published tells an agent's live stream that a new manifest is out.
+func (s *Server) published(agentID string, serial uint64) {
+	s.hub.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_SyncNow{SyncNow: &agentpb.SyncNow{Serial: serial}}})
+}
+
+// RotateKeys adds a new manifest key through a new root-signed key list and
+// re-signs every manifest with it.
+func (s *Server) RotateKeys(ctx context.Context) (*RotateResponse, error) {
+	if err := s.keys.rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
+		return nil, err
+	}
+	signer, v := s.keys.signer()
+	s.log.Info("manifest key rotated", "key_id", signer.KeyID(), "key_list_version", v)
+	if _, err := s.compiler.compile(ctx, nil); err != nil {
+		return nil, err
+	}
+	return &RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}, nil
+}
+
+// Run serves until ctx is cancelled, then drains: HTTP requests in flight
+// finish, every stream commits and acknowledges what it received, and the
+// store is closed. It tells systemd READY=1 once serving and pings the
+// watchdog when one is configured.
+func (s *Server) Run(ctx context.Context) error {
+	if !s.ran.CompareAndSwap(false, true) {
+		return errors.New("server: Run called twice")
+	}
+	go s.ingest.run()
+	errc := make(chan error, 2)
+	go func() {
+		if err := s.httpSrv.ServeTLS(s.httpLn, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("https: %w", err)
+		}
+	}()
+	go func() {
+		if err := s.grpcSrv.Serve(s.grpcLn); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errc <- fmt.Errorf("grpc: %w", err)
+		}
+	}()
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
+	var bgWG sync.WaitGroup
+	bgWG.Add(2)
+	go func() { defer bgWG.Done(); s.maintain(bg) }()
+	go func() { defer bgWG.Done(); s.watchdog(bg) }()
+	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.pin)
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		s.log.Warn("sd_notify failed", "err", err)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	stopBG()
+	bgWG.Wait()
+	s.shutdown()
+	return runErr
+}
+
+func (s *Server) shutdown() {
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	s.log.Info("draining")
+	s.stopping.Store(true)
+	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.HTTP.ShutdownTimeout)
+	defer cancel()
+	grpcDone := make(chan struct{})
+	go func() { s.grpcSrv.GracefulStop(); close(grpcDone) }()
+	if err := s.httpSrv.Shutdown(tctx); err != nil {
+		s.httpSrv.Close()
+	}
+	s.hub.closeAll(errDraining)
+	select {
+	case <-grpcDone:
+	case <-tctx.Done():
+		s.grpcSrv.Stop()
+		<-grpcDone
+	}
+	s.ingest.stop()
+	if err := s.store.Close(); err != nil {
+		s.log.Error("closing the store", "err", err)
+	}
+	s.lock.release()
+	s.log.Info("stopped")
+}
+
+// maintain runs periodic work: key-list refresh, manifest re-signing and
+// run retention.
+func (s *Server) maintain(ctx context.Context) {
+	tick := time.NewTicker(maintenanceInterval)
+	defer tick.Stop()
+	lastRetention := time.Time{}
+	for {
+		now := s.clock.Now()
+		changed, err := s.keys.refresh(now, s.cfg.Signing.KeyListLifetime)
+		if err != nil {
+			s.log.Error("refreshing the key list", "err", err)
+		}
+		if changed {
+			_, err = s.compiler.compile(ctx, nil)
+		} else {
+			_, err = s.compiler.resignDue(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			s.log.Error("re-signing manifests", "err", err)
+		}
+		if now.Sub(lastRetention) >= s.cfg.Runs.RetentionInterval {
+			if n, err := s.store.PruneRuns(ctx, now.Add(-s.cfg.Runs.RetentionAge), s.cfg.Runs.RetentionPerPipe); err != nil {
+				if ctx.Err() == nil {
+					s.log.Error("pruning runs", "err", err)
+				}
+			} else if n > 0 {
+				s.log.Info("pruned runs", "runs", n)
+			}
+			lastRetention = now
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// watchdog pings systemd's watchdog at half its interval.
+func (s *Server) watchdog(ctx context.Context) {
+	interval, err := daemon.SdWatchdogEnabled(false)
+	if err != nil || interval <= 0 {
+		return
+	}
+	t := time.NewTicker(interval / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+		}
+	}
+}

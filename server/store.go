@@ -1,0 +1,314 @@
+package server
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/drover/drover/manifest"
+)
+
+// The store is reached only through the small interfaces below, each named
+// for its consumer, so that a PostgreSQL store can follow without touching
+// handlers. SQLiteStore implements all of them. Methods return errors
+// wrapping ErrNotFound, ErrConflict, ErrTokenUsed or ErrTokenExpired where
+// the caller must tell them apart; anything else is internal.
+
+// Store is everything the server needs from its database.
+type Store interface {
+	tokenStore
+	agentStore
+	pipeStore
+	manifestStore
+	secretStore
+	runStore
+	ingestStore
+	Close() error
+}
+
+// tokenStore is used by enrollment.
+type tokenStore interface {
+	CreateToken(ctx context.Context, t *EnrollmentToken) error
+	GetToken(ctx context.Context, id string) (*EnrollmentToken, error)
+	// EnrollAgent consumes the token and creates the agent in one
+	// transaction; it fails with ErrTokenUsed or ErrTokenExpired when the
+	// token can no longer be used at now.
+	EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *Agent) error
+}
+
+// agentStore is used by the agent and admin APIs and by certificate checks.
+type agentStore interface {
+	GetAgent(ctx context.Context, id string) (*Agent, error)
+	ListAgents(ctx context.Context) ([]*Agent, error)
+	// AgentCert returns what a client-certificate check needs.
+	AgentCert(ctx context.Context, id string) (*AgentCert, error)
+	// SetNextCert records a certificate issued by renewal.
+	SetNextCert(ctx context.Context, id, serial string, expires time.Time) error
+	// PromoteCert makes the next certificate the current one, if serial is
+	// still the next one.
+	PromoteCert(ctx context.Context, id, serial string) error
+	SetAgentTags(ctx context.Context, id string, tags map[string]string, now time.Time) error
+	RevokeAgent(ctx context.Context, id string, now time.Time) error
+}
+
+// pipeStore is used by the pipe API and the compiler.
+type pipeStore interface {
+	// PutPipe stores a new version of a pipe unless its current version has
+	// the same spec and payload; it reports the version in force and
+	// whether it was created.
+	PutPipe(ctx context.Context, p *PipeVersion, payload []byte, now time.Time) (version uint64, created bool, err error)
+	GetPipe(ctx context.Context, name string) (*Pipe, error)
+	ListPipes(ctx context.Context) ([]*Pipe, error)
+	ListPipeVersions(ctx context.Context, name string) ([]*PipeVersion, error)
+	DeletePipe(ctx context.Context, name string, now time.Time) error
+	GetPayload(ctx context.Context, digest string) ([]byte, error)
+}
+
+// manifestStore is used by the compiler and the manifest endpoint.
+type manifestStore interface {
+	// CompileInputs returns every live pipe's current version and the
+	// targeting data of the given agents (all non-revoked agents when ids
+	// is nil), with the metadata of their stored manifests.
+	CompileInputs(ctx context.Context, ids []string) ([]*PipeVersion, []*CompileAgent, error)
+	SaveManifests(ctx context.Context, ms []*StoredManifest) error
+	GetManifest(ctx context.Context, agentID string) (*StoredManifest, error)
+	// ManifestsDue lists agents whose manifests were issued before t.
+	ManifestsDue(ctx context.Context, issuedBefore time.Time) ([]string, error)
+}
+
+// secretStore is used by the secrets API; values are sealed by the caller.
+type secretStore interface {
+	PutSecret(ctx context.Context, name string, sealed []byte, now time.Time) error
+	ListSecrets(ctx context.Context) ([]SecretInfo, error)
+	DeleteSecret(ctx context.Context, name string) error
+	GetSecrets(ctx context.Context, names []string) (map[string][]byte, error)
+}
+
+// runStore is used by the runs API and retention.
+type runStore interface {
+	ListRuns(ctx context.Context, f RunFilter) ([]*Run, error)
+	GetRun(ctx context.Context, id string) (*Run, error)
+	GetLogs(ctx context.Context, runID string) ([]*LogChunk, error)
+	PruneRuns(ctx context.Context, before time.Time, perPipe int) (int, error)
+}
+
+// ingestStore is used by the stream ingester.
+type ingestStore interface {
+	// ApplyRecords commits a batch of agent records in one transaction.
+	ApplyRecords(ctx context.Context, recs []*Record, lim IngestLimits) error
+}
+
+// EnrollmentToken is a stored enrollment token: only a hash of its secret.
+type EnrollmentToken struct {
+	ID         string
+	SecretHash []byte
+	Name       string
+	Tags       map[string]string
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	UsedAt     time.Time
+	AgentID    string
+}
+
+// Agent is an enrolled agent and what it last reported.
+type Agent struct {
+	ID            string
+	Name          string
+	Hostname      string
+	OS            string
+	Arch          string
+	AgentVersion  string
+	Tags          map[string]string
+	CreatedAt     time.Time
+	CertSerial    string
+	CertExpiresAt time.Time
+	RevokedAt     time.Time
+	LastSeenAt    time.Time
+
+	Backend        string
+	Scope          string
+	SystemdVersion string
+	// AcceptedSerial and AcceptedDigest come from Hello: the last manifest
+	// the agent accepted.
+	AcceptedSerial uint64
+	AcceptedDigest string
+	// The last ManifestStatus.
+	AppliedSerial uint64
+	ManifestState string
+	ManifestError string
+	Pipes         []PipeStatus
+	StatusAt      time.Time
+}
+
+// AgentCert is the certificate state of an agent.
+type AgentCert struct {
+	Serial     string
+	NextSerial string
+	Revoked    bool
+}
+
+// PipeStatus is what an agent reported about one pipe.
+type PipeStatus struct {
+	Name          string      `json:"name"`
+	Version       uint64      `json:"version"`
+	ApplyError    string      `json:"apply_error,omitempty"`
+	NextFireTimes []time.Time `json:"next_fire_times,omitempty"`
+	DriftRestored bool        `json:"drift_restored,omitempty"`
+}
+
+// PipeVersion is one immutable version of a pipe.
+type PipeVersion struct {
+	Name          string
+	Version       uint64
+	Spec          manifest.Spec // normalized
+	SpecJSON      []byte        // canonical JSON of Spec
+	PayloadDigest string
+	PayloadSize   int64
+	CreatedAt     time.Time
+}
+
+// Pipe is a pipe with its current version.
+type Pipe struct {
+	PipeVersion
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// CompileAgent is what the compiler needs about one agent.
+type CompileAgent struct {
+	ID   string
+	Tags map[string]string
+	// Prev is the stored manifest's metadata, nil for none.
+	Prev *StoredManifest
+}
+
+// StoredManifest is a signed manifest as published to one agent.
+type StoredManifest struct {
+	AgentID        string
+	Serial         uint64
+	ContentHash    string // sha256 of the content without serial and times
+	Digest         string // sha256 of Envelope: the ETag
+	Envelope       []byte // nil in CompileInputs' metadata
+	IssuedAt       time.Time
+	ExpiresAt      time.Time
+	KeyListVersion uint64
+	Payloads       []string // payload digests the manifest names
+	Secrets        []string // secret names its pipes reference
+}
+
+// SecretInfo describes a secret without its value.
+type SecretInfo struct {
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Run is one execution of a pipe on one agent.
+type Run struct {
+	ID           string
+	AgentID      string
+	Pipe         string
+	PipeVersion  uint64
+	Trigger      string
+	Status       string
+	ExitCode     int
+	Signal       string
+	Error        string
+	RequestID    string
+	ScheduledAt  time.Time
+	StartedAt    time.Time
+	FinishedAt   time.Time
+	DurationMS   int64
+	LogChunks    uint64 // as reported by RunFinished
+	LogBytes     int64
+	LogTruncated bool
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+// RunFilter selects runs; empty fields match everything.
+type RunFilter struct {
+	Pipe   string
+	Agent  string
+	Status string
+	Limit  int
+}
+
+// LogChunk is one numbered piece of a run's output.
+type LogChunk struct {
+	RunID  string
+	Seq    uint64
+	Stream string
+	Data   []byte
+	At     time.Time
+}
+
+// Record is one thing to commit from an agent's stream. Exactly one of the
+// pointer fields is set, or none for a plain sign of life.
+type Record struct {
+	AgentID  string
+	Received time.Time
+	Seq      uint64
+
+	Hello       *HelloRecord
+	Status      *StatusRecord
+	RunStarted  *Run
+	RunFinished *Run
+	Chunk       *LogChunk
+}
+
+// HelloRecord is what a Hello updates on the agent row.
+type HelloRecord struct {
+	AgentVersion   string
+	OS             string
+	Arch           string
+	Hostname       string
+	Backend        string
+	Scope          string
+	SystemdVersion string
+	ManifestSerial uint64
+	ManifestDigest string
+}
+
+// StatusRecord is a ManifestStatus.
+type StatusRecord struct {
+	Serial        uint64
+	Digest        string
+	State         string
+	Error         string
+	AppliedSerial uint64
+	Pipes         []PipeStatus
+	At            time.Time
+}
+
+// IngestLimits bound what ingestion stores per run.
+type IngestLimits struct {
+	MaxLogBytes int64
+}
+
+// Run statuses and triggers as stored and shown (DESIGN.md, "Telemetry stream").
+const (
+	StatusPending   = "pending"
+	StatusRunning   = "running"
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+	StatusTimedOut  = "timed_out"
+	StatusCanceled  = "canceled"
+	StatusSkipped   = "skipped"
+)
+
+// truncationMarker is stored as a system log chunk in place of the first
+// chunk that would take a run's log over the cap; later chunks are dropped.
+func truncationMarker(limit int64) []byte {
+	return []byte("\n[drover: log truncated: this run's output exceeded the server's cap of " + byteSize(limit) + "]\n")
+}
+
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + " MiB"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + " KiB"
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
+}

@@ -1,0 +1,128 @@
+package server
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base32"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Enrollment tokens are "drv1.<id>.<secret>.<ca-pin>" (DESIGN.md,
+// "Enrollment token"): id is 16 lowercase base32 characters, secret 43
+// base64url characters (32 random bytes), ca-pin 64 lowercase hex digits.
+// Only sha256(secret) is stored.
+const tokenPrefix = "drv1"
+
+var (
+	tokenIDRE     = regexp.MustCompile(`^[a-z2-7]{16}$`)
+	tokenSecretRE = regexp.MustCompile(`^[A-Za-z0-9_-]{43}$`)
+	pinRE         = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+var b32 = base32.StdEncoding.WithPadding(base32.NoPadding)
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return b
+}
+
+// newAgentID returns a fresh agent id: "agt-" and 26 lowercase base32 characters.
+func newAgentID() string {
+	return "agt-" + strings.ToLower(b32.EncodeToString(randomBytes(16)))
+}
+
+// newToken makes a token and the record to store for it.
+func newToken(pin, name string, tags map[string]string, now time.Time, ttl time.Duration) (string, *EnrollmentToken) {
+	id := strings.ToLower(b32.EncodeToString(randomBytes(10)))
+	secret := base64.RawURLEncoding.EncodeToString(randomBytes(32))
+	sum := sha256.Sum256([]byte(secret))
+	if tags == nil {
+		tags = map[string]string{}
+	}
+	t := &EnrollmentToken{ID: id, SecretHash: sum[:], Name: name, Tags: tags, CreatedAt: now, ExpiresAt: now.Add(ttl)}
+	return strings.Join([]string{tokenPrefix, id, secret, pin}, "."), t
+}
+
+// parsedToken is a token split into its parts.
+type parsedToken struct {
+	id, secret, pin string
+}
+
+// parseToken splits a token; any deviation from the pinned shape is ErrInvalidToken.
+func parseToken(s string) (*parsedToken, error) {
+	parts := strings.Split(strings.TrimSpace(s), ".")
+	if len(parts) != 4 || parts[0] != tokenPrefix || !tokenIDRE.MatchString(parts[1]) || !tokenSecretRE.MatchString(parts[2]) || !pinRE.MatchString(parts[3]) {
+		return nil, newError(ErrInvalidToken, "the enrollment token is malformed")
+	}
+	return &parsedToken{id: parts[1], secret: parts[2], pin: parts[3]}, nil
+}
+
+// checkToken verifies a presented token against its stored record. Unknown
+// ids and wrong secrets are indistinguishable to the caller.
+func checkToken(ctx context.Context, store tokenStore, p *parsedToken, now time.Time) (*EnrollmentToken, error) {
+	invalid := newError(ErrInvalidToken, "the enrollment token is not valid")
+	t, err := store.GetToken(ctx, p.id)
+	if errors.Is(err, ErrNotFound) {
+		return nil, invalid
+	}
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256([]byte(p.secret))
+	if subtle.ConstantTimeCompare(sum[:], t.SecretHash) != 1 {
+		return nil, invalid
+	}
+	if !t.UsedAt.IsZero() {
+		return nil, newError(ErrTokenUsed, "the enrollment token was already used")
+	}
+	if !now.Before(t.ExpiresAt) {
+		return nil, newError(ErrTokenExpired, "the enrollment token has expired")
+	}
+	return t, nil
+}
+
+// sealer encrypts secret values at rest with AES-256-GCM. The secret's name
+// is the additional data, so a sealed value cannot be moved to another name.
+type sealer struct{ aead cipher.AEAD }
+
+func newSealer(key []byte) (*sealer, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, fmt.Errorf("secrets key: %w", err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, fmt.Errorf("secrets key: %w", err)
+	}
+	return &sealer{aead: aead}, nil
+}
+
+// seal returns nonce || ciphertext.
+func (s *sealer) seal(name string, value []byte) []byte {
+	nonce := randomBytes(s.aead.NonceSize())
+	return s.aead.Seal(nonce, nonce, value, []byte(name))
+}
+
+func (s *sealer) open(name string, sealed []byte) ([]byte, error) {
+	n := s.aead.NonceSize()
+	if len(sealed) < n {
+		return nil, errors.New("open secret: sealed value too short")
+	}
+	v, err := s.aead.Open(nil, sealed[:n], sealed[n:], []byte(name))
+	if err != nil {
+		return nil, fmt.Errorf("open secret %s: %w", name, err)
+	}
+	return v, nil
+}
