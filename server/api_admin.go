@@ -649,6 +649,9 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Info("secret set", "secret", name)
+	if err := s.compiler.secretChanged(r.Context(), name); err != nil {
+		return err
+	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -662,7 +665,12 @@ func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) error {
-	if err := s.store.DeleteSecret(r.Context(), r.PathValue("name")); err != nil {
+	name := r.PathValue("name")
+	if err := s.store.DeleteSecret(r.Context(), name); err != nil {
+		return err
+	}
+	s.log.Info("secret deleted", "secret", name)
+	if err := s.compiler.secretChanged(r.Context(), name); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

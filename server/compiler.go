@@ -39,9 +39,24 @@ type compiler struct {
 const saveChunk = 1000
 
 // compile recompiles the manifests of the given agents (every non-revoked
-// agent when ids is nil) and returns how many changed. Workers sign while
-// the calling goroutine commits what they produced, in chunks.
+// agent when ids is nil) and returns how many changed.
 func (c *compiler) compile(ctx context.Context, ids []string) (int, error) {
+	return c.run(ctx, ids, false)
+}
+
+// resign publishes the given agents' manifests with a higher serial even if
+// their content is unchanged, so that the agents apply them again (used
+// when a secret they reference changes: values are fetched at apply time).
+func (c *compiler) resign(ctx context.Context, ids []string) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	return c.run(ctx, ids, true)
+}
+
+// run compiles; workers sign while the calling goroutine commits what they
+// produced, in chunks.
+func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pipes, agents, err := c.store.CompileInputs(ctx, ids)
@@ -76,7 +91,7 @@ func (c *compiler) compile(ctx context.Context, ids []string) (int, error) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(agents) && wctx.Err() == nil; i += workers {
-				m, err := c.compileOne(agents[i], entries, byAgent, signer, klv, now)
+				m, err := c.compileOne(agents[i], entries, byAgent, signer, klv, now, force)
 				if m != nil || err != nil {
 					select {
 					case results <- compiled{m: m, err: err}:
@@ -222,7 +237,7 @@ func contentHash(agentID string, klv uint64, refs []string) string {
 
 // compileOne returns the new manifest for one agent, or nil when the stored
 // one is still current.
-func (c *compiler) compileOne(a *CompileAgent, entries []pipeEntry, byAgent map[string][]int, signer *signing.Signer, klv uint64, now time.Time) (*StoredManifest, error) {
+func (c *compiler) compileOne(a *CompileAgent, entries []pipeEntry, byAgent map[string][]int, signer *signing.Signer, klv uint64, now time.Time, force bool) (*StoredManifest, error) {
 	var idx []int
 	for i := range entries {
 		if t := entries[i].targets; t != nil && matchesTags(t.Tags, a.Tags) {
@@ -240,7 +255,7 @@ func (c *compiler) compileOne(a *CompileAgent, entries []pipeEntry, byAgent map[
 		refs[j] = entries[i].ref
 	}
 	hash := contentHash(a.ID, klv, refs)
-	if p := a.Prev; p != nil && p.ContentHash == hash && now.Before(p.IssuedAt.Add(c.lifetime/2)) {
+	if p := a.Prev; !force && p != nil && p.ContentHash == hash && now.Before(p.IssuedAt.Add(c.lifetime/2)) {
 		return nil, nil
 	}
 	serial := uint64(1)
@@ -279,4 +294,14 @@ func (c *compiler) resignDue(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	return c.compile(ctx, ids)
+}
+
+// secretChanged re-publishes the manifests that reference a secret.
+func (c *compiler) secretChanged(ctx context.Context, name string) error {
+	ids, err := c.store.AgentsUsingSecret(ctx, name)
+	if err != nil {
+		return err
+	}
+	_, err = c.resign(ctx, ids)
+	return err
 }

@@ -111,6 +111,8 @@
 //	       {"run_id","truncated","chunks":[{"seq","stream","at","data":<base64>}]}
 //	PUT    /api/v1/secrets/{name}     {"value"} -> 204 (values are write-only)
 //	GET    /api/v1/secrets            {"secrets":[{"name","created_at","updated_at"}]}
+//	       (setting or deleting a secret re-publishes the manifests that reference it,
+//	       with a higher serial, so that their agents apply again and fetch the value)
 //	DELETE /api/v1/secrets/{name}     204
 //	POST   /api/v1/keys/rotate        -> {"key_id","key_list_version"}
 //	GET    /healthz                   {"status":"ok"} (no authentication)
@@ -122,8 +124,8 @@
 // nowhere). Disabled pipes stay in the manifest with "enabled": false.
 // Whenever a pipe, an agent's tags, enrollment or the key list changes, the
 // affected manifests are recompiled; the serial rises only when the content
-// (pipes, key-list version) changed, or to re-sign a manifest at half its
-// lifetime. The exact signed bytes are stored and served, and the agent's
+// (pipes, key-list version) changed, to re-sign a manifest at half its
+// lifetime, or when a secret its pipes reference changed. The exact signed bytes are stored and served, and the agent's
 // stream gets SyncNow. Key rotation lists the new key first and keeps the
 // previous one listed until the next rotation.
 //

@@ -137,6 +137,19 @@ func TestPayloadsAndSecretsLimitedToOwnManifest(t *testing.T) {
 			t.Errorf("agent got secrets %v, want %v", sr.Secrets, c.want)
 		}
 	}
+	// Changing a secret re-publishes the manifests that use it (agents fetch
+	// values when they apply), and only those.
+	webSerial, dbSerial := mustHeader(t, web, "X-Drover-Manifest-Serial"), mustHeader(t, db, "X-Drover-Manifest-Serial")
+	ts.adminOK("PUT", "/api/v1/secrets/WEB_TOKEN", map[string]string{"value": "w-new"}, nil)
+	if got := mustHeader(t, web, "X-Drover-Manifest-Serial"); got == webSerial {
+		t.Errorf("web's manifest was not re-published after its secret changed")
+	}
+	if got := mustHeader(t, db, "X-Drover-Manifest-Serial"); got != dbSerial {
+		t.Errorf("db's manifest changed after a secret it does not use changed")
+	}
+	if r, _ := web.get("/api/v1/agents/self/secrets"); !strings.Contains(string(r.body), "w-new") {
+		t.Errorf("new secret value not served: %s", r.body)
+	}
 	// Secrets are write-only through the admin API.
 	r := ts.adminOK("GET", "/api/v1/secrets", nil, nil)
 	if strings.Contains(string(r.body), "s3cret") || !strings.Contains(string(r.body), "WEB_TOKEN") {

@@ -60,7 +60,7 @@ func OpenSQLite(ctx context.Context, path, synchronous string) (*SQLiteStore, er
 		w.Close()
 		return nil, err
 	}
-	r, err := sql.Open("sqlite", base+"&_pragma=query_only(1)")
+	r, err := sql.Open("sqlite", base+"&_pragma=query_only(1)&_pragma=cache_size(-16384)")
 	if err != nil {
 		w.Close()
 		return nil, fmt.Errorf("open store: %w", err)
@@ -515,19 +515,31 @@ func (s *SQLiteStore) CompileInputs(ctx context.Context, ids []string) ([]*PipeV
 
 func (s *SQLiteStore) SaveManifests(ctx context.Context, ms []*StoredManifest) error {
 	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
-		st, err := tx.PrepareContext(ctx, `INSERT INTO manifests(agent_id, serial, content_hash, digest, envelope, issued_at, expires_at, key_list_version, payloads, secrets)
-			VALUES(?,?,?,?,?,?,?,?,?,?)
+		meta, err := tx.PrepareContext(ctx, `INSERT INTO manifests(agent_id, serial, content_hash, digest, issued_at, expires_at, key_list_version, payloads, secrets)
+			VALUES(?,?,?,?,?,?,?,?,?)
 			ON CONFLICT(agent_id) DO UPDATE SET serial=excluded.serial, content_hash=excluded.content_hash, digest=excluded.digest,
-			envelope=excluded.envelope, issued_at=excluded.issued_at, expires_at=excluded.expires_at, key_list_version=excluded.key_list_version,
+			issued_at=excluded.issued_at, expires_at=excluded.expires_at, key_list_version=excluded.key_list_version,
 			payloads=excluded.payloads, secrets=excluded.secrets
 			WHERE excluded.serial > manifests.serial`)
 		if err != nil {
 			return err
 		}
-		defer st.Close()
+		defer meta.Close()
+		env, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO manifest_envelopes(agent_id, envelope) VALUES(?,?)`)
+		if err != nil {
+			return err
+		}
+		defer env.Close()
 		for _, m := range ms {
-			if _, err := st.ExecContext(ctx, m.AgentID, m.Serial, m.ContentHash, m.Digest, m.Envelope, ns(m.IssuedAt), ns(m.ExpiresAt),
-				m.KeyListVersion, jsonText(nonNil(m.Payloads)), jsonText(nonNil(m.Secrets))); err != nil {
+			res, err := meta.ExecContext(ctx, m.AgentID, m.Serial, m.ContentHash, m.Digest, ns(m.IssuedAt), ns(m.ExpiresAt),
+				m.KeyListVersion, jsonText(nonNil(m.Payloads)), jsonText(nonNil(m.Secrets)))
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				continue // a newer serial is already stored
+			}
+			if _, err := env.ExecContext(ctx, m.AgentID, m.Envelope); err != nil {
 				return err
 			}
 		}
@@ -550,8 +562,8 @@ func (s *SQLiteStore) GetManifest(ctx context.Context, agentID string) (*StoredM
 	var m StoredManifest
 	var issued, expires int64
 	var payloads, secrets string
-	err := s.r.QueryRowContext(ctx, `SELECT agent_id, serial, content_hash, digest, envelope, issued_at, expires_at, key_list_version, payloads, secrets
-		FROM manifests WHERE agent_id=?`, agentID).
+	err := s.r.QueryRowContext(ctx, `SELECT m.agent_id, m.serial, m.content_hash, m.digest, e.envelope, m.issued_at, m.expires_at, m.key_list_version,
+		m.payloads, m.secrets FROM manifests m JOIN manifest_envelopes e ON e.agent_id=m.agent_id WHERE m.agent_id=?`, agentID).
 		Scan(&m.AgentID, &m.Serial, &m.ContentHash, &m.Digest, &m.Envelope, &issued, &expires, &m.KeyListVersion, &payloads, &secrets)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("manifest")
@@ -580,6 +592,24 @@ func (s *SQLiteStore) ManifestsDue(ctx context.Context, issuedBefore time.Time) 
 		var id string
 		if err := rows.Scan(&id); err != nil {
 			return nil, fmt.Errorf("manifests due: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+func (s *SQLiteStore) AgentsUsingSecret(ctx context.Context, name string) ([]string, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id
+		WHERE a.revoked_at=0 AND EXISTS (SELECT 1 FROM json_each(m.secrets) WHERE value=?)`, name)
+	if err != nil {
+		return nil, fmt.Errorf("agents using secret: %w", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("agents using secret: %w", err)
 		}
 		ids = append(ids, id)
 	}

@@ -74,6 +74,8 @@ type manifestStore interface {
 	GetManifest(ctx context.Context, agentID string) (*StoredManifest, error)
 	// ManifestsDue lists agents whose manifests were issued before t.
 	ManifestsDue(ctx context.Context, issuedBefore time.Time) ([]string, error)
+	// AgentsUsingSecret lists agents whose manifests reference a secret.
+	AgentsUsingSecret(ctx context.Context, name string) ([]string, error)
 }
 
 // secretStore is used by the secrets API; values are sealed by the caller.
@@ -270,10 +272,8 @@ type HelloRecord struct {
 	ManifestDigest string
 }
 
-// StatusRecord is a ManifestStatus.
+// StatusRecord is what a ManifestStatus updates on the agent row.
 type StatusRecord struct {
-	Serial        uint64
-	Digest        string
 	State         string
 	Error         string
 	AppliedSerial uint64

@@ -49,8 +49,6 @@ type ingester struct {
 	log   *slog.Logger
 	quit  chan struct{}
 	done  chan struct{}
-
-	committed atomic.Uint64 // records committed, for tests and metrics
 }
 
 func newIngester(store ingestStore, batch int, lim IngestLimits, log *slog.Logger) *ingester {
@@ -109,8 +107,6 @@ func (g *ingester) commit(items []ingestItem) {
 		// Nothing of the batch is acknowledged; the streams are closed so
 		// that their agents reconnect and replay.
 		g.log.Error("committing agent records failed", "records", len(recs), "err", err)
-	} else {
-		g.committed.Add(uint64(len(recs)))
 	}
 	for _, it := range items {
 		if err != nil {
@@ -387,7 +383,7 @@ func (s *Server) toRecord(agentID string, msg *agentpb.AgentMessage, now time.Ti
 		// a sign of life: only last_seen changes
 	case *agentpb.AgentMessage_ManifestStatus:
 		m := b.ManifestStatus
-		st := &StatusRecord{Serial: m.GetSerial(), Digest: cleanText(m.GetDigest(), 128), State: manifestStates[m.GetState()],
+		st := &StatusRecord{State: manifestStates[m.GetState()],
 			Error: cleanText(m.GetError(), maxTextLen), AppliedSerial: m.GetAppliedSerial(), At: ts(m.GetAt())}
 		if len(m.GetPipes()) > 10000 {
 			return nil, errors.New("too many pipes in ManifestStatus")

@@ -61,7 +61,7 @@ func TestStreamReplayExactlyOnce(t *testing.T) {
 	slices.Sort(points)
 
 	var acked uint64
-	resent := 0
+	sentTotal := 0
 	for {
 		st, err := a.openStream("")
 		if err != nil {
@@ -83,6 +83,7 @@ func TestStreamReplayExactlyOnce(t *testing.T) {
 			if err := st.stream.Send(replayRecord("replay", seq, perRun)); err != nil {
 				t.Fatalf("send %d: %v", seq, err)
 			}
+			sentTotal++
 		}
 		if until == total {
 			if err := st.waitAck(total, 30*time.Second); err != nil {
@@ -97,10 +98,9 @@ func TestStreamReplayExactlyOnce(t *testing.T) {
 		if l := st.lastAck(); l > acked {
 			acked = l
 		}
-		resent += int(until - acked)
 		points = points[next+1:]
 	}
-	t.Logf("%d records re-sent after %d drops", resent, drops)
+	t.Logf("%d records sent for %d: %d re-sent after %d drops", sentTotal, total, sentTotal-total, drops)
 
 	// Exactly the 10,000 records: 1,000 finished runs with 8 chunks each.
 	db := ts.db()
