@@ -49,9 +49,9 @@ type Spec struct {
 	// WritablePaths are the places outside its state directory a job under
 	// the default or strict profile may write (e.g. /var/backups).
 	WritablePaths []string `json:"writable_paths,omitempty" yaml:"writable_paths,omitempty"`
-	Limits      Limits            `json:"limits,omitzero" yaml:"limits,omitempty"`
-	Targets     *Targets          `json:"targets,omitempty" yaml:"targets,omitempty"`
-	Enabled     *bool             `json:"enabled,omitempty" yaml:"enabled,omitempty"`
+	Limits        Limits   `json:"limits,omitzero" yaml:"limits,omitempty"`
+	Targets       *Targets `json:"targets,omitempty" yaml:"targets,omitempty"`
+	Enabled       *bool    `json:"enabled,omitempty" yaml:"enabled,omitempty"`
 }
 
 // Limits are resource limits for one run. Zero means unlimited.
