@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -33,9 +36,16 @@ func (e usageError) Unwrap() error { return e.err }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
+// reportedError is an error whose details were already written to stderr;
+// Run prints only its summary.
+type reportedError struct{ summary string }
+
+func (e reportedError) Error() string { return e.summary }
+
 // Env is what a command may read from its surroundings; tests replace it.
 type Env struct {
 	Stdout, Stderr io.Writer
+	Stdin          io.Reader
 	Getenv         func(string) string
 	Now            func() time.Time
 }
@@ -43,7 +53,9 @@ type Env struct {
 // Main runs droverctl with the process's arguments and returns its exit code.
 func Main(version string) int {
 	Version = version
-	return Run(context.Background(), os.Args[1:], Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv, Now: time.Now})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return Run(ctx, os.Args[1:], Env{Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin, Getenv: os.Getenv, Now: time.Now})
 }
 
 // Run executes one droverctl command line.
@@ -54,15 +66,29 @@ func Run(ctx context.Context, args []string, env Env) int {
 	if env.Now == nil {
 		env.Now = time.Now
 	}
-	root := newRoot(&env)
+	if env.Stdin == nil {
+		env.Stdin = strings.NewReader("")
+	}
+	if env.Stdout == nil {
+		env.Stdout = io.Discard
+	}
+	if env.Stderr == nil {
+		env.Stderr = io.Discard
+	}
+	a := &app{env: &env}
+	root := a.newRoot()
 	root.SetArgs(args)
 	root.SetOut(env.Stdout)
 	root.SetErr(env.Stderr)
+	root.SetIn(env.Stdin)
 	err := root.ExecuteContext(ctx)
+	if a.client != nil {
+		a.client.close()
+	}
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintln(env.Stderr, "droverctl:", err)
+	fmt.Fprintln(env.Stderr, "droverctl:", sanitizeText(err.Error()))
 	var ue usageError
 	if errors.As(err, &ue) {
 		return ExitUsage
@@ -70,18 +96,68 @@ func Run(ctx context.Context, args []string, env Env) int {
 	return ExitError
 }
 
-func newRoot(env *Env) *cobra.Command {
+// app holds the global flags and the lazily built API client of one run.
+type app struct {
+	env    *Env
+	server string
+	token  string
+	ca     string
+	config string
+	output string
+	client *client
+}
+
+func (a *app) newRoot() *cobra.Command {
 	root := &cobra.Command{
-		Use:           "droverctl",
-		Short:         "Operate a Drover control plane: pipes, agents, runs and schedules",
+		Use:   "droverctl",
+		Short: "Operate a Drover control plane: pipes, agents, runs and schedules",
+		Long: `droverctl operates a Drover control plane.
+
+The server, token and CA come from --server, --token and --ca, else from
+DROVER_SERVER, DROVER_TOKEN and DROVER_CA, else from the file written by
+"droverctl login" ($XDG_CONFIG_HOME/drover/config.yaml, by default
+~/.config/drover/config.yaml).
+
+Every command prints a table (or text) by default and the API's own objects
+with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Args:          noArgs,
 		Version:       Version,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			switch a.output {
+			case "", "table", "json", "yaml":
+				return nil
+			}
+			return usagef("-o %q: use table, json or yaml", a.output)
+		},
 	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.server, "server", "", "server URL, e.g. https://drover.example:8443 (env DROVER_SERVER)")
+	pf.StringVar(&a.token, "token", "", "API bearer token (env DROVER_TOKEN); prefer the environment or login")
+	pf.StringVar(&a.ca, "ca", "", "PEM file with the CA that signed the server's certificate, e.g. the server's ca.crt (env DROVER_CA)")
+	pf.StringVar(&a.config, "config", "", "config file (default $XDG_CONFIG_HOME/drover/config.yaml)")
+	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), json or yaml")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newScheduleCmd(env))
+	root.AddCommand(
+		newScheduleCmd(a),
+		a.newApplyCmd(),
+		a.newDiffCmd(),
+		a.newGetCmd(),
+		a.newDescribeCmd(),
+		a.newLogsCmd(),
+		a.newRunCmd(),
+		a.newCancelCmd(),
+		a.newTokensCmd(),
+		a.newAPITokensCmd(),
+		a.newAgentsCmd(),
+		a.newSecretsCmd(),
+		a.newAuditCmd(),
+		a.newCompletionCmd(root),
+		a.newLoginCmd(),
+	)
 	return root
 }
 
@@ -90,4 +166,38 @@ func noArgs(cmd *cobra.Command, args []string) error {
 		return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
 	}
 	return nil
+}
+
+// exactArgs wants n arguments, named in what (e.g. "RUN").
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s wants %s (got %d arguments)", cmd.CommandPath(), what, len(args))
+		}
+		return nil
+	}
+}
+
+// groupCmd is a command that only holds subcommands.
+func groupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{Use: use, Short: short, Args: noArgs, RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() }}
+	c.AddCommand(subs...)
+	return c
+}
+
+// stdout and stderr of the running command.
+func (a *app) stdout() io.Writer { return a.env.Stdout }
+func (a *app) stderr() io.Writer { return a.env.Stderr }
+
+// warnf writes a warning to stderr.
+func (a *app) warnf(format string, args ...any) {
+	fmt.Fprintf(a.env.Stderr, "warning: "+format+"\n", args...)
+}
+
+// format is the chosen output format ("table" when unset).
+func (a *app) format() string {
+	if a.output == "" {
+		return "table"
+	}
+	return a.output
 }

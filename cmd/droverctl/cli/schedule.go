@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -21,14 +20,15 @@ type explanation struct {
 	Next       []string `json:"next"`
 }
 
-func newScheduleCmd(env *Env) *cobra.Command {
+func newScheduleCmd(a *app) *cobra.Command {
+	env := a.env
 	cmd := &cobra.Command{Use: "schedule", Short: "Work with schedule expressions", Args: noArgs}
 	var (
-		expr, tz, after, output string
-		count                   int
+		expr, tz, after string
+		count           int
 	)
 	explain := &cobra.Command{
-		Use:   "explain --cron EXPR [--tz ZONE] [--after RFC3339] [--count N] [-o json]",
+		Use:   "explain --cron EXPR [--tz ZONE] [--after RFC3339] [--count N] [-o json|yaml]",
 		Short: "Show the OnCalendar lines for a cron expression and its next fire times in UTC",
 		Long: `Explain a pipe schedule the way the agent will run it: the systemd OnCalendar=
 lines it renders (two when both day fields restrict) and the next fire times,
@@ -41,9 +41,6 @@ no calendar form; its fire times count from --after as the timer's activation.`,
 			}
 			if count < 1 || count > maxExplainCount {
 				return usagef("--count %d out of range 1-%d", count, maxExplainCount)
-			}
-			if output != "" && output != "json" && output != "table" {
-				return usagef("-o %q: use json or table", output)
 			}
 			base := env.Now().UTC().Truncate(time.Second)
 			if after != "" {
@@ -81,10 +78,8 @@ no calendar form; its fire times count from --after as the timer's activation.`,
 				ex.Next = append(ex.Next, t.UTC().Format(time.RFC3339))
 			}
 			out := cmd.OutOrStdout()
-			if output == "json" {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(ex)
+			if a.format() != "table" {
+				return a.printData(ex)
 			}
 			fmt.Fprintf(out, "Schedule:    %s\nTime zone:   %s\n", sched.String(), tz)
 			if isEvery {
@@ -107,7 +102,6 @@ no calendar form; its fire times count from --after as the timer's activation.`,
 	explain.Flags().StringVar(&tz, "tz", "", "IANA time zone the schedule is evaluated in (default UTC)")
 	explain.Flags().StringVar(&after, "after", "", "start from this RFC 3339 time (default now)")
 	explain.Flags().IntVar(&count, "count", 10, "how many fire times to print")
-	explain.Flags().StringVarP(&output, "output", "o", "", "output format: table (default) or json")
 	cmd.AddCommand(explain)
 	return cmd
 }

@@ -1,0 +1,130 @@
+package cli
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/manifest"
+)
+
+func (a *app) newAgentsCmd() *cobra.Command {
+	var replace bool
+	tag := &cobra.Command{
+		Use:   "tag ID k=v ... [k-] [--replace]",
+		Short: "Set (k=v) or remove (k-) tags of an agent; its manifest is recompiled",
+		Long: `Change an agent's tags. k=v sets a tag, k- removes one; other tags are kept
+unless --replace is given, which makes the listed tags the whole set.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 && !(replace && len(args) == 1) {
+				return usagef("%s wants an agent id and at least one k=v or k-", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := args[0]
+			set := map[string]string{}
+			var remove []string
+			for _, t := range args[1:] {
+				if k, ok := strings.CutSuffix(t, "-"); ok && !strings.Contains(t, "=") {
+					if !manifest.ValidTagKey(k) {
+						return usagef("tag %q: not a valid key", k)
+					}
+					remove = append(remove, k)
+					continue
+				}
+				m, err := parseTags([]string{t})
+				if err != nil {
+					return err
+				}
+				for k, v := range m {
+					set[k] = v
+				}
+			}
+			if replace && len(remove) > 0 {
+				return usagef("k- has no meaning with --replace")
+			}
+			c, err := a.apiClient()
+			if err != nil {
+				return err
+			}
+			tags := map[string]string{}
+			if !replace {
+				var ag agentObj
+				if _, err := c.get(cmd.Context(), "/api/v1/agents/"+pathEscape(id), &ag); err != nil {
+					return fmt.Errorf("agent %s: %w", id, err)
+				}
+				for k, v := range ag.Tags {
+					tags[k] = v
+				}
+			}
+			for _, k := range remove {
+				delete(tags, k)
+			}
+			for k, v := range set {
+				tags[k] = v
+			}
+			var ag agentObj
+			raw, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/agents/"+pathEscape(id)+"/tags", map[string]any{"tags": tags}, &ag)
+			if err != nil {
+				return fmt.Errorf("agent %s: %w", id, err)
+			}
+			if a.format() != "table" {
+				return a.printData(raw)
+			}
+			fmt.Fprintf(a.stdout(), "agent %s tagged: %s\n", sanitizeLine(ag.ID), orNone(fmtTags(ag.Tags)))
+			return nil
+		},
+	}
+	tag.Flags().BoolVar(&replace, "replace", false, "make the given tags the agent's only tags")
+
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke an agent: its certificate is refused everywhere and its stream closes",
+		Args:  exactArgs(1, "an agent id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.apiClient()
+			if err != nil {
+				return err
+			}
+			var ag agentObj
+			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/agents/"+pathEscape(args[0])+"/revoke", map[string]any{}, &ag)
+			if err != nil {
+				return fmt.Errorf("agent %s: %w", args[0], err)
+			}
+			if a.format() != "table" {
+				return a.printData(raw)
+			}
+			fmt.Fprintf(a.stdout(), "agent %s revoked\n", sanitizeLine(ag.ID))
+			return nil
+		},
+	}
+	rm := &cobra.Command{
+		Use:     "rm ID",
+		Aliases: []string{"delete"},
+		Short:   "Delete an agent's record (revoke it first)",
+		Args:    exactArgs(1, "an agent id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.deleteObj(cmd, "/api/v1/agents/", "agent", args[0], "deleted")
+		},
+	}
+	list := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List agents (as get agents)",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.get(cmd.Context(), "agents", nil, listOpts{})
+		},
+	}
+	return groupCmd("agents", "Tag, revoke and delete agents", list, tag, revoke, rm)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}

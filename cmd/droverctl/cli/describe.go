@@ -1,0 +1,282 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/manifest"
+)
+
+func (a *app) newDescribeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:       "describe pipe|agent|run NAME",
+		Short:     "Show one pipe, agent or run in detail",
+		Args:      exactArgs(2, "a kind (pipe, agent or run) and a name or id"),
+		ValidArgs: []string{"pipe", "agent", "run"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.apiClient()
+			if err != nil {
+				return err
+			}
+			switch resourceAliases[args[0]] {
+			case "pipes":
+				return a.describePipe(cmd.Context(), c, args[1])
+			case "agents":
+				return a.describeAgent(cmd.Context(), c, args[1])
+			case "runs":
+				return a.describeRun(cmd.Context(), c, args[1])
+			}
+			return usagef("describe %q: use pipe, agent or run", args[0])
+		},
+	}
+	return cmd
+}
+
+func (a *app) describePipe(ctx context.Context, c *client, name string) error {
+	var p pipeObj
+	raw, err := c.get(ctx, "/api/v1/pipes/"+pathEscape(name), &p)
+	if err != nil {
+		return fmt.Errorf("pipe %s: %w", name, err)
+	}
+	if a.format() != "table" {
+		return a.printData(raw)
+	}
+	out := a.stdout()
+	s := p.Spec
+	s.Normalize()
+	kv := newKV(out)
+	kv.add("Name", p.Name)
+	kv.add("Description", s.Description)
+	kv.add("Version", itoa(int(p.Version)))
+	kv.add("Schedule", s.Schedule)
+	kv.add("Time zone", s.Timezone)
+	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
+	kv.add("Targets", fmtTargets(s.Targets))
+	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", p.Payload.Digest, p.Payload.Size))
+	kv.add("Created", fmtTimeV(p.CreatedAt))
+	kv.add("Updated", fmtTimeV(p.UpdatedAt))
+	if err := kv.flush(); err != nil {
+		return err
+	}
+	if sched, err := manifest.ParseSchedule(s.Schedule); err == nil {
+		if loc, err := manifest.LoadLocation(s.Timezone); err == nil {
+			if _, every := sched.Every(); !every {
+				fmt.Fprintln(out, "\nNext fire times (UTC):")
+				t := a.env.Now().UTC().Truncate(time.Second)
+				for i := 0; i < 3; i++ {
+					if t = sched.Next(t, loc); t.IsZero() {
+						break
+					}
+					fmt.Fprintf(out, "  %s\n", t.UTC().Format(time.RFC3339))
+				}
+			}
+		}
+	}
+	agents, err := c.list(ctx, "/api/v1/agents", "agents", nil)
+	if err != nil {
+		return err
+	}
+	all, err := decodeAll[agentObj](agents)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nAgents:")
+	t := newTable(indent(out), "ID", "HOSTNAME", "STATUS", "VERSION RUNNING", "APPLY ERROR")
+	n := 0
+	for _, ag := range all {
+		if !targetsAgent(s.Targets, &ag) {
+			continue
+		}
+		n++
+		running, applyErr := "", ""
+		for _, ps := range ag.Pipes {
+			if ps.Name == p.Name {
+				running, applyErr = itoa(int(ps.Version)), ps.ApplyError
+			}
+		}
+		t.row(ag.ID, ag.Hostname, ag.state(), running, applyErr)
+	}
+	if n == 0 {
+		fmt.Fprintln(out, "  (none: no agent matches the targets)")
+	} else if err := t.flush(); err != nil {
+		return err
+	}
+	if len(p.Versions) > 0 {
+		fmt.Fprintln(out, "\nVersions:")
+		t := newTable(indent(out), "VERSION", "PAYLOAD", "CREATED")
+		for _, v := range p.Versions {
+			t.row(itoa(int(v.Version)), shortDigest(v.Digest), fmtTimeV(v.CreatedAt))
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	if err := a.recentRuns(ctx, c, url.Values{"pipe": {p.Name}}); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nSpec:")
+	b, _ := json.Marshal(&s)
+	y, err := jsonToYAML(b)
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(strings.TrimRight(string(y), "\n"), "\n") {
+		fmt.Fprintf(out, "  %s\n", sanitizeLine(l))
+	}
+	return nil
+}
+
+// recentRuns prints the last five runs matching q.
+func (a *app) recentRuns(ctx context.Context, c *client, q url.Values) error {
+	q.Set("limit", "5")
+	items, err := c.list(ctx, "/api/v1/runs", "runs", q, 5)
+	if err != nil {
+		return err
+	}
+	runs, err := decodeAll[runObj](items)
+	if err != nil {
+		return err
+	}
+	out := a.stdout()
+	fmt.Fprintln(out, "\nRecent runs:")
+	if len(runs) == 0 {
+		fmt.Fprintln(out, "  (none)")
+		return nil
+	}
+	t := newTable(indent(out), "ID", "PIPE", "AGENT", "STATUS", "TRIGGER", "STARTED", "EXIT")
+	for _, r := range runs {
+		t.row(r.ID, r.Pipe, r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), r.exit())
+	}
+	return t.flush()
+}
+
+func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
+	var ag agentObj
+	raw, err := c.get(ctx, "/api/v1/agents/"+pathEscape(id), &ag)
+	if err != nil {
+		return fmt.Errorf("agent %s: %w", id, err)
+	}
+	if a.format() != "table" {
+		return a.printData(raw)
+	}
+	out := a.stdout()
+	kv := newKV(out)
+	kv.add("ID", ag.ID)
+	kv.add("Name", ag.Name)
+	kv.add("Hostname", ag.Hostname)
+	kv.add("Status", ag.state())
+	kv.add("Last seen", fmtTime(ag.LastSeenAt))
+	kv.add("Tags", fmtTags(ag.Tags))
+	kv.add("Platform", strings.Trim(ag.OS+"/"+ag.Arch, "/"))
+	kv.add("Agent version", ag.AgentVersion)
+	backend := ag.Backend
+	if ag.Scope != "" {
+		backend += " (" + ag.Scope + " scope)"
+	}
+	if ag.SystemdVersion != "" {
+		backend += ", systemd " + ag.SystemdVersion
+	}
+	kv.add("Backend", backend)
+	kv.add("Enrolled", fmtTimeV(ag.CreatedAt))
+	kv.add("Certificate expires", fmtTimeV(ag.CertExpiresAt))
+	if ag.Revoked {
+		kv.add("Revoked", fmtTime(ag.RevokedAt))
+	}
+	if m := ag.Manifest; m != nil {
+		kv.add("Manifest", fmt.Sprintf("serial %d, %s, issued %s, expires %s, key list v%d",
+			m.Serial, shortDigest(m.Digest), fmtTimeV(m.IssuedAt), fmtTimeV(m.ExpiresAt), m.KeyListVersion))
+	}
+	kv.add("Accepted serial", itoa(int(ag.AcceptedSerial)))
+	kv.add("Applied serial", itoa(int(ag.AppliedSerial)))
+	kv.add("Manifest state", ag.ManifestState)
+	if ag.ManifestError != "" {
+		kv.add("Manifest error", ag.ManifestError)
+	}
+	if err := kv.flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nPipes:")
+	if len(ag.Pipes) == 0 {
+		fmt.Fprintln(out, "  (none reported)")
+	} else {
+		t := newTable(indent(out), "NAME", "VERSION", "NEXT FIRE", "APPLY ERROR")
+		for _, p := range ag.Pipes {
+			next := ""
+			if len(p.NextFireTimes) > 0 {
+				next = fmtTimeV(p.NextFireTimes[0])
+			}
+			t.row(p.Name, itoa(int(p.Version)), next, p.ApplyError)
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	return a.recentRuns(ctx, c, url.Values{"agent": {ag.ID}})
+}
+
+func (a *app) describeRun(ctx context.Context, c *client, id string) error {
+	var r runObj
+	raw, err := c.get(ctx, "/api/v1/runs/"+pathEscape(id), &r)
+	if err != nil {
+		return fmt.Errorf("run %s: %w", id, err)
+	}
+	if a.format() != "table" {
+		return a.printData(raw)
+	}
+	kv := newKV(a.stdout())
+	kv.add("ID", r.ID)
+	kv.add("Pipe", fmt.Sprintf("%s (version %d)", r.Pipe, r.PipeVersion))
+	kv.add("Agent", r.AgentID)
+	kv.add("Status", r.Status)
+	kv.add("Trigger", r.Trigger)
+	kv.add("Request", r.RequestID)
+	kv.add("Scheduled", fmtTime(r.ScheduledAt))
+	kv.add("Started", fmtTime(r.StartedAt))
+	kv.add("Finished", fmtTime(r.FinishedAt))
+	if r.FinishedAt != nil {
+		kv.add("Duration", fmtDuration(r.DurationMS))
+	}
+	kv.add("Exit", r.exit())
+	if r.Error != "" {
+		kv.add("Error", r.Error)
+	}
+	logs := fmt.Sprintf("%d chunks, %d bytes", r.LogChunks, r.LogBytes)
+	if r.LogTruncated {
+		logs += " (truncated)"
+	}
+	kv.add("Log", logs+"; droverctl logs "+r.ID)
+	return kv.flush()
+}
+
+// indent prefixes every line written through it with two spaces.
+func indent(w io.Writer) *indentWriter {
+	return &indentWriter{w: w, bol: true}
+}
+
+type indentWriter struct {
+	w   io.Writer
+	bol bool
+}
+
+func (iw *indentWriter) Write(p []byte) (int, error) {
+	var buf []byte
+	for _, b := range p {
+		if iw.bol {
+			buf = append(buf, ' ', ' ')
+		}
+		buf = append(buf, b)
+		iw.bol = b == '\n'
+	}
+	if _, err := iw.w.Write(buf); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}

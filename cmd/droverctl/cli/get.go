@@ -1,0 +1,506 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/drover/drover/manifest"
+)
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// resource names accepted by get, with their aliases.
+var resourceAliases = map[string]string{
+	"pipes": "pipes", "pipe": "pipes",
+	"agents": "agents", "agent": "agents",
+	"runs": "runs", "run": "runs",
+	"tokens": "tokens", "token": "tokens", "enrollment-tokens": "tokens",
+	"secrets": "secrets", "secret": "secrets",
+	"api-tokens": "api-tokens", "api-token": "api-tokens",
+}
+
+// listOpts are the filters of get (and audit).
+type listOpts struct {
+	tags   []string
+	agent  string
+	pipe   string
+	status string
+	since  string
+	until  string
+	limit  int
+}
+
+func (a *app) newGetCmd() *cobra.Command {
+	var o listOpts
+	cmd := &cobra.Command{
+		Use:   "get pipes|agents|runs|tokens|secrets|api-tokens [NAME...]",
+		Short: "List pipes, agents, runs, enrollment tokens, secrets or API tokens",
+		Long: `List objects as a table, or as the API's JSON or YAML with -o.
+
+  get pipes [NAME...] [--tag k=v] [--agent ID]   pipes (targeting the tag or agent)
+  get agents [ID...] [--tag k=v] [--status S]    agents (carrying the tags; online, offline, revoked)
+  get runs [ID...] [--pipe P] [--agent ID] [--status S] [--since T] [--until T] [--limit N]
+  get tokens                                     enrollment tokens (never their secrets)
+  get secrets                                    secret names (values are write-only)
+  get api-tokens                                 operator API tokens and their roles
+
+--since and --until take an RFC 3339 time or a duration before now (2h).`,
+		Args:      cobra.ArbitraryArgs,
+		ValidArgs: []string{"pipes", "agents", "runs", "tokens", "secrets", "api-tokens"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("get wants a resource: pipes, agents, runs, tokens, secrets or api-tokens")
+			}
+			kind, ok := resourceAliases[args[0]]
+			if !ok {
+				return usagef("unknown resource %q: use pipes, agents, runs, tokens, secrets or api-tokens", args[0])
+			}
+			if err := o.check(cmd, kind); err != nil {
+				return err
+			}
+			return a.get(cmd.Context(), kind, args[1:], o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringArrayVar(&o.tags, "tag", nil, "k=v: pipes targeting the tag, agents carrying it (repeatable)")
+	f.StringVar(&o.agent, "agent", "", "pipes reaching, or runs on, this agent id")
+	f.StringVar(&o.pipe, "pipe", "", "runs of this pipe")
+	f.StringVar(&o.status, "status", "", "runs with this status (pending, running, succeeded, failed, timed_out, canceled, skipped); agents: online, offline or revoked")
+	f.StringVar(&o.since, "since", "", "runs recorded at or after this time (RFC 3339, or a duration before now)")
+	f.StringVar(&o.until, "until", "", "runs recorded before this time (RFC 3339, or a duration before now)")
+	f.IntVar(&o.limit, "limit", 100, "at most this many runs (1-1000)")
+	return cmd
+}
+
+// check refuses filters that do not apply to kind.
+func (o *listOpts) check(cmd *cobra.Command, kind string) error {
+	allowed := map[string][]string{
+		"pipes":  {"tag", "agent"},
+		"agents": {"tag", "status"},
+		"runs":   {"agent", "pipe", "status", "since", "until", "limit"},
+	}[kind]
+	var bad error
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case "tag", "agent", "pipe", "status", "since", "until", "limit":
+			for _, ok := range allowed {
+				if ok == f.Name {
+					return
+				}
+			}
+			if bad == nil {
+				bad = usagef("--%s does not apply to get %s", f.Name, kind)
+			}
+		}
+	})
+	if bad != nil {
+		return bad
+	}
+	if kind == "agents" {
+		switch o.status {
+		case "", "online", "offline", "revoked":
+		default:
+			return usagef("--status %q: agents are online, offline or revoked", o.status)
+		}
+	}
+	if kind == "runs" {
+		if o.limit < 1 || o.limit > 1000 {
+			return usagef("--limit %d out of range 1-1000", o.limit)
+		}
+		switch o.status {
+		case "", "pending", "running", "succeeded", "failed", "timed_out", "canceled", "skipped":
+		default:
+			return usagef("--status %q is not a run status (pending, running, succeeded, failed, timed_out, canceled, skipped)", o.status)
+		}
+	}
+	_, err := parseTags(o.tags)
+	return err
+}
+
+// parseTags reads k=v arguments.
+func parseTags(args []string) (map[string]string, error) {
+	tags := map[string]string{}
+	for _, t := range args {
+		k, v, ok := strings.Cut(t, "=")
+		if !ok || !manifest.ValidTagKey(k) || !manifest.ValidTagValue(v) {
+			return nil, usagef("tag %q: use key=value (key: letters, digits, '.', '_', '/', '-'; value: at most 63 letters, digits, '.', '_', '-')", t)
+		}
+		if _, dup := tags[k]; dup {
+			return nil, usagef("tag %q given twice", k)
+		}
+		tags[k] = v
+	}
+	return tags, nil
+}
+
+// parseWhen reads an RFC 3339 time or a duration before now.
+func (a *app) parseWhen(flag, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
+		return a.env.Now().Add(-d), nil
+	}
+	return time.Time{}, usagef("--%s %q: use an RFC 3339 time (2026-12-01T00:00:00Z) or a duration before now (2h)", flag, s)
+}
+
+func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) error {
+	c, err := a.apiClient()
+	if err != nil {
+		return err
+	}
+	switch kind {
+	case "pipes":
+		return a.getPipes(ctx, c, names, o)
+	case "agents":
+		return a.getAgents(ctx, c, names, o)
+	case "runs":
+		return a.getRuns(ctx, c, names, o)
+	case "tokens":
+		return a.getList(ctx, c, names, "/api/v1/enrollment-tokens", "tokens", a.tokensTable)
+	case "secrets":
+		return a.getList(ctx, c, names, "/api/v1/secrets", "secrets", a.secretsTable)
+	case "api-tokens":
+		return a.getList(ctx, c, names, "/api/v1/api-tokens", "tokens", a.apiTokensTable)
+	}
+	return usagef("unknown resource %q", kind)
+}
+
+// fetchOne gets one object by name or id; raw is its JSON.
+func (c *client) fetchOne(ctx context.Context, path string, out any) (json.RawMessage, error) {
+	return c.get(ctx, path, out)
+}
+
+// printList prints items as {"<key>": [...]} or as a table.
+func (a *app) printList(key string, items []json.RawMessage, table func([]json.RawMessage) error) error {
+	if a.format() != "table" {
+		if items == nil {
+			items = []json.RawMessage{}
+		}
+		return a.printData(map[string][]json.RawMessage{key: items})
+	}
+	return table(items)
+}
+
+// printOne prints one object, or a one-row table.
+func (a *app) printOne(raw json.RawMessage, table func([]json.RawMessage) error) error {
+	if a.format() != "table" {
+		return a.printData(raw)
+	}
+	return table([]json.RawMessage{raw})
+}
+
+func (a *app) getList(ctx context.Context, c *client, names []string, path, key string, table func([]json.RawMessage) error) error {
+	if len(names) > 0 {
+		return usagef("get %s takes no names", strings.TrimPrefix(path, "/api/v1/"))
+	}
+	items, err := c.list(ctx, path, key, nil)
+	if err != nil {
+		return err
+	}
+	return a.printList(key, items, table)
+}
+
+func decodeAll[T any](items []json.RawMessage) ([]T, error) {
+	out := make([]T, 0, len(items))
+	for _, it := range items {
+		var v T
+		if err := json.Unmarshal(it, &v); err != nil {
+			return nil, fmt.Errorf("unexpected object from the server: %w", err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// ---- pipes
+
+func (a *app) getPipes(ctx context.Context, c *client, names []string, o listOpts) error {
+	tags, _ := parseTags(o.tags)
+	var items []json.RawMessage
+	if len(names) > 0 {
+		for _, n := range names {
+			raw, err := c.fetchOne(ctx, "/api/v1/pipes/"+pathEscape(n), nil)
+			if err != nil {
+				return fmt.Errorf("pipe %s: %w", n, err)
+			}
+			items = append(items, raw)
+		}
+		if len(names) == 1 && len(tags) == 0 && o.agent == "" {
+			return a.printOne(items[0], a.pipesTable)
+		}
+	} else {
+		q := url.Values{}
+		for _, t := range o.tags {
+			q.Add("tag", t)
+		}
+		if o.agent != "" {
+			q.Set("agent", o.agent)
+		}
+		var err error
+		if items, err = c.list(ctx, "/api/v1/pipes", "pipes", q); err != nil {
+			return err
+		}
+	}
+	// Filter here too, so an older server that ignores the query still
+	// gives the right answer.
+	if len(tags) > 0 || o.agent != "" {
+		var ag *agentObj
+		if o.agent != "" {
+			ag = &agentObj{}
+			if _, err := c.get(ctx, "/api/v1/agents/"+pathEscape(o.agent), ag); err != nil {
+				return fmt.Errorf("agent %s: %w", o.agent, err)
+			}
+		}
+		var kept []json.RawMessage
+		for _, it := range items {
+			var p pipeObj
+			if err := json.Unmarshal(it, &p); err != nil {
+				return fmt.Errorf("unexpected pipe from the server: %w", err)
+			}
+			if len(tags) > 0 && (p.Spec.Targets == nil || !subset(tags, p.Spec.Targets.Tags)) {
+				continue
+			}
+			if ag != nil && !targetsAgent(p.Spec.Targets, ag) {
+				continue
+			}
+			kept = append(kept, it)
+		}
+		items = kept
+	}
+	return a.printList("pipes", items, a.pipesTable)
+}
+
+// subset reports whether every k=v of want is in have.
+func subset(want, have map[string]string) bool {
+	for k, v := range want {
+		if got, ok := have[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func fmtTargets(t *manifest.Targets) string {
+	if t == nil {
+		return ""
+	}
+	s := fmtTags(t.Tags)
+	if n := len(t.Agents); n > 0 {
+		ids := strings.Join(t.Agents, ",")
+		if n > 2 {
+			ids = fmt.Sprintf("%d agents", n)
+		}
+		if s != "" {
+			s += " "
+		}
+		s += "agents:" + ids
+	}
+	return s
+}
+
+func (a *app) pipesTable(items []json.RawMessage) error {
+	pipes, err := decodeAll[pipeObj](items)
+	if err != nil {
+		return err
+	}
+	t := newTable(a.stdout(), "NAME", "VERSION", "SCHEDULE", "TIMEZONE", "TARGETS", "ENABLED", "PAYLOAD", "UPDATED")
+	for _, p := range pipes {
+		tz := p.Spec.Timezone
+		if tz == "" {
+			tz = manifest.DefaultTimezone
+		}
+		t.row(p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
+			strconv.FormatBool(p.Spec.IsEnabled()), shortDigest(p.Payload.Digest), fmtTimeV(p.UpdatedAt))
+	}
+	return t.flush()
+}
+
+// ---- agents
+
+func (a *app) getAgents(ctx context.Context, c *client, ids []string, o listOpts) error {
+	tags, _ := parseTags(o.tags)
+	var items []json.RawMessage
+	if len(ids) > 0 {
+		for _, id := range ids {
+			raw, err := c.fetchOne(ctx, "/api/v1/agents/"+pathEscape(id), nil)
+			if err != nil {
+				return fmt.Errorf("agent %s: %w", id, err)
+			}
+			items = append(items, raw)
+		}
+		if len(ids) == 1 && len(tags) == 0 && o.status == "" {
+			return a.printOne(items[0], a.agentsTable)
+		}
+	} else {
+		q := url.Values{}
+		for _, t := range o.tags {
+			q.Add("tag", t)
+		}
+		if o.status != "" {
+			q.Set("status", o.status)
+		}
+		var err error
+		if items, err = c.list(ctx, "/api/v1/agents", "agents", q); err != nil {
+			return err
+		}
+	}
+	if len(tags) > 0 || o.status != "" {
+		var kept []json.RawMessage
+		for _, it := range items {
+			var ag agentObj
+			if err := json.Unmarshal(it, &ag); err != nil {
+				return fmt.Errorf("unexpected agent from the server: %w", err)
+			}
+			if subset(tags, ag.Tags) && (o.status == "" || ag.state() == o.status) {
+				kept = append(kept, it)
+			}
+		}
+		items = kept
+	}
+	return a.printList("agents", items, a.agentsTable)
+}
+
+func (a *app) agentsTable(items []json.RawMessage) error {
+	agents, err := decodeAll[agentObj](items)
+	if err != nil {
+		return err
+	}
+	t := newTable(a.stdout(), "ID", "NAME", "HOSTNAME", "STATUS", "LAST SEEN", "SERIAL", "TAGS", "BACKEND", "VERSION", "ERRORS")
+	for _, ag := range agents {
+		serial := ""
+		if ag.AppliedSerial > 0 || ag.AcceptedSerial > 0 {
+			serial = itoa(int(ag.AppliedSerial))
+		}
+		backend := ag.Backend
+		if backend != "" && ag.Scope != "" {
+			backend += "/" + ag.Scope
+		}
+		t.row(ag.ID, ag.Name, ag.Hostname, ag.state(), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(ag.applyErrors()))
+	}
+	return t.flush()
+}
+
+// ---- runs
+
+func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) error {
+	if len(ids) > 0 {
+		var items []json.RawMessage
+		for _, id := range ids {
+			raw, err := c.fetchOne(ctx, "/api/v1/runs/"+pathEscape(id), nil)
+			if err != nil {
+				return fmt.Errorf("run %s: %w", id, err)
+			}
+			items = append(items, raw)
+		}
+		if len(ids) == 1 {
+			return a.printOne(items[0], a.runsTable)
+		}
+		return a.printList("runs", items, a.runsTable)
+	}
+	since, err := a.parseWhen("since", o.since)
+	if err != nil {
+		return err
+	}
+	until, err := a.parseWhen("until", o.until)
+	if err != nil {
+		return err
+	}
+	q := url.Values{}
+	for k, v := range map[string]string{"pipe": o.pipe, "agent": o.agent, "status": o.status} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if !since.IsZero() {
+		q.Set("since", since.UTC().Format(time.RFC3339))
+	}
+	if !until.IsZero() {
+		q.Set("until", until.UTC().Format(time.RFC3339))
+	}
+	q.Set("limit", itoa(o.limit))
+	items, err := c.list(ctx, "/api/v1/runs", "runs", q, o.limit)
+	if err != nil {
+		return err
+	}
+	if !since.IsZero() || !until.IsZero() {
+		var kept []json.RawMessage
+		for _, it := range items {
+			var r runObj
+			if err := json.Unmarshal(it, &r); err != nil {
+				return fmt.Errorf("unexpected run from the server: %w", err)
+			}
+			if (!since.IsZero() && r.CreatedAt.Before(since)) || (!until.IsZero() && !r.CreatedAt.Before(until)) {
+				continue
+			}
+			kept = append(kept, it)
+		}
+		items = kept
+	}
+	return a.printList("runs", items, a.runsTable)
+}
+
+func (a *app) runsTable(items []json.RawMessage) error {
+	runs, err := decodeAll[runObj](items)
+	if err != nil {
+		return err
+	}
+	t := newTable(a.stdout(), "ID", "PIPE", "VERSION", "AGENT", "STATUS", "TRIGGER", "STARTED", "DURATION", "EXIT")
+	for _, r := range runs {
+		dur := ""
+		if r.FinishedAt != nil || r.DurationMS > 0 {
+			dur = fmtDuration(r.DurationMS)
+		}
+		t.row(r.ID, r.Pipe, itoa(int(r.PipeVersion)), r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), dur, r.exit())
+	}
+	return t.flush()
+}
+
+// ---- tokens, secrets, API tokens
+
+func (a *app) tokensTable(items []json.RawMessage) error {
+	toks, err := decodeAll[enrollTokenObj](items)
+	if err != nil {
+		return err
+	}
+	t := newTable(a.stdout(), "ID", "NAME", "TAGS", "STATE", "CREATED", "EXPIRES", "USED", "AGENT")
+	for _, k := range toks {
+		t.row(k.ID, k.Name, fmtTags(k.Tags), k.State, fmtTimeV(k.CreatedAt), fmtTimeV(k.ExpiresAt), fmtTime(k.UsedAt), k.AgentID)
+	}
+	return t.flush()
+}
+
+func (a *app) secretsTable(items []json.RawMessage) error {
+	secs, err := decodeAll[secretObj](items)
+	if err != nil {
+		return err
+	}
+	t := newTable(a.stdout(), "NAME", "CREATED", "UPDATED")
+	for _, s := range secs {
+		t.row(s.Name, fmtTimeV(s.CreatedAt), fmtTimeV(s.UpdatedAt))
+	}
+	return t.flush()
+}
+
+func (a *app) apiTokensTable(items []json.RawMessage) error {
+	toks, err := decodeAll[apiTokenObj](items)
+	if err != nil {
+		return err
+	}
+	t := newTable(a.stdout(), "ID", "NAME", "ROLE", "CREATED", "EXPIRES", "LAST USED", "REVOKED")
+	for _, k := range toks {
+		t.row(k.ID, k.Name, k.Role, fmtTimeV(k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt), fmtTime(k.RevokedAt))
+	}
+	return t.flush()
+}

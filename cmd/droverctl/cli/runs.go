@@ -1,0 +1,483 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// pollInterval is how often logs -f polls a server without live logs.
+var pollInterval = time.Second
+
+// logEndGrace is how long logs -f waits for the last chunks of an ended run.
+const logEndGrace = 5 * time.Second
+
+func (a *app) newLogsCmd() *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "logs RUN [-f]",
+		Short: "Print a run's output; -f follows it until the run ends",
+		Long: `Print the output of a run, as the agent shipped it.
+
+With -f the output is followed live (Server-Sent Events when the server
+offers them, else by polling) until the run ends; the final status goes to
+stderr. With -o json the log is the API's JSON (chunks with base64 data);
+with -f -o json each chunk is printed as one JSON line.`,
+		Args: exactArgs(1, "a run id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.apiClient()
+			if err != nil {
+				return err
+			}
+			if follow {
+				return a.followLogs(cmd.Context(), c, args[0])
+			}
+			return a.printLogs(cmd.Context(), c, args[0])
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the run ends")
+	return cmd
+}
+
+func (a *app) printLogs(ctx context.Context, c *client, id string) error {
+	path := "/api/v1/runs/" + pathEscape(id) + "/logs"
+	if a.format() != "table" {
+		raw, err := c.get(ctx, path, nil)
+		if err != nil {
+			return fmt.Errorf("run %s: %w", id, err)
+		}
+		return a.printData(raw)
+	}
+	resp, err := c.do(ctx, c.stream, request{method: http.MethodGet, path: path, accept: "text/plain"})
+	if err != nil {
+		return fmt.Errorf("run %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(a.stdout(), resp.Body); err != nil {
+		return fmt.Errorf("run %s: reading the log: %w", id, err)
+	}
+	if resp.Header.Get("X-Drover-Log-Truncated") == "true" {
+		fmt.Fprintln(a.stderr(), "note: the log was truncated by the server's per-run cap")
+	}
+	return nil
+}
+
+// chunkPrinter prints each chunk once, in order of arrival.
+type chunkPrinter struct {
+	a    *app
+	seen map[uint64]bool
+}
+
+func (p *chunkPrinter) print(ch logChunk, raw json.RawMessage) error {
+	if p.seen[ch.Seq] {
+		return nil
+	}
+	p.seen[ch.Seq] = true
+	switch p.a.format() {
+	case "json":
+		if raw == nil {
+			raw, _ = json.Marshal(ch)
+		}
+		_, err := p.a.stdout().Write(append(compactJSON(raw), '\n'))
+		return err
+	case "yaml":
+		if raw == nil {
+			raw, _ = json.Marshal(ch)
+		}
+		io.WriteString(p.a.stdout(), "---\n")
+		return writeFormatted(p.a.stdout(), "yaml", raw)
+	}
+	_, err := p.a.stdout().Write(ch.Data)
+	return err
+}
+
+func compactJSON(raw []byte) []byte {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return raw
+	}
+	return buf.Bytes()
+}
+
+// followLogs follows a run's output until it ends.
+func (a *app) followLogs(ctx context.Context, c *client, id string) error {
+	p := &chunkPrinter{a: a, seen: map[uint64]bool{}}
+	run, err := a.followSSE(ctx, c, id, p)
+	if errors.Is(err, errNoSSE) {
+		run, err = a.pollLogs(ctx, c, id, p)
+	}
+	if ctx.Err() != nil {
+		return nil // interrupted: stopping is what the operator asked for
+	}
+	if err != nil {
+		return err
+	}
+	if run != nil {
+		msg := fmt.Sprintf("run %s %s", run.ID, run.Status)
+		if e := run.exit(); e != "" {
+			msg += " (exit " + e + ")"
+		}
+		fmt.Fprintln(a.stderr(), sanitizeLine(msg))
+	}
+	return nil
+}
+
+var errNoSSE = errors.New("the server has no live log stream")
+
+// followSSE reads GET /api/v1/runs/{id}/logs/stream (text/event-stream):
+// "chunk" events carry a chunk as JSON with the seq as event id; an "end"
+// event carries the finished run. It reconnects with Last-Event-ID.
+func (a *app) followSSE(ctx context.Context, c *client, id string, p *chunkPrinter) (*runObj, error) {
+	path := "/api/v1/runs/" + pathEscape(id) + "/logs/stream"
+	lastID, prevID := "", ""
+	for attempt := 0; ; attempt++ {
+		if lastID != prevID {
+			attempt, prevID = 0, lastID // progress: breaks are counted anew
+		}
+		resp, err := c.doSSE(ctx, path, lastID)
+		if missingEndpoint(err) {
+			return nil, errNoSSE
+		}
+		if err != nil {
+			var ae *apiError
+			if attempt < 5 && !errors.As(err, &ae) && ctx.Err() == nil {
+				time.Sleep(time.Second)
+				continue
+			}
+			return nil, fmt.Errorf("run %s: %w", id, err)
+		}
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+			resp.Body.Close()
+			return nil, errNoSSE
+		}
+		run, err := readSSE(resp.Body, p, &lastID)
+		resp.Body.Close()
+		if run != nil || err != nil && !isStreamBreak(err) {
+			return run, err
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// The stream broke without an end event: reconnect and resume.
+		if attempt >= 5 {
+			return nil, fmt.Errorf("run %s: the live log stream keeps breaking: %v", id, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func isStreamBreak(err error) bool {
+	return err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "connection reset")
+}
+
+func (c *client) doSSE(ctx context.Context, path, lastID string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Cache-Control", "no-cache")
+	req.Header.Set("User-Agent", "droverctl/"+Version)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := c.stream.Do(req)
+	if err != nil {
+		return nil, connError(c.base, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		ae := readAPIError(resp)
+		ae.Method, ae.Path = http.MethodGet, path
+		return nil, ae
+	}
+	return resp, nil
+}
+
+// readSSE parses events until an "end" event (returning the run) or the
+// end of the stream (returning nil and the read error).
+func readSSE(r io.Reader, p *chunkPrinter, lastID *string) (*runObj, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 8<<20)
+	var event, id string
+	var data strings.Builder
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			if data.Len() > 0 || event != "" {
+				raw := json.RawMessage(strings.TrimSuffix(data.String(), "\n"))
+				switch event {
+				case "", "chunk":
+					var ch logChunk
+					if err := json.Unmarshal(raw, &ch); err != nil {
+						return nil, fmt.Errorf("malformed log event: %w", err)
+					}
+					if err := p.print(ch, raw); err != nil {
+						return nil, err
+					}
+				case "end":
+					var run runObj
+					if err := json.Unmarshal(raw, &run); err != nil {
+						return nil, fmt.Errorf("malformed end event: %w", err)
+					}
+					return &run, nil
+				case "error":
+					var body struct {
+						Error *apiError `json:"error"`
+					}
+					if json.Unmarshal(raw, &body) == nil && body.Error != nil {
+						return nil, body.Error
+					}
+					return nil, fmt.Errorf("the server ended the stream: %s", raw)
+				}
+				if id != "" {
+					*lastID = id
+				}
+			}
+			event, id = "", ""
+			data.Reset()
+			continue
+		}
+		if strings.HasPrefix(line, ":") {
+			continue // comment / keep-alive
+		}
+		field, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch field {
+		case "event":
+			event = value
+		case "data":
+			data.WriteString(value)
+			data.WriteByte('\n')
+		case "id":
+			id = value
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return nil, io.EOF
+}
+
+// pollLogs follows a run by polling its JSON log and status.
+func (a *app) pollLogs(ctx context.Context, c *client, id string, p *chunkPrinter) (*runObj, error) {
+	base := "/api/v1/runs/" + pathEscape(id)
+	fetch := func() error {
+		var body struct {
+			Chunks []json.RawMessage `json:"chunks"`
+		}
+		if _, err := c.get(ctx, base+"/logs", &body); err != nil {
+			return fmt.Errorf("run %s: %w", id, err)
+		}
+		type item struct {
+			ch  logChunk
+			raw json.RawMessage
+		}
+		items := make([]item, 0, len(body.Chunks))
+		for _, raw := range body.Chunks {
+			var ch logChunk
+			if err := json.Unmarshal(raw, &ch); err != nil {
+				return fmt.Errorf("run %s: malformed log chunk: %w", id, err)
+			}
+			items = append(items, item{ch, raw})
+		}
+		sort.SliceStable(items, func(i, j int) bool { return items[i].ch.Seq < items[j].ch.Seq })
+		for _, it := range items {
+			if err := p.print(it.ch, it.raw); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var endedAt time.Time
+	for {
+		var run runObj
+		if _, err := c.get(ctx, base, &run); err != nil {
+			return nil, fmt.Errorf("run %s: %w", id, err)
+		}
+		if err := fetch(); err != nil {
+			return nil, err
+		}
+		if run.terminal() {
+			// Chunks may still be on their way from the agent: wait for
+			// as many as it reported, for a few seconds at most.
+			if endedAt.IsZero() {
+				endedAt = time.Now()
+			}
+			if uint64(len(p.seen)) >= run.LogChunks || run.LogTruncated || time.Since(endedAt) > logEndGrace {
+				return &run, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// ---- run, cancel
+
+// runPipeResp is the answer of POST /api/v1/pipes/{name}/run.
+type runPipeResp struct {
+	RequestID string   `json:"request_id"`
+	Sent      []string `json:"sent"`
+	Offline   []string `json:"offline"`
+}
+
+func (a *app) newRunCmd() *cobra.Command {
+	var agent string
+	var tagArgs []string
+	cmd := &cobra.Command{
+		Use:   "run PIPE [--agent ID | --tag k=v ...]",
+		Short: "Run a pipe now on every agent it targets, one agent, or the agents with tags",
+		Args:  exactArgs(1, "a pipe name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if agent != "" && len(tagArgs) > 0 {
+				return usagef("use --agent or --tag, not both")
+			}
+			tags, err := parseTags(tagArgs)
+			if err != nil {
+				return err
+			}
+			c, err := a.apiClient()
+			if err != nil {
+				return err
+			}
+			return a.runPipe(cmd.Context(), c, args[0], agent, tags)
+		},
+	}
+	cmd.Flags().StringVar(&agent, "agent", "", "run on this agent only")
+	cmd.Flags().StringArrayVar(&tagArgs, "tag", nil, "run on the targeted agents carrying k=v (repeatable)")
+	return cmd
+}
+
+func (a *app) runPipe(ctx context.Context, c *client, pipe, agent string, tags map[string]string) error {
+	path := "/api/v1/pipes/" + pathEscape(pipe) + "/run"
+	var resp runPipeResp
+	var raw json.RawMessage
+	var err error
+	switch {
+	case len(tags) > 0:
+		raw, err = c.call(ctx, http.MethodPost, path, map[string]any{"tags": tags}, &resp)
+		if unknownField(err, "tags") {
+			// An older server: pick the agents here and ask each.
+			raw, err = a.runByTags(ctx, c, pipe, tags, &resp)
+		}
+	case agent != "":
+		raw, err = c.call(ctx, http.MethodPost, path, map[string]any{"agent": agent}, &resp)
+	default:
+		raw, err = c.call(ctx, http.MethodPost, path, map[string]any{}, &resp)
+	}
+	if err != nil {
+		return fmt.Errorf("run %s: %w", pipe, err)
+	}
+	if a.format() != "table" {
+		if err := a.printData(raw); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(a.stdout(), "run of %s requested (request %s)\n", pipe, resp.RequestID)
+		if len(resp.Sent) > 0 {
+			fmt.Fprintf(a.stdout(), "  sent to: %s\n", strings.Join(resp.Sent, ", "))
+		}
+		if len(resp.Offline) > 0 {
+			fmt.Fprintf(a.stdout(), "  offline (not run): %s\n", strings.Join(resp.Offline, ", "))
+		}
+	}
+	if len(resp.Sent) == 0 {
+		if len(resp.Offline) == 0 {
+			return fmt.Errorf("pipe %s targets no agent that matches", pipe)
+		}
+		return fmt.Errorf("no agent that runs pipe %s is online", pipe)
+	}
+	return nil
+}
+
+// unknownField reports a 400 naming field as unknown.
+func unknownField(err error, field string) bool {
+	var ae *apiError
+	if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+		return false
+	}
+	for _, d := range ae.Details {
+		if d.Field == field {
+			return true
+		}
+	}
+	return false
+}
+
+// runByTags asks for a run on each targeted agent carrying tags.
+func (a *app) runByTags(ctx context.Context, c *client, pipe string, tags map[string]string, resp *runPipeResp) (json.RawMessage, error) {
+	var p pipeObj
+	if _, err := c.get(ctx, "/api/v1/pipes/"+pathEscape(pipe), &p); err != nil {
+		return nil, err
+	}
+	items, err := c.list(ctx, "/api/v1/agents", "agents", nil)
+	if err != nil {
+		return nil, err
+	}
+	agents, err := decodeAll[agentObj](items)
+	if err != nil {
+		return nil, err
+	}
+	resp.Sent, resp.Offline = []string{}, []string{}
+	var ids []string
+	for _, ag := range agents {
+		if targetsAgent(p.Spec.Targets, &ag) && subset(tags, ag.Tags) {
+			var r runPipeResp
+			if _, err := c.call(ctx, http.MethodPost, "/api/v1/pipes/"+pathEscape(pipe)+"/run", map[string]any{"agent": ag.ID}, &r); err != nil {
+				return nil, fmt.Errorf("agent %s: %w", ag.ID, err)
+			}
+			resp.Sent = append(resp.Sent, r.Sent...)
+			resp.Offline = append(resp.Offline, r.Offline...)
+			ids = append(ids, r.RequestID)
+		}
+	}
+	resp.RequestID = strings.Join(ids, ",")
+	raw, err := json.Marshal(map[string]any{"request_id": resp.RequestID, "request_ids": ids, "sent": resp.Sent, "offline": resp.Offline})
+	return raw, err
+}
+
+func (a *app) newCancelCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel RUN",
+		Short: "Cancel a running run (the agent kills its whole process tree)",
+		Args:  exactArgs(1, "a run id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.apiClient()
+			if err != nil {
+				return err
+			}
+			id := args[0]
+			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/runs/"+pathEscape(id)+"/cancel", map[string]any{}, nil)
+			if missingEndpoint(err) {
+				return fmt.Errorf("cancel run %s: this server cannot cancel runs (it lacks POST /api/v1/runs/{id}/cancel)", id)
+			}
+			if err != nil {
+				return fmt.Errorf("cancel run %s: %w", id, err)
+			}
+			if a.format() != "table" {
+				if raw == nil {
+					raw, _ = json.Marshal(map[string]any{"run_id": id, "cancel_requested": true})
+				}
+				return a.printData(raw)
+			}
+			fmt.Fprintf(a.stdout(), "cancel requested for run %s\n", sanitizeLine(id))
+			return nil
+		},
+	}
+}
