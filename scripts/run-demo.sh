@@ -35,6 +35,10 @@ DROVER_TOKEN=$(cat "$run/server/admin.token")
 
 # The agent: systemd user scope when a user manager answers, else the cron backend.
 backend=cron scope=user
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+  export XDG_RUNTIME_DIR=$run/runtime   # the agent's run-request files live here
+  mkdir -p "$XDG_RUNTIME_DIR" && chmod 0700 "$XDG_RUNTIME_DIR"
+fi
 if systemctl --user show-environment >/dev/null 2>&1; then backend=systemd; fi
 mkdir -p "$run/agent"
 chmod 0700 "$run/agent"

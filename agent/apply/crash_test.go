@@ -105,6 +105,10 @@ func TestSystemdCrashSafety(t *testing.T) {
 	}
 	specsFile := filepath.Join(t.TempDir(), "specs.json")
 	completed := 0
+	// The kill comes at a uniformly random time within the length of a
+	// whole helper run (process start included), measured on the first
+	// one, which is let finish.
+	var window time.Duration
 	for i := range n {
 		target := variants[i%len(variants)]
 		raw, _ := json.Marshal(target)
@@ -118,13 +122,22 @@ func TestSystemdCrashSafety(t *testing.T) {
 		}
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
+		if window == 0 {
+			started := time.Now()
+			if err := <-exited; err != nil {
+				t.Fatalf("helper: %v", err)
+			}
+			window = time.Since(started) * 11 / 10
+			t.Logf("a helper apply takes %v", window*10/11)
+			exited <- nil
+		}
 		select {
 		case err := <-exited:
 			if err != nil {
 				t.Fatalf("helper failed before the kill: %v", err)
 			}
 			completed++
-		case <-time.After(time.Duration(rng.IntN(1000)) * time.Millisecond):
+		case <-time.After(time.Duration(rng.Int64N(int64(window)))):
 			cmd.Process.Kill()
 			<-exited
 		}
@@ -139,6 +152,9 @@ func TestSystemdCrashSafety(t *testing.T) {
 		assertDataDir(t, data, in)
 		if m, _ := filepath.Glob(filepath.Join(b.runtimeUnitDir, "*", guardDropIn)); len(m) > 0 {
 			t.Errorf("guard drop-ins left: %v", m)
+		}
+		if _, err := os.Stat(filepath.Join(b.runtimeUnitDir, batchTarget)); err == nil {
+			t.Errorf("batch target left")
 		}
 		status, err := b.Status(context.Background())
 		if err != nil {

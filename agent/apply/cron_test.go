@@ -94,14 +94,21 @@ func TestCronBackend(t *testing.T) {
 	if err := cb.Cancel(cctx, "sleeper", r.Fields["run"]); err != nil {
 		t.Fatal(err)
 	}
-	if live := groupMembers(pgid); len(live) > 0 {
-		t.Errorf("process group %d still has %v after cancel", pgid, live)
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		live := groupMembers(pgid)
+		if len(live) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("process group %d still has %v after cancel", pgid, live)
+			break
+		}
 	}
 
 	// Catch-up: once -> one run, all -> every missed instant, oldest first,
 	// skip and an edited schedule -> none.
 	waitRun(t, data, "once", 0, 10*time.Second)
-	allRuns := waitRun(t, data, "all", len(missed)-1, 10*time.Second)
+	allRuns := waitRun(t, data, "all", len(missed)-1, 20*time.Second)
 	for _, r := range allRuns {
 		if r.Fields["trigger"] != "catchup" {
 			t.Errorf("catch-up run: %s", r.Raw)
@@ -111,7 +118,7 @@ func TestCronBackend(t *testing.T) {
 	// The every-minute pipe fires at the boundary.
 	boundary := t0.Truncate(time.Minute).Add(time.Minute)
 	tick := waitRun(t, data, "tick", 0, time.Until(boundary)+10*time.Second)[0]
-	if d := tick.At.Sub(boundary); d < 0 || d > 2*time.Second || tick.Fields["trigger"] != "schedule" {
+	if d := tick.At.Sub(boundary); d < 0 || d > 5*time.Second || tick.Fields["trigger"] != "schedule" {
 		t.Errorf("tick: %s, boundary %v", tick.Raw, boundary)
 	}
 	time.Sleep(time.Second)
@@ -125,7 +132,8 @@ func TestCronBackend(t *testing.T) {
 	if n := len(runsOf(runs, "once")); n != 1 {
 		t.Errorf("once: %d catch-up runs", n)
 	}
-	if n := len(runsOf(runs, "all")); n != len(missed) {
+	// (An hour boundary between computing missed and the apply adds one.)
+	if n := len(runsOf(runs, "all")); n != len(missed) && n != len(missed)+1 {
 		t.Errorf("all: %d catch-up runs, want %d", n, len(missed))
 	}
 	for _, p := range []string{"skip", "edited"} {

@@ -28,15 +28,18 @@
 // <gen> is the first 12 hex digits of a sha256 over pipe.json, the payload
 // digest and the rendered units (Desired.Digest), so any change to what a
 // pipe runs or how it is scheduled makes a new generation. A generation is
-// built under D/pipes/.tmp-<random>, synced, renamed to .<name>.<gen>, and
-// published by renaming a new symlink (.lnk-<random>) over D/pipes/<name>:
-// readers see the old or the new generation, never a mix. Old generations
-// are removed after the swap, unless the pipe is running at that moment
-// (then at the next apply or check). Temporary entries left by a crash are
-// removed by the next apply. The runner gets D/pipes/<name> in
-// $DROVER_PIPE_DIR and should resolve the link once at start
-// (filepath.EvalSymlinks) so that one run sees one generation. It only reads
-// there.
+// built in place (after removing anything a crash left under that name: no
+// link points at it), the file system is synced once for all pipes of the
+// apply, and only then is it published: a new link, or a fresh link
+// (.lnk-<random>) renamed over D/pipes/<name>. Readers see the old or the new
+// generation, never a mix or a partial one. Generations no link points at
+// (old ones, half-built ones) and stray links are removed at the end of
+// every apply, except those of a pipe running at that moment (then at the
+// next apply or check). The runner gets D/pipes/<name> in $DROVER_PIPE_DIR
+// and should resolve the link once at start (filepath.EvalSymlinks) so that
+// one run sees one generation; it only reads there. D/pipes is 0755 and the
+// payload world-readable so that a system-scope unit can bind it read-only
+// for a dynamic user (D itself stays 0700).
 //
 // Secret files are written atomically (temp file, fsync, rename) and stale
 // ones removed; in system scope the units load them with LoadCredential=, in
@@ -67,6 +70,21 @@
 // covers a `drover-agent run` started by hand). Catch-up (once / all, at most
 // manifest.MaxCatchup, oldest first) is decided by the backend from
 // D/cron-state.json when it starts and is started with DROVER_TRIGGER=catchup.
+//
+// # Unit files and the manager
+//
+// Changed units are written as hidden temporary files next to their targets
+// (systemd ignores those), synced with one syncfs(2), renamed, and the
+// directory synced. Enabling a timer is done on disk as `systemctl enable`
+// does it for WantedBy=timers.target (a link in
+// <unit dir>/timers.target.wants), before the apply's one daemon-reload.
+// Stops (removed, disabled and schedule-changed timers; removed services,
+// so removing a pipe also ends a run of it in progress) happen before the
+// reload, starts after it; a changed service alone is not restarted (the
+// next run uses it); four or more timers are
+// started with one job on a runtime target that wants them
+// (drover-apply-batch.target, removed at once), which is seconds faster for
+// a thousand timers than a job each.
 //
 // # No unplanned run
 //

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/drover/drover/manifest"
@@ -86,30 +85,6 @@ func readPipeDirs(dataDir string) (map[string]string, error) {
 		}
 		out[name] = gen
 	}
-	return out, nil
-}
-
-// readAppliedPipes reads pipe.json of every linked pipe.
-func readAppliedPipes(dataDir string) ([]manifest.Pipe, error) {
-	dirs, err := readPipeDirs(dataDir)
-	if err != nil {
-		return nil, err
-	}
-	var out []manifest.Pipe
-	for name, gen := range dirs {
-		if gen == "" {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(PipeDir(dataDir, name), pipeJSON))
-		if err != nil {
-			continue
-		}
-		var p manifest.Pipe
-		if json.Unmarshal(b, &p) == nil && p.Name == name {
-			out = append(out, p)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -128,9 +129,9 @@ func (b *Systemd) readState(ctx context.Context) (State, map[string]bool, error)
 	}
 	active := map[string]bool{}
 	for _, u := range list {
-		if u.LoadState != "not-found" {
-			loaded[u.Name] = true
-		}
+		// Any unit object in memory counts, even one whose file is gone:
+		// it keeps its timestamps when the file comes back.
+		loaded[u.Name] = true
 		active[u.Name] = u.ActiveState == "active" || u.ActiveState == "activating"
 	}
 	for name := range st.Units {
@@ -189,6 +190,7 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	}
 	removeTemps(b.cfg.UnitDir)
 	removeStaleGuards(b.runtimeUnitDir)
+	b.removeStaleBatch(ctx)
 
 	cur, loaded, err := b.readState(ctx)
 	if err != nil {
@@ -223,7 +225,6 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		stopJobs, disable, startJobs, enable []string
 		writes                               []pendingFile
 		removes                              []string
-		removedPipes                         = map[string]bool{}
 		guarded                              []string
 		toWrite                              []Step
 	)
@@ -234,7 +235,7 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		}
 		switch {
 		case s.Action == ActionRemove && strings.HasPrefix(s.File, "pipes/"):
-			removedPipes[s.Pipe] = true
+			// gcPipeDirs removes it at the end.
 		case s.Action == ActionRemove:
 			stopJobs = append(stopJobs, s.File)
 			if strings.HasSuffix(s.File, ".timer") {
@@ -266,12 +267,21 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	parallel(len(toWrite), func(i int) {
 		pend[i], errs[i] = writeTemp(filepath.Join(b.cfg.UnitDir, toWrite[i].File), wantedRendered[toWrite[i].File], 0o644)
 	})
+	writeFailed := map[string]bool{}
 	for i, s := range toWrite {
 		if errs[i] != nil {
 			res.fail(s.Pipe, errs[i])
+			writeFailed[s.Pipe] = true
 			continue
 		}
 		writes = append(writes, pend[i])
+	}
+	if len(writeFailed) > 0 {
+		// Its units stay as they were: start nothing of such a pipe.
+		skip := func(unit string) bool { p, _ := pipeOfUnit(unit); return writeFailed[p] }
+		startJobs = slices.DeleteFunc(startJobs, skip)
+		enable = slices.DeleteFunc(enable, skip)
+		guarded = slices.DeleteFunc(guarded, skip)
 	}
 	lap("write temp units")
 	// Before the reload: stop what must not run on the new files.
@@ -431,7 +441,7 @@ func (b *Systemd) runJobs(ctx context.Context, kind string, names []string, res 
 // Many timers are started with one job on a runtime target that wants them
 // all: one transaction instead of one D-Bus call and transaction per timer.
 const (
-	batchMin    = 16
+	batchMin    = 4
 	batchTarget = "drover-apply-batch.target"
 )
 
@@ -448,6 +458,20 @@ func writeBatchTarget(runtimeUnitDir string, timers []string) error {
 		b.WriteString("Wants=" + line + "\nAfter=" + line + "\n")
 	}
 	return os.WriteFile(filepath.Join(runtimeUnitDir, batchTarget), []byte(b.String()), 0o644)
+}
+
+// removeStaleBatch removes a batch target a crashed apply left behind.
+func (b *Systemd) removeStaleBatch(ctx context.Context) {
+	if err := os.Remove(filepath.Join(b.runtimeUnitDir, batchTarget)); err != nil {
+		return
+	}
+	ch := make(chan string, 1)
+	if _, err := b.conn.StopUnitContext(ctx, batchTarget, "replace", ch); err == nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
 }
 
 // startBatch starts timers through the batch target, then checks each one.

@@ -163,6 +163,9 @@ func TestSystemdApply(t *testing.T) {
 	specs2 := append(specs[1:len(specs):len(specs)], spec("foreign", "@daily"), spec("added", "5 4 * * *"))
 	in2 := input(t, specs2...)
 	res = mustApply(t, b, in2)
+	if res.Reloads != 1 {
+		t.Errorf("create + remove apply: %d reloads, want exactly 1", res.Reloads)
+	}
 	if !strings.Contains(res.Errors["foreign"], "conflict") {
 		t.Errorf("foreign: errors %v", res.Errors)
 	}

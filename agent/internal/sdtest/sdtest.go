@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -288,6 +289,9 @@ func startManager(name string) (e Env, stop func(), err error) {
 	cmd := exec.Command("/bin/sh", "-c", script.String())
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), e.Environ()...)
+	// A test binary killed before its cleanup (a -timeout, ^C) must not
+	// leave a manager behind: it gets SIGTERM when we die.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		return e, nil, err
 	}
@@ -372,6 +376,7 @@ func newCgroups(name string) (*cgroups, error) {
 	}
 	cg := &cgroups{}
 	for _, m := range mounts {
+		removeStaleCgroups(m)
 		root := filepath.Join(m, name)
 		if err := os.MkdirAll(filepath.Join(root, "init.scope"), 0o755); err != nil {
 			cg.remove()
@@ -380,6 +385,25 @@ func newCgroups(name string) (*cgroups, error) {
 		cg.roots = append(cg.roots, root)
 	}
 	return cg, nil
+}
+
+// removeStaleCgroups removes the empty cgroups of test binaries that died
+// before their cleanup (their managers got SIGTERM through Pdeathsig). It
+// only removes empty directories; it kills nothing.
+func removeStaleCgroups(mount string) {
+	ents, _ := os.ReadDir(mount)
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "drover-sdtest-")
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pidText, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) == nil {
+			continue // malformed, or its test binary still runs
+		}
+		(&cgroups{roots: []string{filepath.Join(mount, e.Name())}}).remove()
+	}
 }
 
 func cgroupMounts() ([]string, error) {

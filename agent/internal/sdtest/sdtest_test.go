@@ -55,3 +55,22 @@ func TestParseListTimers(t *testing.T) {
 		t.Errorf("b: %+v", got["b.timer"])
 	}
 }
+
+func TestNewManager(t *testing.T) {
+	main := Require(t)
+	other := NewManager(t)
+	if other.BusAddress == main.BusAddress || other.UnitDir() == main.UnitDir() {
+		t.Fatalf("not a separate manager: %+v", other)
+	}
+	unit := "sdtest-other.service"
+	if err := os.WriteFile(filepath.Join(other.UnitDir(), unit), []byte("[Service]\nType=oneshot\nExecStart=/bin/true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	other.Systemctl(t, "daemon-reload")
+	other.Systemctl(t, "start", unit)
+	other.WaitProperty(t, unit, "Result", 5*time.Second, func(v string) bool { return v == "success" })
+	// The main manager does not know it.
+	if ls := Show(t, unit, "LoadState"); ls != "not-found" {
+		t.Errorf("main manager: LoadState %s", ls)
+	}
+}
