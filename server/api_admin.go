@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"path"
 	"regexp"
@@ -32,9 +33,11 @@ type TokenRequest struct {
 
 // TokenResponse shows a new token, once.
 type TokenResponse struct {
-	ID        string    `json:"id"`
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires_at"`
+	ID        string            `json:"id"`
+	Token     string            `json:"token"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	Name      string            `json:"name,omitempty"`
+	Tags      map[string]string `json:"tags"`
 }
 
 func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) error {
@@ -45,6 +48,9 @@ func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) error
 	resp, err := createToken(r.Context(), s.store, s.cfg.Enrollment, s.ca.pin, s.clock.Now(), req)
 	if err != nil {
 		return err
+	}
+	if t, err := s.store.GetToken(r.Context(), resp.ID); err == nil {
+		setAudit(r, "enrollment-token/"+resp.ID, nil, tokenJSON(t, s.clock.Now()))
 	}
 	return writeJSON(w, http.StatusCreated, resp)
 }
@@ -77,7 +83,7 @@ func createToken(ctx context.Context, store tokenStore, cfg EnrollmentConfig, pi
 	if err := store.CreateToken(ctx, rec); err != nil {
 		return nil, err
 	}
-	return &TokenResponse{ID: rec.ID, Token: token, ExpiresAt: rec.ExpiresAt}, nil
+	return &TokenResponse{ID: rec.ID, Token: token, ExpiresAt: rec.ExpiresAt, Name: rec.Name, Tags: rec.Tags}, nil
 }
 
 func checkTags(field string, tags map[string]string) []Detail {
@@ -135,21 +141,118 @@ func pipeJSON(p *Pipe) PipeJSON {
 }
 
 func (s *Server) handlePutPipe(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if !manifest.ValidName(name) {
-		return newError(ErrInvalidRequest, "invalid pipe name in the path", Detail{Field: "name", Message: "use 1-63 lowercase letters, digits and '-'"})
+	name, err := pipeName(r)
+	if err != nil {
+		return err
 	}
-	limit := s.cfg.HTTP.MaxBodyBytes + s.cfg.Signing.MaxPayloadBytes*4/3 + 4096
+	pv, bundle, err := s.readPipe(w, r, name)
+	if err != nil {
+		return err
+	}
+	return s.storePipe(w, r, pv, bundle)
+}
+
+// storePipe stores a validated pipe version, recompiles the manifests and
+// answers with the version in force (201 when it was created).
+func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *PipeVersion, bundle []byte) error {
+	var before any
+	if p, err := s.store.GetPipe(r.Context(), pv.Name); err == nil {
+		before = pipeJSON(p)
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	version, created, err := s.store.PutPipe(r.Context(), pv, bundle, s.clock.Now())
+	if err != nil {
+		return err
+	}
+	if created {
+		s.log.Info("pipe version created", "pipe", pv.Name, "version", version)
+		if _, err := s.compiler.compile(r.Context(), nil); err != nil {
+			return err
+		}
+	}
+	after, err := s.store.GetPipe(r.Context(), pv.Name)
+	if err != nil {
+		return err
+	}
+	setAudit(r, "pipe/"+pv.Name, before, pipeJSON(after))
+	code := http.StatusOK
+	if created {
+		code = http.StatusCreated
+	}
+	return writeJSON(w, code, PutPipeResponse{Name: pv.Name, Version: version, Digest: pv.PayloadDigest, Created: created})
+}
+
+// YAML media types accepted by PUT /api/v1/pipes/{name}.
+var yamlTypes = map[string]bool{"application/yaml": true, "application/x-yaml": true, "text/yaml": true, "text/x-yaml": true}
+
+// readPipe reads the body of a pipe PUT: JSON {spec, bundle}, or one YAML
+// spec document (then without a bundle: script pipes only).
+func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (*PipeVersion, []byte, error) {
+	limit := s.pipeBodyLimit()
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && yamlTypes[mt] {
+		body, err := readBody(w, r, limit)
+		if err != nil {
+			return nil, nil, err
+		}
+		specs, err := manifest.DecodeSpecs(body)
+		var ve *manifest.ValidationError
+		if errors.As(err, &ve) {
+			var details []Detail
+			syntax := false
+			for _, p := range ve.Problems {
+				if strings.HasPrefix(p.Field, "[") && !strings.HasPrefix(p.Field, "[0]") {
+					return nil, nil, newError(ErrInvalidRequest, "the YAML holds more than one pipe spec; PUT one per request")
+				}
+			}
+			for i, p := range ve.Problems {
+				syntax = syntax || p.Field == "[0]" || p.Field == ""
+				ve.Problems[i].Field = joinField("spec", strings.TrimPrefix(strings.TrimPrefix(p.Field, "[0]"), "."))
+				details = append(details, Detail{Field: ve.Problems[i].Field, Message: p.Message, Line: p.Line})
+			}
+			if syntax { // not YAML, or not one mapping: a 400, like malformed JSON
+				return nil, nil, newError(ErrInvalidRequest, "invalid YAML: "+details[0].Message, details...)
+			}
+			return nil, nil, ve
+		}
+		if err != nil {
+			return nil, nil, newError(ErrInvalidRequest, "invalid YAML: "+err.Error())
+		}
+		switch len(specs) {
+		case 0:
+			return nil, nil, newError(ErrInvalidRequest, "the YAML holds no pipe spec")
+		case 1:
+		default:
+			return nil, nil, newError(ErrInvalidRequest, fmt.Sprintf("the YAML holds %d pipe specs; PUT one per request", len(specs)))
+		}
+		raw, err := json.Marshal(&specs[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		return s.preparePipe(name, raw, nil)
+	}
 	var req PutPipeRequest
 	if err := decodeJSON(w, r, limit, &req); err != nil {
-		return err
+		return nil, nil, err
 	}
-	if len(req.Spec) == 0 {
-		return newError(ErrValidation, "spec is required", Detail{Field: "spec", Message: "required"})
+	return s.preparePipe(name, req.Spec, req.Bundle)
+}
+
+// pipeBodyLimit caps a pipe upload: the JSON body cap plus the base64 of a
+// maximal bundle.
+func (s *Server) pipeBodyLimit() int64 {
+	return s.cfg.HTTP.MaxBodyBytes + s.cfg.Signing.MaxPayloadBytes*4/3 + 4096
+}
+
+// preparePipe validates a spec and bundle for the pipe name and returns the
+// version to store with its bundle; every problem is reported at once.
+func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *string) (*PipeVersion, []byte, error) {
+	if len(rawSpec) == 0 || string(rawSpec) == "null" {
+		return nil, nil, newError(ErrValidation, "spec is required", Detail{Field: "spec", Message: "required"})
 	}
 	var spec manifest.Spec
-	if err := decodeStrict(req.Spec, &spec, "spec"); err != nil {
-		return err
+	if err := decodeStrict(rawSpec, &spec, "spec"); err != nil {
+		return nil, nil, err
 	}
 	var problems []manifest.FieldError
 	if spec.Name == "" {
@@ -161,7 +264,7 @@ func (s *Server) handlePutPipe(w http.ResponseWriter, r *http.Request) error {
 	if err := spec.Validate(); err != nil {
 		var ve *manifest.ValidationError
 		if !errors.As(err, &ve) {
-			return err
+			return nil, nil, err
 		}
 		for _, p := range ve.Problems {
 			p.Field = joinField("spec", p.Field)
@@ -170,18 +273,18 @@ func (s *Server) handlePutPipe(w http.ResponseWriter, r *http.Request) error {
 	}
 	var bundle []byte
 	switch {
-	case spec.Script != "" && req.Bundle != nil:
+	case spec.Script != "" && rawBundle != nil:
 		problems = append(problems, manifest.FieldError{Field: "bundle", Message: "not used with script: the script becomes the bundle"})
-	case len(spec.Command) > 0 && req.Bundle == nil:
+	case len(spec.Command) > 0 && rawBundle == nil:
 		problems = append(problems, manifest.FieldError{Field: "bundle", Message: "required with command"})
-	case req.Bundle != nil:
-		b, err := base64.StdEncoding.DecodeString(*req.Bundle)
+	case rawBundle != nil:
+		b, err := base64.StdEncoding.DecodeString(*rawBundle)
 		if err != nil {
 			problems = append(problems, manifest.FieldError{Field: "bundle", Message: "not valid base64"})
 			break
 		}
 		if int64(len(b)) > s.cfg.Signing.MaxPayloadBytes {
-			return newError(ErrTooLarge, "the bundle is too large", Detail{Field: "bundle", Message: fmt.Sprintf("%d bytes, at most %d", len(b), s.cfg.Signing.MaxPayloadBytes)})
+			return nil, nil, newError(ErrTooLarge, "the bundle is too large", Detail{Field: "bundle", Message: fmt.Sprintf("%d bytes, at most %d", len(b), s.cfg.Signing.MaxPayloadBytes)})
 		}
 		if msg := checkBundle(b, spec.Command); msg != "" {
 			problems = append(problems, manifest.FieldError{Field: "bundle", Message: msg})
@@ -189,35 +292,20 @@ func (s *Server) handlePutPipe(w http.ResponseWriter, r *http.Request) error {
 		bundle = b
 	}
 	if len(problems) > 0 {
-		return &manifest.ValidationError{Problems: problems}
+		return nil, nil, &manifest.ValidationError{Problems: problems}
 	}
 	if spec.Script != "" {
 		b, err := manifest.ScriptBundle(spec.Script)
 		if err != nil {
-			return fmt.Errorf("script bundle: %w", err)
+			return nil, nil, fmt.Errorf("script bundle: %w", err)
 		}
 		bundle = b
 	}
 	sj, err := specJSON(&spec)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	pv := &PipeVersion{Name: name, Spec: spec, SpecJSON: sj, PayloadDigest: manifest.Digest(bundle), PayloadSize: int64(len(bundle))}
-	version, created, err := s.store.PutPipe(r.Context(), pv, bundle, s.clock.Now())
-	if err != nil {
-		return err
-	}
-	if created {
-		s.log.Info("pipe version created", "pipe", name, "version", version)
-		if _, err := s.compiler.compile(r.Context(), nil); err != nil {
-			return err
-		}
-	}
-	code := http.StatusOK
-	if created {
-		code = http.StatusCreated
-	}
-	return writeJSON(w, code, PutPipeResponse{Name: name, Version: version, Digest: pv.PayloadDigest, Created: created})
+	return &PipeVersion{Name: name, Spec: spec, SpecJSON: sj, PayloadDigest: manifest.Digest(bundle), PayloadSize: int64(len(bundle))}, bundle, nil
 }
 
 // Bundle limits checked on upload; the agent unpacks with the same defaults.
@@ -284,20 +372,55 @@ func checkBundle(b []byte, command []string) string {
 	return ""
 }
 
+// PipeList is a page of pipes.
+type PipeList struct {
+	Pipes      []PipeJSON `json:"pipes"`
+	NextCursor string     `json:"next_cursor,omitempty"`
+}
+
 func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
+	sel, err := queryTags(r)
+	if err != nil {
+		return err
+	}
+	var agent *Agent
+	if id := r.URL.Query().Get("agent"); id != "" {
+		if agent, err = s.store.GetAgent(r.Context(), id); err != nil {
+			return err
+		}
+	}
 	ps, err := s.store.ListPipes(r.Context())
 	if err != nil {
 		return err
 	}
-	out := make([]PipeJSON, 0, len(ps))
+	kept := ps[:0]
 	for _, p := range ps {
-		out = append(out, pipeJSON(p))
+		if len(sel) > 0 && (p.Spec.Targets == nil || !hasTags(p.Spec.Targets.Tags, sel)) {
+			continue
+		}
+		if agent != nil && !targets(p.Spec.Targets, agent) {
+			continue
+		}
+		kept = append(kept, p)
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"pipes": out})
+	items, next := paginate(kept, func(p *Pipe) string { return p.Name }, pg)
+	out := PipeList{Pipes: make([]PipeJSON, 0, len(items)), NextCursor: next}
+	for _, p := range items {
+		out.Pipes = append(out.Pipes, pipeJSON(p))
+	}
+	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.store.GetPipe(r.Context(), r.PathValue("name"))
+	name, err := pipeName(r)
+	if err != nil {
+		return err
+	}
+	p, err := s.store.GetPipe(r.Context(), name)
 	if err != nil {
 		return err
 	}
@@ -313,11 +436,19 @@ func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
+	name, err := pipeName(r)
+	if err != nil {
+		return err
+	}
+	p, err := s.store.GetPipe(r.Context(), name)
+	if err != nil {
+		return err
+	}
 	if err := s.store.DeletePipe(r.Context(), name, s.clock.Now()); err != nil {
 		return err
 	}
 	s.log.Info("pipe deleted", "pipe", name)
+	setAudit(r, "pipe/"+name, pipeJSON(p), nil)
 	if _, err := s.compiler.compile(r.Context(), nil); err != nil {
 		return err
 	}
@@ -325,26 +456,37 @@ func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// RunPipeRequest is the body of POST /api/v1/pipes/{name}/run.
+// RunPipeRequest is the body of POST /api/v1/pipes/{name}/run: at most one
+// of agent and tags; neither runs the pipe on every agent it targets.
 type RunPipeRequest struct {
-	Agent string `json:"agent,omitempty"`
+	Agent string            `json:"agent,omitempty"`
+	Tags  map[string]string `json:"tags,omitempty"`
 }
 
-// RunPipeResponse lists where RunNow was sent.
+// RunPipeResponse lists where RunNow was sent. The runs the agents start
+// carry request_id (GET /api/v1/runs?request_id=...).
 type RunPipeResponse struct {
 	RequestID string   `json:"request_id"`
-	Sent      []string `json:"sent"`
-	Offline   []string `json:"offline"`
+	Sent      []string `json:"sent"`    // agents that got RunNow: expect a run from each
+	Offline   []string `json:"offline"` // targeted agents without a live stream: nothing was sent
 }
 
 func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
-	var req RunPipeRequest
-	if r.ContentLength != 0 {
-		if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
-			return err
-		}
+	name, err := pipeName(r)
+	if err != nil {
+		return err
 	}
-	p, err := s.store.GetPipe(r.Context(), r.PathValue("name"))
+	var req RunPipeRequest
+	if err := decodeOptionalJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	if req.Agent != "" && len(req.Tags) > 0 {
+		return newError(ErrInvalidRequest, "use agent or tags, not both", Detail{Field: "tags", Message: "not with agent"})
+	}
+	if d := checkTags("tags", req.Tags); len(d) > 0 {
+		return newError(ErrValidation, "invalid tags", d...)
+	}
+	p, err := s.store.GetPipe(r.Context(), name)
 	if err != nil {
 		return err
 	}
@@ -356,7 +498,7 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: p.Name, RequestId: resp.RequestID}}}
 	found := false
 	for _, a := range agents {
-		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !targets(p.Spec.Targets, a) {
+		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !targets(p.Spec.Targets, a) || !hasTags(a.Tags, req.Tags) {
 			continue
 		}
 		found = true
@@ -366,9 +508,13 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 			resp.Offline = append(resp.Offline, a.ID)
 		}
 	}
-	if req.Agent != "" && !found {
+	switch {
+	case req.Agent != "" && !found:
 		return newError(ErrNotFound, fmt.Sprintf("pipe %s does not run on agent %s", p.Name, req.Agent))
+	case len(req.Tags) > 0 && !found:
+		return newError(ErrNotFound, fmt.Sprintf("pipe %s runs on no agent with tags %s", p.Name, formatTags(req.Tags)))
 	}
+	setAudit(r, "pipe/"+p.Name, nil, resp)
 	return writeJSON(w, http.StatusAccepted, resp)
 }
 
@@ -411,7 +557,7 @@ type AgentJSON struct {
 	ManifestState  string            `json:"manifest_state,omitempty"`
 	ManifestError  string            `json:"manifest_error,omitempty"`
 	StatusAt       *time.Time        `json:"status_at,omitempty"`
-	Pipes          []PipeStatus      `json:"pipes"`
+	Pipes          []PipeStatus      `json:"pipes"` // per pipe: apply_error, next_fire_times
 }
 
 // ManifestInfo describes the manifest published to an agent.
@@ -435,25 +581,69 @@ func (s *Server) agentJSON(a *Agent) AgentJSON {
 	if pipes == nil {
 		pipes = []PipeStatus{}
 	}
-	return AgentJSON{
+	out := AgentJSON{
 		ID: a.ID, Name: a.Name, Hostname: a.Hostname, OS: a.OS, Arch: a.Arch, AgentVersion: a.AgentVersion, Tags: a.Tags,
 		CreatedAt: a.CreatedAt, CertExpiresAt: a.CertExpiresAt, Revoked: !a.RevokedAt.IsZero(), RevokedAt: optTime(a.RevokedAt),
-		Online: s.hub.online(a.ID) && s.clock.Now().Sub(a.LastSeenAt) < s.cfg.GRPC.OfflineAfter, LastSeenAt: optTime(a.LastSeenAt), Backend: a.Backend, Scope: a.Scope, SystemdVersion: a.SystemdVersion,
+		Online: s.isOnline(a), LastSeenAt: optTime(a.LastSeenAt), Backend: a.Backend, Scope: a.Scope, SystemdVersion: a.SystemdVersion,
 		AcceptedSerial: a.AcceptedSerial, AppliedSerial: a.AppliedSerial, ManifestState: a.ManifestState, ManifestError: a.ManifestError,
 		StatusAt: optTime(a.StatusAt), Pipes: pipes,
 	}
+	return out
+}
+
+// isOnline: the agent has a live stream and was heard from recently.
+func (s *Server) isOnline(a *Agent) bool {
+	return a.RevokedAt.IsZero() && s.hub.online(a.ID) && s.clock.Now().Sub(a.LastSeenAt) < s.cfg.GRPC.OfflineAfter
+}
+
+// AgentList is a page of agents, oldest first.
+type AgentList struct {
+	Agents     []AgentJSON `json:"agents"`
+	NextCursor string      `json:"next_cursor,omitempty"`
 }
 
 func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error {
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
+	sel, err := queryTags(r)
+	if err != nil {
+		return err
+	}
+	status := r.URL.Query().Get("status")
+	switch status {
+	case "", "online", "offline", "revoked":
+	default:
+		return newError(ErrInvalidRequest, "invalid status", Detail{Field: "status", Message: fmt.Sprintf("%q is not one of online, offline, revoked", status)})
+	}
 	as, err := s.store.ListAgents(r.Context())
 	if err != nil {
 		return err
 	}
-	out := make([]AgentJSON, 0, len(as))
+	kept := make([]AgentJSON, 0, len(as))
 	for _, a := range as {
-		out = append(out, s.agentJSON(a))
+		if !hasTags(a.Tags, sel) {
+			continue
+		}
+		aj := s.agentJSON(a)
+		if status != "" && agentState(&aj) != status {
+			continue
+		}
+		kept = append(kept, aj)
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"agents": out})
+	items, next := paginate(kept, func(a AgentJSON) string { return timeKey(a.CreatedAt) + "/" + a.ID }, pg)
+	return writeJSON(w, http.StatusOK, AgentList{Agents: items, NextCursor: next})
+}
+
+func agentState(a *AgentJSON) string {
+	switch {
+	case a.Revoked:
+		return "revoked"
+	case a.Online:
+		return "online"
+	}
+	return "offline"
 }
 
 func (s *Server) getAgentJSON(r *http.Request, id string) (*AgentJSON, error) {
@@ -471,7 +661,11 @@ func (s *Server) getAgentJSON(r *http.Request, id string) (*AgentJSON, error) {
 }
 
 func (s *Server) handleGetAgent(w http.ResponseWriter, r *http.Request) error {
-	out, err := s.getAgentJSON(r, r.PathValue("id"))
+	id, err := agentIDParam(r)
+	if err != nil {
+		return err
+	}
+	out, err := s.getAgentJSON(r, id)
 	if err != nil {
 		return err
 	}
@@ -484,7 +678,10 @@ type TagsRequest struct {
 }
 
 func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
+	id, err := agentIDParam(r)
+	if err != nil {
+		return err
+	}
 	var req TagsRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
@@ -495,23 +692,66 @@ func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
 	if req.Tags == nil {
 		req.Tags = map[string]string{}
 	}
+	before, err := s.getAgentJSON(r, id)
+	if err != nil {
+		return err
+	}
 	if err := s.store.SetAgentTags(r.Context(), id, req.Tags, s.clock.Now()); err != nil {
 		return err
 	}
 	if _, err := s.compiler.compile(r.Context(), []string{id}); err != nil {
 		return err
 	}
-	return s.handleGetAgent(w, r)
+	after, err := s.getAgentJSON(r, id)
+	if err != nil {
+		return err
+	}
+	setAudit(r, "agent/"+id, before, after)
+	return writeJSON(w, http.StatusOK, after)
 }
 
 func (s *Server) handleRevokeAgent(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
+	id, err := agentIDParam(r)
+	if err != nil {
+		return err
+	}
+	before, err := s.getAgentJSON(r, id)
+	if err != nil {
+		return err
+	}
 	if err := s.store.RevokeAgent(r.Context(), id, s.clock.Now()); err != nil {
 		return err
 	}
 	s.hub.close(id, errRevoked)
 	s.log.Info("agent revoked", "agent", id)
-	return s.handleGetAgent(w, r)
+	after, err := s.getAgentJSON(r, id)
+	if err != nil {
+		return err
+	}
+	setAudit(r, "agent/"+id, before, after)
+	return writeJSON(w, http.StatusOK, after)
+}
+
+// errDeleted ends the streams of a deleted agent.
+var errDeleted = newError(ErrAgentRevoked, "the agent was deleted")
+
+func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error {
+	id, err := agentIDParam(r)
+	if err != nil {
+		return err
+	}
+	before, err := s.getAgentJSON(r, id)
+	if err != nil {
+		return err
+	}
+	if err := s.store.DeleteAgent(r.Context(), id); err != nil {
+		return err
+	}
+	s.hub.close(id, errDeleted)
+	s.log.Info("agent deleted", "agent", id)
+	setAudit(r, "agent/"+id, before, nil)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // ---- runs
@@ -546,30 +786,52 @@ func runJSON(r *Run) RunJSON {
 		LogBytes: r.LogBytes, LogTruncated: r.LogTruncated, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
 }
 
+// RunList is a page of runs, newest first.
+type RunList struct {
+	Runs       []RunJSON `json:"runs"`
+	NextCursor string    `json:"next_cursor,omitempty"`
+}
+
 func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := RunFilter{Pipe: q.Get("pipe"), Agent: q.Get("agent"), Status: q.Get("status"), Limit: 100}
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 1000 {
-			return newError(ErrInvalidRequest, "invalid limit", Detail{Field: "limit", Message: "must be 1-1000"})
-		}
-		f.Limit = n
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
 	}
+	f := RunFilter{Pipe: q.Get("pipe"), Agent: q.Get("agent"), Status: q.Get("status"), RequestID: q.Get("request_id"), Limit: pg.limit + 1}
 	switch f.Status {
 	case "", StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped:
 	default:
-		return newError(ErrInvalidRequest, "invalid status", Detail{Field: "status", Message: "not a run status"})
+		return newError(ErrInvalidRequest, "invalid status", Detail{Field: "status", Message: "not a run status (pending, running, succeeded, failed, timed_out, canceled, skipped)"})
+	}
+	if f.Since, err = queryTime(r, "since"); err != nil {
+		return err
+	}
+	if f.Until, err = queryTime(r, "until"); err != nil {
+		return err
+	}
+	if pg.cursor != "" {
+		at, id, ok := strings.Cut(pg.cursor, "/")
+		n, err := strconv.ParseInt(at, 10, 64)
+		if !ok || err != nil || n <= 0 || id == "" {
+			return errBadCursor
+		}
+		f.BeforeAt, f.BeforeID = time.Unix(0, n).UTC(), id
 	}
 	runs, err := s.store.ListRuns(r.Context(), f)
 	if err != nil {
 		return err
 	}
-	out := make([]RunJSON, 0, len(runs))
-	for _, x := range runs {
-		out = append(out, runJSON(x))
+	out := RunList{Runs: make([]RunJSON, 0, len(runs))}
+	for i, x := range runs {
+		if i == pg.limit {
+			last := runs[i-1]
+			out.NextCursor = encodeCursor(timeKey(last.CreatedAt) + "/" + last.ID)
+			break
+		}
+		out.Runs = append(out.Runs, runJSON(x))
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"runs": out})
+	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) handleGetRun(w http.ResponseWriter, r *http.Request) error {
@@ -588,6 +850,24 @@ type LogChunkJSON struct {
 	Data   []byte    `json:"data"` // base64
 }
 
+// LogsJSON is the JSON form of a run's log.
+type LogsJSON struct {
+	RunID     string         `json:"run_id"`
+	Truncated bool           `json:"truncated"`
+	Chunks    []LogChunkJSON `json:"chunks"`
+}
+
+func chunkJSON(c *LogChunk) LogChunkJSON {
+	return LogChunkJSON{Seq: c.Seq, Stream: c.Stream, At: c.At, Data: c.Data}
+}
+
+// wantsJSON: the first media type the client accepts is application/json.
+func wantsJSON(r *http.Request) bool {
+	first, _, _ := strings.Cut(r.Header.Get("Accept"), ",")
+	mt, _, err := mime.ParseMediaType(strings.TrimSpace(first))
+	return err == nil && mt == "application/json"
+}
+
 // handleRunLogs returns the run's output as text/plain (chunks in order), or
 // as JSON chunks when the client accepts only application/json.
 func (s *Server) handleRunLogs(w http.ResponseWriter, r *http.Request) error {
@@ -600,12 +880,13 @@ func (s *Server) handleRunLogs(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("X-Drover-Log-Truncated", strconv.FormatBool(run.LogTruncated))
-	if r.Header.Get("Accept") == "application/json" {
-		out := make([]LogChunkJSON, 0, len(chunks))
+	w.Header().Set("Vary", "Accept")
+	if wantsJSON(r) {
+		out := LogsJSON{RunID: run.ID, Truncated: run.LogTruncated, Chunks: make([]LogChunkJSON, 0, len(chunks))}
 		for _, c := range chunks {
-			out = append(out, LogChunkJSON{Seq: c.Seq, Stream: c.Stream, At: c.At, Data: c.Data})
+			out.Chunks = append(out.Chunks, chunkJSON(c))
 		}
-		return writeJSON(w, http.StatusOK, map[string]any{"run_id": run.ID, "truncated": run.LogTruncated, "chunks": out})
+		return writeJSON(w, http.StatusOK, out)
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -631,9 +912,9 @@ type SecretRequest struct {
 }
 
 func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if !secretNameRE.MatchString(name) || strings.HasPrefix(name, "DROVER_") {
-		return newError(ErrValidation, "invalid secret name", Detail{Field: "name", Message: "use letters, digits and '_', not starting with a digit or DROVER_"})
+	name, err := secretName(r)
+	if err != nil {
+		return err
 	}
 	var req SecretRequest
 	if err := decodeJSON(w, r, maxSecretBytes*2+1024, &req); err != nil {
@@ -645,10 +926,19 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 	case len(*req.Value) > maxSecretBytes:
 		return newError(ErrValidation, "value is too long", Detail{Field: "value", Message: fmt.Sprintf("at most %d bytes", maxSecretBytes)})
 	}
+	before, err := s.secretInfo(r.Context(), name)
+	if err != nil {
+		return err
+	}
 	if err := s.store.PutSecret(r.Context(), name, s.sealer.seal(name, []byte(*req.Value)), s.clock.Now()); err != nil {
 		return err
 	}
 	s.log.Info("secret set", "secret", name)
+	after, err := s.secretInfo(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	setAudit(r, "secret/"+name, before, after)
 	if err := s.compiler.secretChanged(r.Context(), name); err != nil {
 		return err
 	}
@@ -656,20 +946,53 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// secretInfo describes a secret (never its value); nil when there is none.
+func (s *Server) secretInfo(ctx context.Context, name string) (*SecretInfo, error) {
+	list, err := s.store.ListSecrets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range list {
+		if list[i].Name == name {
+			return &list[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// SecretList is a page of secret names.
+type SecretList struct {
+	Secrets    []SecretInfo `json:"secrets"`
+	NextCursor string       `json:"next_cursor,omitempty"`
+}
+
 func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error {
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
 	list, err := s.store.ListSecrets(r.Context())
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"secrets": list})
+	items, next := paginate(list, func(si SecretInfo) string { return si.Name }, pg)
+	return writeJSON(w, http.StatusOK, SecretList{Secrets: items, NextCursor: next})
 }
 
 func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
+	name, err := secretName(r)
+	if err != nil {
+		return err
+	}
+	before, err := s.secretInfo(r.Context(), name)
+	if err != nil {
+		return err
+	}
 	if err := s.store.DeleteSecret(r.Context(), name); err != nil {
 		return err
 	}
 	s.log.Info("secret deleted", "secret", name)
+	setAudit(r, "secret/"+name, before, nil)
 	if err := s.compiler.secretChanged(r.Context(), name); err != nil {
 		return err
 	}
@@ -686,9 +1009,12 @@ type RotateResponse struct {
 }
 
 func (s *Server) handleRotateKeys(w http.ResponseWriter, r *http.Request) error {
+	signer, v := s.keys.signer()
+	before := RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}
 	resp, err := s.RotateKeys(r.Context())
 	if err != nil {
 		return err
 	}
+	setAudit(r, "keys", before, resp)
 	return writeJSON(w, http.StatusOK, resp)
 }

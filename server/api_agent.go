@@ -129,6 +129,8 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
+	setAuditActor(r, &principal{ID: "enrollment-token/" + tok.ID, Name: "enrollment token", Role: rolePublic})
+	setAudit(r, "agent/"+id, nil, map[string]any{"id": id, "name": name, "hostname": req.Hostname, "tags": tok.Tags, "cert_serial": serial})
 	if _, err := s.compiler.compile(r.Context(), []string{id}); err != nil {
 		return err
 	}
@@ -175,12 +177,14 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 		return err
 	}
 	s.log.Info("agent certificate renewed", "agent", agentID)
+	setAudit(r, "agent/"+agentID, map[string]any{"cert_serial": serialHex(r.TLS.PeerCertificates[0].SerialNumber)}, map[string]any{"next_cert_serial": serial, "cert_expires_at": notAfter})
 	return writeJSON(w, http.StatusOK, RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.pem), CertExpiresAt: notAfter})
 }
 
 func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agentID string) error {
 	m, err := s.store.GetManifest(r.Context(), agentID)
 	if err != nil {
+		s.metrics.manifestErr.Inc()
 		return err
 	}
 	etag := `"` + m.Digest + `"`
@@ -188,9 +192,11 @@ func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agen
 	h.Set("ETag", etag)
 	h.Set("Cache-Control", "no-cache")
 	if etagMatch(r.Header.Get("If-None-Match"), etag) {
+		s.metrics.manifest304.Inc()
 		w.WriteHeader(http.StatusNotModified)
 		return nil
 	}
+	s.metrics.manifest200.Inc()
 	h.Set("Content-Type", ManifestMediaType)
 	h.Set("Content-Length", strconv.Itoa(len(m.Envelope)))
 	h.Set("X-Drover-Manifest-Serial", strconv.FormatUint(m.Serial, 10))

@@ -100,3 +100,8 @@ func (c *cachedStore) SaveManifests(ctx context.Context, ms []*StoredManifest) e
 	defer c.invalidate(ids...)
 	return c.Store.SaveManifests(ctx, ms)
 }
+
+func (c *cachedStore) DeleteAgent(ctx context.Context, id string) error {
+	defer c.invalidate(id)
+	return c.Store.DeleteAgent(ctx, id)
+}

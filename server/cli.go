@@ -28,6 +28,9 @@ const usage = `Usage:
   drover-server [serve] [flags]          run the control plane (the default)
   drover-server keys rotate [flags]      add a new manifest signing key
   drover-server tokens create [flags]    print a new enrollment token
+  drover-server api-tokens create --name N --role viewer|operator|admin [--ttl D]
+                                         print a new API token (e.g. to recover
+                                         after admin.token was revoked)
   drover-server version
 
 Flags shared by every command:
@@ -44,7 +47,7 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
-		if (cmd == "keys" || cmd == "tokens") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		if (cmd == "keys" || cmd == "tokens" || cmd == "api-tokens") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 			cmd, args = cmd+" "+args[0], args[1:]
 		}
 	}
@@ -55,8 +58,14 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "", "")
 	httpAddr := fs.String("http-addr", "", "")
 	grpcAddr := fs.String("grpc-addr", "", "")
-	var ttl, name, format string
+	var ttl, name, format, roleName string
 	tags := tagFlag{}
+	if cmd == "api-tokens create" {
+		fs.StringVar(&ttl, "ttl", "", "token lifetime, e.g. 720h (default: no expiry)")
+		fs.StringVar(&name, "name", "", "who or what uses the token")
+		fs.StringVar(&roleName, "role", "", "viewer, operator or admin")
+		fs.StringVar(&format, "output", "token", "token (just the token) or json")
+	}
 	if cmd == "tokens create" {
 		fs.StringVar(&ttl, "ttl", "", "token lifetime, e.g. 1h (default from the config)")
 		fs.StringVar(&name, "name", "", "preset agent name")
@@ -101,6 +110,17 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 	case "tokens create":
 		var resp *TokenResponse
 		resp, err = CreateTokenOffline(ctx, cfg, TokenRequest{TTL: ttl, Name: name, Tags: tags})
+		if err == nil {
+			if format == "json" {
+				b, _ := json.MarshalIndent(resp, "", "  ")
+				fmt.Fprintln(stdout, string(b))
+			} else {
+				fmt.Fprintln(stdout, resp.Token)
+			}
+		}
+	case "api-tokens create":
+		var resp *APITokenCreated
+		resp, err = CreateAPITokenOffline(ctx, cfg, APITokenRequest{Name: name, Role: roleName, TTL: ttl})
 		if err == nil {
 			if format == "json" {
 				b, _ := json.MarshalIndent(resp, "", "  ")
@@ -192,7 +212,47 @@ func CreateTokenOffline(ctx context.Context, cfg Config, req TokenRequest) (*Tok
 		return nil, err
 	}
 	defer st.Close()
-	return createToken(ctx, st, cfg.Enrollment, CAPin(cert), time.Now(), req)
+	resp, err := createToken(ctx, st, cfg.Enrollment, CAPin(cert), time.Now(), req)
+	if err != nil {
+		return nil, err
+	}
+	t, err := st.GetToken(ctx, resp.ID)
+	if err != nil {
+		return nil, err
+	}
+	after := tokenJSON(t, time.Now())
+	return resp, st.AddAudit(ctx, localAudit("enrollment_tokens.create", "enrollment-token/"+resp.ID, after))
+}
+
+// localAudit is the audit entry of a command run on the server's host.
+func localAudit(action, target string, after any) *AuditEntry {
+	return &AuditEntry{At: time.Now(), ActorID: "local", ActorName: "drover-server (command line)", Role: roleAdmin.String(),
+		Action: action, Target: target, AfterDigest: digestOf(after), Source: "local"}
+}
+
+// CreateAPITokenOffline creates an API token directly in the data dir's
+// database, whether or not the server is running: the way back in when
+// admin.token was revoked and no admin token is at hand (whoever can run
+// it can read the data dir anyway).
+func CreateAPITokenOffline(ctx context.Context, cfg Config, req APITokenRequest) (*APITokenCreated, error) {
+	rl, ttl, err := checkAPITokenRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, "server.db")); err != nil {
+		return nil, fmt.Errorf("the data dir has no database (has the server started once?): %w", err)
+	}
+	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	token, t := newAPIToken(req.Name, rl, "local", time.Now(), ttl)
+	if err := st.CreateAPIToken(ctx, t); err != nil {
+		return nil, err
+	}
+	out := &APITokenCreated{APITokenJSON: apiTokenJSON(t), Token: token}
+	return out, st.AddAudit(ctx, localAudit("api_tokens.create", "api-token/"+t.ID, out.APITokenJSON))
 }
 
 // rotateCommand rotates in the data dir when no server runs on it, and asks

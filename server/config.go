@@ -49,6 +49,9 @@ type Config struct {
 	LogLevel string `yaml:"log_level"`
 	// LogFormat is text or json.
 	LogFormat string `yaml:"log_format"`
+	// MetricsPublic serves GET /metrics without authentication; otherwise
+	// it needs a viewer (or stronger) API token.
+	MetricsPublic bool `yaml:"metrics_public"`
 
 	HTTP       HTTPConfig       `yaml:"http"`
 	GRPC       GRPCConfig       `yaml:"grpc"`

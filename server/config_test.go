@@ -127,6 +127,24 @@ func TestCommandLine(t *testing.T) {
 	if ag.Tags["role"] != "web" {
 		t.Errorf("preset tags: %v", ag.Tags)
 	}
+	// api-tokens create too; the token works at once.
+	out, errOut, code = run("api-tokens", "create", "--data-dir", ts.cfg.DataDir, "--name", "rescue", "--role", "admin")
+	if code != 0 {
+		t.Fatalf("api-tokens create: %d %s", code, errOut)
+	}
+	var who WhoAmI
+	ts.as(strings.TrimSpace(out), 200, "GET", "/api/v1/whoami", nil, &who)
+	if who.Name != "rescue" || who.Role != "admin" {
+		t.Fatalf("whoami with a CLI token: %+v", who)
+	}
+	var al AuditList
+	ts.adminOK("GET", "/api/v1/audit?actor=local", nil, &al)
+	if len(al.Entries) != 2 || al.Entries[0].Action != "api_tokens.create" || al.Entries[1].Action != "enrollment_tokens.create" {
+		t.Fatalf("audit of CLI commands: %+v", al.Entries)
+	}
+	if _, errOut, code = run("api-tokens", "create", "--data-dir", ts.cfg.DataDir, "--name", "x", "--role", "root"); code != 1 || !strings.Contains(errOut, "role") {
+		t.Fatalf("api-tokens create with a bad role: %d %s", code, errOut)
+	}
 	// keys rotate goes through the running server's API.
 	out, errOut, code = run("keys", "rotate", "--data-dir", ts.cfg.DataDir, "--http-addr", ts.s.HTTPAddr())
 	if code != 0 || !strings.Contains(out, "key list version 2") {

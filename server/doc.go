@@ -14,8 +14,8 @@
 // then drains. Configuration is DefaultConfig, overlaid by the YAML file
 // (unknown fields refused), then by DROVER_<YAML_PATH> environment variables
 // (DROVER_DATA_DIR, DROVER_HTTP_ADDR, DROVER_GRPC_ADDR, DROVER_PUBLIC_URL,
-// DROVER_GRPC_PUBLIC_ADDR, DROVER_TLS_SANS=a,b, DROVER_RUNS_MAX_LOG_BYTES, ...),
-// then by the command-line flags.
+// DROVER_GRPC_PUBLIC_ADDR, DROVER_TLS_SANS=a,b, DROVER_RUNS_MAX_LOG_BYTES,
+// DROVER_METRICS_PUBLIC=true, ...), then by the command-line flags.
 //
 // # Data dir (default /var/lib/drover-server; mode 0700, files 0600 except ca.crt)
 //
@@ -29,7 +29,7 @@
 //	                      active one and its predecessor)
 //	keylist.dsse          the root-signed key list (DSSE, keylist payload type)
 //	secrets.key           the AES-256-GCM key for secret values (hex)
-//	admin.token           the admin bearer token (hex); read it to use the admin API
+//	admin.token           the bootstrap admin API token (hex), valid until revoked
 //	server.db             SQLite in WAL mode (+ -wal, -shm): every other piece of state
 //	server.lock           flock held by the running server
 //
@@ -51,7 +51,7 @@
 //
 // Codes: invalid_request 400, validation_failed 422, unauthenticated 401,
 // certificate_refused 401, invalid_token 401, token_expired 401, token_used
-// 401, agent_revoked 403, permission_denied 403, not_found 404,
+// 401, token_revoked 401, agent_revoked 403, permission_denied 403, not_found 404,
 // method_not_allowed 405, conflict 409, too_large 413,
 // unsupported_media_type 415, rate_limited 429, unavailable 503, internal
 // 500. Request bodies are JSON (Content-Type application/json or none),
@@ -90,32 +90,104 @@
 //	GET  /api/v1/agents/self/secrets      {"secrets":{"NAME":"value"}} for the names the
 //	     pipes of its current manifest reference (Cache-Control: no-store)
 //
-// Admin endpoints (Authorization: Bearer <admin.token>; authorize(r, action)
-// is the seam for roles):
+// # Operator API (Authorization: Bearer <API token>)
 //
-//	POST   /api/v1/enrollment-tokens  {"ttl":"1h","name","tags":{}} -> 201 {"id","token","expires_at"}
-//	PUT    /api/v1/pipes/{name}       {"spec":<manifest.Spec>,"bundle":"<base64>"} -> 201 created /
-//	       200 unchanged {"name","version","digest","created"}; bundle required with command,
-//	       refused with script (the script becomes the bundle); every problem is reported at once
-//	GET    /api/v1/pipes              {"pipes":[{"name","version","spec","payload","created_at","updated_at"}]}
-//	GET    /api/v1/pipes/{name}       the same plus "versions"
-//	DELETE /api/v1/pipes/{name}       204
-//	POST   /api/v1/pipes/{name}/run   {"agent":id?} -> 202 {"request_id","sent":[ids],"offline":[ids]}
-//	GET    /api/v1/agents             {"agents":[...]}; GET /api/v1/agents/{id} adds "manifest"
-//	PUT    /api/v1/agents/{id}/tags   {"tags":{}} -> the agent
-//	POST   /api/v1/agents/{id}/revoke -> the agent; its live streams close at once
-//	GET    /api/v1/runs?pipe=&agent=&status=&limit= (1-1000, default 100) -> {"runs":[...]}
-//	GET    /api/v1/runs/{id}          the run
-//	GET    /api/v1/runs/{id}/logs     text/plain, chunks in order (a truncated log ends with
-//	       the marker; X-Drover-Log-Truncated); with Accept: application/json
-//	       {"run_id","truncated","chunks":[{"seq","stream","at","data":<base64>}]}
-//	PUT    /api/v1/secrets/{name}     {"value"} -> 204 (values are write-only)
-//	GET    /api/v1/secrets            {"secrets":[{"name","created_at","updated_at"}]}
-//	       (setting or deleting a secret re-publishes the manifests that reference it,
-//	       with a higher serial, so that their agents apply again and fetch the value)
-//	DELETE /api/v1/secrets/{name}     204
-//	POST   /api/v1/keys/rotate        -> {"key_id","key_list_version"}
-//	GET    /healthz                   {"status":"ok"} (no authentication)
+// openapi.json (served at GET /api/v1/openapi.json, no authentication) is
+// the reference: every route with its parameters, bodies, answers, least
+// role (x-drover-role) and audit action (x-drover-audit-action). It is
+// generated from the route table in routes.go, which is also what the
+// router, the role check, the audit log and the role-matrix test read;
+// TestOpenAPI fails when the file is stale (regenerate it with
+// DROVER_UPDATE_OPENAPI=1 go test -run TestOpenAPI ./server).
+//
+// Tokens and roles (auth.go). API tokens are "drvt1.<id>.<secret>", created
+// by POST /api/v1/api-tokens {"name","role","ttl"?} (the answer is the only
+// place the token appears) or on the host by `drover-server api-tokens
+// create`; only sha256(secret) is stored. Roles: viewer reads (pipes,
+// agents, runs and logs, secret names, the audit log, metrics); operator
+// also applies, deletes and restores pipes, runs and cancels, sets and
+// deletes secrets; admin also manages API tokens, enrollment tokens and
+// agents (tags, revocation, deletion) and rotates the manifest key. The
+// bootstrap admin.token is the token with id "bootstrap": it is listed and
+// works until revoked (DELETE /api/v1/api-tokens/bootstrap; it stays
+// revoked across restarts). A missing or unknown token is 401
+// unauthenticated, an expired one 401 token_expired, a revoked one 401
+// token_revoked, a weaker role 403 permission_denied; none of them changes
+// anything.
+//
+// Audit (audit.go). Every successful call of a route with an action writes
+// one entry before the answer is sent: actor (token id and name; an agent
+// id for renewals; "enrollment-token/<id>" for enrollments; "local" for
+// the command line), action, target ("pipe/<name>", "agent/<id>",
+// "secret/<NAME>", "api-token/<id>", "enrollment-token/<id>", "run/<id>",
+// "keys"), time, client address, and the sha256 of the object's API JSON
+// before and after ("" for none; a secret's object is its name and times,
+// never its value). GET /api/v1/audit?actor=&action=&target=&since=&until=
+// lists them newest first.
+//
+// Conventions. Lists take ?limit= (1-1000, default 100) and ?cursor= and
+// answer {"<items>": [...], "next_cursor": "..."} (no next_cursor on the
+// last page). A 200 to a GET carries ETag "sha256:<hex of the body>";
+// If-None-Match answers 304. Path names are checked before any lookup
+// (a pipe name with "/", "%", a newline ... is a 400 naming it). PUT
+// /api/v1/pipes/{name} also takes one YAML spec document with
+// Content-Type application/yaml (errors then carry YAML lines). Dry-run
+// (POST .../dry-run, {"spec","bundle"} or {"delete": true}) stores nothing
+// and lists, per agent, whether the pipe would be added to, updated in or
+// removed from its manifest, with the changed entry fields. Live logs: GET
+// /api/v1/runs/{id}/logs/stream is text/event-stream ("chunk" events with
+// id = chunk seq, one "end" event with the run; Last-Event-ID resumes; see
+// sse.go). /metrics is Prometheus text (metrics.go): viewer role, or no
+// authentication with metrics_public: true.
+//
+// Routes (least role; audit action):
+//
+//	GET    /healthz                                         public
+//	GET    /metrics                                         viewer (public with metrics_public)
+//	GET    /api/v1/openapi.json                             public
+//	POST   /api/v1/agents/enroll                            public (enrollment token); agents.enroll
+//	POST   /api/v1/agents/self/renew                        agent; agents.renew
+//	GET    /api/v1/agents/self/{manifest,trust,secrets}     agent
+//	GET    /api/v1/agents/self/payloads/{digest}            agent
+//	GET    /api/v1/whoami                                   viewer
+//	GET    /api/v1/pipes?tag=k=v&agent=                     viewer
+//	GET    /api/v1/pipes/{name}                             viewer
+//	PUT    /api/v1/pipes/{name}                             operator; pipes.write
+//	DELETE /api/v1/pipes/{name}                             operator; pipes.delete
+//	GET    /api/v1/pipes/{name}/versions                    viewer
+//	GET    /api/v1/pipes/{name}/versions/{version}          viewer
+//	POST   /api/v1/pipes/{name}/versions/{version}/restore  operator; pipes.restore
+//	GET    /api/v1/pipes/{name}/schedule?count=&after=      viewer
+//	POST   /api/v1/pipes/{name}/dry-run                     viewer (stores nothing)
+//	POST   /api/v1/pipes/{name}/run {agent | tags}          operator; pipes.run
+//	GET    /api/v1/agents?tag=k=v&status=online|offline|revoked  viewer
+//	GET    /api/v1/agents/{id}                              viewer
+//	PUT    /api/v1/agents/{id}/tags                         admin; agents.tags
+//	POST   /api/v1/agents/{id}/revoke                       admin; agents.revoke
+//	DELETE /api/v1/agents/{id}                              admin; agents.delete
+//	GET    /api/v1/enrollment-tokens                        admin
+//	POST   /api/v1/enrollment-tokens                        admin; enrollment_tokens.create
+//	DELETE /api/v1/enrollment-tokens/{id}                   admin; enrollment_tokens.delete
+//	GET    /api/v1/api-tokens                               admin
+//	POST   /api/v1/api-tokens                               admin; api_tokens.create
+//	DELETE /api/v1/api-tokens/{id}                          admin; api_tokens.revoke
+//	GET    /api/v1/runs?pipe=&agent=&status=&request_id=&since=&until=  viewer
+//	GET    /api/v1/runs/{id}                                viewer
+//	GET    /api/v1/runs/{id}/logs                           viewer (text/plain, or JSON chunks)
+//	GET    /api/v1/runs/{id}/logs/stream                    viewer (Server-Sent Events)
+//	POST   /api/v1/runs/{id}/cancel                         operator; runs.cancel
+//	GET    /api/v1/secrets                                  viewer
+//	PUT    /api/v1/secrets/{name}                           operator; secrets.write
+//	DELETE /api/v1/secrets/{name}                           operator; secrets.delete
+//	GET    /api/v1/audit?actor=&action=&target=&since=&until=  viewer
+//	POST   /api/v1/keys/rotate                              admin; keys.rotate
+//
+// Setting or deleting a secret re-publishes the manifests that reference
+// it, with a higher serial, so that their agents apply again and fetch the
+// value. Run-now sends RunNow with one request_id to every selected agent
+// with a live stream ("sent"; the others are "offline"); the runs they
+// start carry it. Cancel sends CancelRun to the agent that reported the
+// run (409 when the run is over or that agent is not connected).
 //
 // # Manifests
 //

@@ -24,6 +24,7 @@ var (
 	ErrInvalidToken     = errors.New("invalid enrollment token")
 	ErrTokenExpired     = errors.New("enrollment token expired")
 	ErrTokenUsed        = errors.New("enrollment token already used")
+	ErrTokenRevoked     = errors.New("token revoked")
 	ErrNotFound         = errors.New("not found")
 	ErrMethodNotAllowed = errors.New("method not allowed")
 	ErrConflict         = errors.New("conflict")
@@ -52,6 +53,7 @@ var errorKinds = []errorKind{
 	{ErrInvalidToken, "invalid_token", http.StatusUnauthorized, codes.Unauthenticated},
 	{ErrTokenExpired, "token_expired", http.StatusUnauthorized, codes.Unauthenticated},
 	{ErrTokenUsed, "token_used", http.StatusUnauthorized, codes.Unauthenticated},
+	{ErrTokenRevoked, "token_revoked", http.StatusUnauthorized, codes.Unauthenticated},
 	{ErrAgentRevoked, "agent_revoked", http.StatusForbidden, codes.PermissionDenied},
 	{ErrPermissionDenied, "permission_denied", http.StatusForbidden, codes.PermissionDenied},
 	{ErrNotFound, "not_found", http.StatusNotFound, codes.NotFound},
@@ -101,14 +103,19 @@ func newError(kind error, msg string, details ...Detail) error {
 	return &apiError{kind: kind, msg: msg, details: details}
 }
 
-// errorBody is the JSON shape of every error response.
-type errorBody struct {
-	Error struct {
-		Code    string   `json:"code"`
-		Message string   `json:"message"`
-		Details []Detail `json:"details,omitempty"`
-	} `json:"error"`
+// ErrorBody is the JSON shape of every error response.
+type ErrorBody struct {
+	Error ErrorInfo `json:"error"`
 }
+
+// ErrorInfo is what an error response says.
+type ErrorInfo struct {
+	Code    string   `json:"code"`
+	Message string   `json:"message"`
+	Details []Detail `json:"details,omitempty"`
+}
+
+type errorBody = ErrorBody
 
 // publicError returns what a client may see of err: its kind, message and
 // details. Internal errors get a generic message; their text (which may

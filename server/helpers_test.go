@@ -231,6 +231,14 @@ func (ts *testServer) enrollAgent(tags map[string]string) *testAgent {
 	return a
 }
 
+// apiToken creates an API token with a role (and a ttl, if not empty).
+func (ts *testServer) apiToken(name, role, ttl string) (string, string) {
+	ts.t.Helper()
+	var out APITokenCreated
+	ts.adminOK("POST", "/api/v1/api-tokens", APITokenRequest{Name: name, Role: role, TTL: ttl}, &out)
+	return out.Token, out.ID
+}
+
 // ---- the test agent: an enrollment client, an mTLS HTTP client and a
 // stream client, built from crypto/x509, signing and proto only.
 
@@ -468,6 +476,7 @@ type testStream struct {
 	acked    uint64
 	syncs    []uint64
 	runNows  []*agentpb.RunNow
+	cancels  []string
 	ackCh    chan uint64
 	recvErr  error
 	recvDone chan struct{}
@@ -520,6 +529,8 @@ func (s *testStream) recv() {
 			s.syncs = append(s.syncs, b.SyncNow.GetSerial())
 		case *agentpb.ServerMessage_RunNow:
 			s.runNows = append(s.runNows, b.RunNow)
+		case *agentpb.ServerMessage_CancelRun:
+			s.cancels = append(s.cancels, b.CancelRun.GetRunId())
 		}
 		s.mu.Unlock()
 	}

@@ -31,60 +31,26 @@ func (s *Server) serve(h apiHandler) http.Handler {
 	})
 }
 
-// Admin actions, the seam for the role system of a later issue.
-const (
-	actTokensCreate = "tokens.create"
-	actPipesRead    = "pipes.read"
-	actPipesWrite   = "pipes.write"
-	actPipesRun     = "pipes.run"
-	actAgentsRead   = "agents.read"
-	actAgentsWrite  = "agents.write"
-	actRunsRead     = "runs.read"
-	actSecretsRead  = "secrets.read"
-	actSecretsWrite = "secrets.write"
-	actKeysRotate   = "keys.rotate"
-)
-
-// authorize decides whether the request may perform action. Today the admin
-// token may do everything; roles will refine this without touching handlers.
-func (s *Server) authorize(r *http.Request, action string) error {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
-		return newError(ErrUnauthenticated, "an Authorization: Bearer token is required")
-	}
-	if !s.admin.check(strings.TrimSpace(tok)) {
-		return newError(ErrUnauthenticated, "the bearer token is not valid")
-	}
-	_ = action
-	return nil
-}
-
-// adminOnly wraps an admin handler with authorize.
-func (s *Server) adminOnly(action string, h apiHandler) http.Handler {
-	return s.serve(func(w http.ResponseWriter, r *http.Request) error {
-		if err := s.authorize(r, action); err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="drover"`)
-			return err
-		}
-		return h(w, r)
-	})
-}
-
 // agentHandler is a handler for an authenticated agent.
 type agentHandler func(w http.ResponseWriter, r *http.Request, agentID string) error
 
 // agentOnly wraps a handler that needs an agent's client certificate.
 func (s *Server) agentOnly(h agentHandler) http.Handler {
 	return s.serve(func(w http.ResponseWriter, r *http.Request) error {
-		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.PeerCertificates) == 0 {
-			return newError(ErrUnauthenticated, "a client certificate issued by this server is required")
-		}
-		id, err := s.checkAgentCert(r.Context(), r.TLS.PeerCertificates[0])
+		id, err := s.requestAgent(r)
 		if err != nil {
 			return err
 		}
 		return h(w, r, id)
 	})
+}
+
+// requestAgent is the agent named by the request's verified client certificate.
+func (s *Server) requestAgent(r *http.Request) (string, error) {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.PeerCertificates) == 0 {
+		return "", newError(ErrUnauthenticated, "a client certificate issued by this server is required")
+	}
+	return s.checkAgentCert(r.Context(), r.TLS.PeerCertificates[0])
 }
 
 // checkAgentCert maps a verified client certificate to its agent, refusing
@@ -126,15 +92,24 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 			return newError(ErrUnsupportedMedia, "the body must be application/json")
 		}
 	}
+	body, err := readBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(body, v, "")
+}
+
+// readBody reads a request body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return newError(ErrTooLarge, fmt.Sprintf("the body is larger than %s", byteSize(limit)))
+		return nil, newError(ErrTooLarge, fmt.Sprintf("the body is larger than %s", byteSize(limit)))
 	}
 	if err != nil {
-		return newError(ErrInvalidRequest, "cannot read the body")
+		return nil, newError(ErrInvalidRequest, "cannot read the body")
 	}
-	return decodeStrict(body, v, "")
+	return body, nil
 }
 
 // decodeStrict decodes one JSON value strictly; field paths in errors are
@@ -159,6 +134,8 @@ func decodeStrict(body []byte, v any, at string) error {
 	switch {
 	case errors.Is(err, io.EOF):
 		return newError(ErrInvalidRequest, "the body is empty")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return newError(ErrInvalidRequest, "malformed JSON: the body ends in the middle of a value")
 	case errors.As(err, &te):
 		f := joinField(at, te.Field)
 		return newError(ErrInvalidRequest, "a field has the wrong type", Detail{Field: f, Message: "must be " + jsonTypeName(te.Type.Kind().String())})

@@ -3,7 +3,6 @@ package server
 import (
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -207,7 +206,8 @@ func loadOrCreateSecret(dir, name string) ([]byte, error) {
 	return key, nil
 }
 
-// adminAuth checks the admin bearer token. Only its hash is kept in memory.
+// adminAuth is the bootstrap admin token's hash (ensureBootstrapToken
+// stores it as the API token "bootstrap"). Only its hash is kept in memory.
 type adminAuth struct{ hash [32]byte }
 
 // loadOrCreateAdminToken reads admin.token, creating it on first start. The
@@ -228,9 +228,4 @@ func ReadAdminToken(dataDir string) (string, error) {
 		return "", fmt.Errorf("read admin token: %w", err)
 	}
 	return strings.TrimSpace(string(b)), nil
-}
-
-func (a *adminAuth) check(token string) bool {
-	h := sha256.Sum256([]byte(token))
-	return subtle.ConstantTimeCompare(h[:], a.hash[:]) == 1
 }

@@ -47,6 +47,7 @@ type Server struct {
 	ca         *ca
 	keys       *keyring
 	admin      *adminAuth
+	auth       *authenticator
 	sealer     *sealer
 	store      Store
 	compiler   *compiler
@@ -54,6 +55,12 @@ type Server struct {
 	ingest     *ingester
 	streams    *streamService
 	publicHost string
+
+	metrics        *metrics
+	metricsHandler http.Handler
+	logWatch       *logWatchers
+	logStreams     chan struct{} // bounds live log streams
+	quit           chan struct{} // closed when the server starts draining
 
 	enrollLimiter  *rateLimiter
 	enrollRequests atomic.Int64
@@ -82,7 +89,8 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 		clock = SystemClock()
 	}
 	s := &Server{cfg: cfg, log: logger, clock: clock, hub: newHub(),
-		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst)}
+		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
+		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, maxLogStreams), quit: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			s.release()
@@ -129,9 +137,16 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 		return nil, err
 	}
 	s.store = newCachedStore(st)
+	s.auth = newAuthenticator(s.store, clock)
+	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
+		return nil, err
+	}
 	s.compiler = &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
 	s.ingest = newIngester(st, cfg.Store.IngestBatch, IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes}, logger)
+	s.ingest.onCommit = s.afterCommit
 	s.streams = &streamService{s: s}
+	s.metrics = newMetrics(s)
+	s.metricsHandler = newMetricsHandler(s.metrics)
 	// Catch up with anything that changed while the server was down (a key
 	// rotation done offline, manifests that passed half their lifetime).
 	if n, err := s.compiler.compile(ctx, nil); err != nil {
@@ -205,36 +220,11 @@ func (s *Server) CAPin() string { return s.ca.pin }
 // CACertPEM is the CA certificate clients trust.
 func (s *Server) CACertPEM() []byte { return s.ca.pem }
 
-func (s *Server) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		_ = writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.Handle("POST /api/v1/agents/enroll", s.serve(s.handleEnroll))
-	mux.Handle("POST /api/v1/agents/self/renew", s.agentOnly(s.handleRenew))
-	mux.Handle("GET /api/v1/agents/self/manifest", s.agentOnly(s.handleSelfManifest))
-	mux.Handle("GET /api/v1/agents/self/trust", s.agentOnly(s.handleSelfTrust))
-	mux.Handle("GET /api/v1/agents/self/payloads/{digest}", s.agentOnly(s.handleSelfPayload))
-	mux.Handle("GET /api/v1/agents/self/secrets", s.agentOnly(s.handleSelfSecrets))
-
-	mux.Handle("POST /api/v1/enrollment-tokens", s.adminOnly(actTokensCreate, s.handleCreateToken))
-	mux.Handle("GET /api/v1/pipes", s.adminOnly(actPipesRead, s.handleListPipes))
-	mux.Handle("GET /api/v1/pipes/{name}", s.adminOnly(actPipesRead, s.handleGetPipe))
-	mux.Handle("PUT /api/v1/pipes/{name}", s.adminOnly(actPipesWrite, s.handlePutPipe))
-	mux.Handle("DELETE /api/v1/pipes/{name}", s.adminOnly(actPipesWrite, s.handleDeletePipe))
-	mux.Handle("POST /api/v1/pipes/{name}/run", s.adminOnly(actPipesRun, s.handleRunPipe))
-	mux.Handle("GET /api/v1/agents", s.adminOnly(actAgentsRead, s.handleListAgents))
-	mux.Handle("GET /api/v1/agents/{id}", s.adminOnly(actAgentsRead, s.handleGetAgent))
-	mux.Handle("PUT /api/v1/agents/{id}/tags", s.adminOnly(actAgentsWrite, s.handlePutTags))
-	mux.Handle("POST /api/v1/agents/{id}/revoke", s.adminOnly(actAgentsWrite, s.handleRevokeAgent))
-	mux.Handle("GET /api/v1/runs", s.adminOnly(actRunsRead, s.handleListRuns))
-	mux.Handle("GET /api/v1/runs/{id}", s.adminOnly(actRunsRead, s.handleGetRun))
-	mux.Handle("GET /api/v1/runs/{id}/logs", s.adminOnly(actRunsRead, s.handleRunLogs))
-	mux.Handle("GET /api/v1/secrets", s.adminOnly(actSecretsRead, s.handleListSecrets))
-	mux.Handle("PUT /api/v1/secrets/{name}", s.adminOnly(actSecretsWrite, s.handlePutSecret))
-	mux.Handle("DELETE /api/v1/secrets/{name}", s.adminOnly(actSecretsWrite, s.handleDeleteSecret))
-	mux.Handle("POST /api/v1/keys/rotate", s.adminOnly(actKeysRotate, s.handleRotateKeys))
-	return limitConcurrency(s.cfg.HTTP.MaxConcurrent, withErrorsAsJSON(mux))
+// afterCommit runs after a batch of agent records is committed: metrics,
+// and the live log streams of the runs it touched.
+func (s *Server) afterCommit(recs []*Record) {
+	s.metrics.committed(recs, s.clock.Now())
+	s.logWatch.notify(recs)
 }
 
 // published tells an agent's live stream that a new manifest is out.
@@ -302,6 +292,7 @@ func (s *Server) shutdown() {
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	s.log.Info("draining")
 	s.stopping.Store(true)
+	close(s.quit)
 	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.HTTP.ShutdownTimeout)
 	defer cancel()
 	grpcDone := make(chan struct{})

@@ -697,36 +697,7 @@ func scanRun(row interface{ Scan(...any) error }) (*Run, error) {
 }
 
 func (s *SQLiteStore) ListRuns(ctx context.Context, f RunFilter) ([]*Run, error) {
-	q := `SELECT ` + runColumns + ` FROM runs WHERE 1=1`
-	var args []any
-	if f.Pipe != "" {
-		q += ` AND pipe=?`
-		args = append(args, f.Pipe)
-	}
-	if f.Agent != "" {
-		q += ` AND agent_id=?`
-		args = append(args, f.Agent)
-	}
-	if f.Status != "" {
-		q += ` AND status=?`
-		args = append(args, f.Status)
-	}
-	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
-	args = append(args, f.Limit)
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list runs: %w", err)
-	}
-	defer rows.Close()
-	out := []*Run{}
-	for rows.Next() {
-		r, err := scanRun(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list runs: %w", err)
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return s.listRuns(ctx, f)
 }
 
 func (s *SQLiteStore) GetRun(ctx context.Context, id string) (*Run, error) {

@@ -23,6 +23,8 @@ type Store interface {
 	secretStore
 	runStore
 	ingestStore
+	authStore
+	auditStore
 	Close() error
 }
 
@@ -34,6 +36,9 @@ type tokenStore interface {
 	// transaction; it fails with ErrTokenUsed or ErrTokenExpired when the
 	// token can no longer be used at now.
 	EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *Agent) error
+	// ListTokens lists every token, newest first (secrets are only hashes).
+	ListTokens(ctx context.Context) ([]*EnrollmentToken, error)
+	DeleteToken(ctx context.Context, id string) error
 }
 
 // agentStore is used by the agent and admin APIs and by certificate checks.
@@ -49,6 +54,8 @@ type agentStore interface {
 	PromoteCert(ctx context.Context, id, serial string) error
 	SetAgentTags(ctx context.Context, id string, tags map[string]string, now time.Time) error
 	RevokeAgent(ctx context.Context, id string, now time.Time) error
+	// DeleteAgent removes the agent and its manifest (its runs stay).
+	DeleteAgent(ctx context.Context, id string) error
 }
 
 // pipeStore is used by the pipe API and the compiler.
@@ -62,6 +69,11 @@ type pipeStore interface {
 	ListPipeVersions(ctx context.Context, name string) ([]*PipeVersion, error)
 	DeletePipe(ctx context.Context, name string, now time.Time) error
 	GetPayload(ctx context.Context, digest string) ([]byte, error)
+	// GetPipeVersion returns one version of a pipe, deleted or not.
+	GetPipeVersion(ctx context.Context, name string, version uint64) (*PipeVersion, error)
+	// PipeState returns a pipe's current version and whether it is
+	// deleted; ErrNotFound when it never existed.
+	PipeState(ctx context.Context, name string) (current uint64, deleted bool, err error)
 }
 
 // manifestStore is used by the compiler and the manifest endpoint.
@@ -91,7 +103,36 @@ type runStore interface {
 	ListRuns(ctx context.Context, f RunFilter) ([]*Run, error)
 	GetRun(ctx context.Context, id string) (*Run, error)
 	GetLogs(ctx context.Context, runID string) ([]*LogChunk, error)
+	// GetLogsAfter returns up to limit chunks with seq > after (after -1:
+	// from the first), in seq order.
+	GetLogsAfter(ctx context.Context, runID string, after int64, limit int) ([]*LogChunk, error)
+	// CountLogChunks counts the chunks stored for a run.
+	CountLogChunks(ctx context.Context, runID string) (uint64, error)
+	// RunCounts counts stored runs by status.
+	RunCounts(ctx context.Context) (map[string]int, error)
 	PruneRuns(ctx context.Context, before time.Time, perPipe int) (int, error)
+}
+
+// authStore is used by API-token authentication and the api-tokens API.
+type authStore interface {
+	CreateAPIToken(ctx context.Context, t *APIToken) error
+	// EnsureAPIToken inserts t unless a token with its id exists; an
+	// existing token that is not revoked takes t's secret hash.
+	EnsureAPIToken(ctx context.Context, t *APIToken) error
+	GetAPIToken(ctx context.Context, id string) (*APIToken, error)
+	// ListAPITokens lists every token, oldest first.
+	ListAPITokens(ctx context.Context) ([]*APIToken, error)
+	// RevokeAPIToken revokes a token (a revoked one stays revoked, with its
+	// first revocation time); ErrNotFound for an unknown id.
+	RevokeAPIToken(ctx context.Context, id string, now time.Time) error
+	TouchAPIToken(ctx context.Context, id string, now time.Time) error
+}
+
+// auditStore is used by the audit log.
+type auditStore interface {
+	AddAudit(ctx context.Context, e *AuditEntry) error
+	// ListAudit lists entries newest first.
+	ListAudit(ctx context.Context, f AuditFilter) ([]*AuditEntry, error)
 }
 
 // ingestStore is used by the stream ingester.
@@ -228,12 +269,58 @@ type Run struct {
 	UpdatedAt    time.Time
 }
 
-// RunFilter selects runs; empty fields match everything.
+// RunFilter selects runs; empty fields match everything. Runs are listed
+// newest first (created_at, then id, descending); a cursor continues after
+// the run (BeforeAt, BeforeID).
 type RunFilter struct {
-	Pipe   string
-	Agent  string
-	Status string
-	Limit  int
+	Pipe      string
+	Agent     string
+	Status    string
+	RequestID string
+	Since     time.Time // created at or after
+	Until     time.Time // created before
+	BeforeAt  time.Time
+	BeforeID  string
+	Limit     int
+}
+
+// APIToken is an operator API token: only a hash of its secret is stored.
+type APIToken struct {
+	ID         string
+	Name       string
+	Role       string
+	SecretHash []byte
+	CreatedAt  time.Time
+	CreatedBy  string
+	ExpiresAt  time.Time // zero: never
+	LastUsedAt time.Time
+	RevokedAt  time.Time
+}
+
+// AuditEntry is one line of the audit log.
+type AuditEntry struct {
+	ID           int64
+	At           time.Time
+	ActorID      string
+	ActorName    string
+	Role         string
+	Action       string
+	Target       string
+	BeforeDigest string
+	AfterDigest  string
+	Source       string
+}
+
+// AuditFilter selects audit entries; empty fields match everything.
+// Actor matches the actor's id or name.
+type AuditFilter struct {
+	Actor    string
+	Action   string
+	Target   string
+	Since    time.Time
+	Until    time.Time
+	BeforeID int64 // cursor: entries with a smaller id
+	Limit    int
 }
 
 // LogChunk is one numbered piece of a run's output.

@@ -49,6 +49,8 @@ type ingester struct {
 	log   *slog.Logger
 	quit  chan struct{}
 	done  chan struct{}
+	// onCommit, if set, is called with every committed batch.
+	onCommit func([]*Record)
 }
 
 func newIngester(store ingestStore, batch int, lim IngestLimits, log *slog.Logger) *ingester {
@@ -107,6 +109,8 @@ func (g *ingester) commit(items []ingestItem) {
 		// Nothing of the batch is acknowledged; the streams are closed so
 		// that their agents reconnect and replay.
 		g.log.Error("committing agent records failed", "records", len(recs), "err", err)
+	} else if g.onCommit != nil {
+		g.onCommit(recs)
 	}
 	for _, it := range items {
 		if err != nil {
@@ -259,6 +263,7 @@ func (g *streamService) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStr
 		rec, verr := s.toRecord(conn.agentID, msg, now)
 		if verr != nil {
 			log.Warn("refused an invalid record", "seq", seq, "err", verr)
+			s.metrics.records.WithLabelValues("invalid").Inc()
 			rec = nil
 		}
 		conn.inflight.Add(1)

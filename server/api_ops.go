@@ -1,0 +1,734 @@
+package server
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
+)
+
+// The operator API added on top of the control plane's first admin API:
+// path checks, tokens, pipe history, schedule preview, dry-run, cancel.
+
+// ---- path and query parameters
+
+// pipeName is the {name} of a pipe route, checked: a bad name is a 400
+// naming the problem, never a lookup.
+func pipeName(r *http.Request) (string, error) {
+	name := r.PathValue("name")
+	if !manifest.ValidName(name) {
+		return "", newError(ErrInvalidRequest, "invalid pipe name "+quoteName(name)+" in the path",
+			Detail{Field: "name", Message: "use 1-63 lowercase letters, digits and '-', starting with a letter or digit"})
+	}
+	return name, nil
+}
+
+func secretName(r *http.Request) (string, error) {
+	name := r.PathValue("name")
+	if !secretNameRE.MatchString(name) || strings.HasPrefix(name, "DROVER_") {
+		return "", newError(ErrInvalidRequest, "invalid secret name "+quoteName(name)+" in the path",
+			Detail{Field: "name", Message: "use 1-128 letters, digits and '_', not starting with a digit or DROVER_"})
+	}
+	return name, nil
+}
+
+// agentIDParam is the {id} of an agent route, checked.
+func agentIDParam(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if !manifest.ValidAgentID(id) {
+		return "", newError(ErrInvalidRequest, "invalid agent id "+quoteName(id)+" in the path",
+			Detail{Field: "id", Message: "an agent id such as agt-..."})
+	}
+	return id, nil
+}
+
+// tokenIDParam is the {id} of an enrollment-token or API-token route.
+func tokenIDParam(r *http.Request, api bool) (string, error) {
+	id := r.PathValue("id")
+	if tokenIDRE.MatchString(id) || (api && id == bootstrapTokenID) {
+		return id, nil
+	}
+	return "", newError(ErrInvalidRequest, "invalid token id "+quoteName(id)+" in the path",
+		Detail{Field: "id", Message: "16 lowercase letters and digits 2-7, as listed"})
+}
+
+// decodeOptionalJSON decodes a JSON body like decodeJSON; an empty body
+// leaves v as it is.
+func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	body, err := readBody(w, r, limit)
+	if err != nil || len(bytes.TrimSpace(body)) == 0 {
+		return err
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return newError(ErrUnsupportedMedia, "the body must be application/json")
+		}
+	}
+	return decodeStrict(body, v, "")
+}
+
+// quoteName quotes a name from a request for a message: escaped, and cut
+// at 80 bytes.
+func quoteName(s string) string {
+	if len(s) > 80 {
+		s = s[:80] + "..."
+	}
+	return strconv.QuoteToASCII(s)
+}
+
+// queryTags parses repeated ?tag=key=value parameters.
+func queryTags(r *http.Request) (map[string]string, error) {
+	vals := r.URL.Query()["tag"]
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	sel := map[string]string{}
+	for _, kv := range vals {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !manifest.ValidTagKey(k) || !manifest.ValidTagValue(v) {
+			return nil, newError(ErrInvalidRequest, "invalid tag filter", Detail{Field: "tag", Message: fmt.Sprintf("%s is not key=value with a valid key and value", quoteName(kv))})
+		}
+		sel[k] = v
+	}
+	return sel, nil
+}
+
+// hasTags reports whether have holds every tag of want (an empty want
+// matches everything).
+func hasTags(have, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := have[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func formatTags(tags map[string]string) string {
+	keys := make([]string, 0, len(tags))
+	for k, v := range tags {
+		keys = append(keys, k+"="+v)
+	}
+	sort.Strings(keys)
+	return strings.Join(keys, ",")
+}
+
+// ---- health, whoami, OpenAPI
+
+// HealthJSON is the answer of GET /healthz.
+type HealthJSON struct {
+	Status string `json:"status"`
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, http.StatusOK, HealthJSON{Status: "ok"})
+}
+
+// WhoAmI describes the calling token.
+type WhoAmI struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	Role string `json:"role"`
+}
+
+func (s *Server) handleWhoAmI(w http.ResponseWriter, r *http.Request) error {
+	p := principalOf(r)
+	return writeJSON(w, http.StatusOK, WhoAmI{ID: p.ID, Name: p.Name, Role: p.Role.String()})
+}
+
+// openAPIDoc is the API's OpenAPI document, generated from the route table
+// (openapi_test.go keeps it current: DROVER_UPDATE_OPENAPI=1 go test -run TestOpenAPI ./server).
+//
+//go:embed openapi.json
+var openAPIDoc []byte
+
+func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(openAPIDoc)
+	return nil
+}
+
+// ---- enrollment tokens
+
+// EnrollmentTokenJSON is an enrollment token as listed: never its secret.
+type EnrollmentTokenJSON struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name,omitempty"`
+	Tags      map[string]string `json:"tags"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	UsedAt    *time.Time        `json:"used_at,omitempty"`
+	AgentID   string            `json:"agent_id,omitempty"`
+	State     string            `json:"state"` // valid, used or expired
+}
+
+// EnrollmentTokenList is a page of enrollment tokens, newest first.
+type EnrollmentTokenList struct {
+	Tokens     []EnrollmentTokenJSON `json:"tokens"`
+	NextCursor string                `json:"next_cursor,omitempty"`
+}
+
+func tokenJSON(t *EnrollmentToken, now time.Time) EnrollmentTokenJSON {
+	out := EnrollmentTokenJSON{ID: t.ID, Name: t.Name, Tags: t.Tags, CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, UsedAt: optTime(t.UsedAt), AgentID: t.AgentID, State: "valid"}
+	if out.Tags == nil {
+		out.Tags = map[string]string{}
+	}
+	switch {
+	case !t.UsedAt.IsZero():
+		out.State = "used"
+	case !now.Before(t.ExpiresAt):
+		out.State = "expired"
+	}
+	return out
+}
+
+func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) error {
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
+	list, err := s.store.ListTokens(r.Context())
+	if err != nil {
+		return err
+	}
+	items, next := paginate(list, func(t *EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID }, pg)
+	out := EnrollmentTokenList{Tokens: make([]EnrollmentTokenJSON, 0, len(items)), NextCursor: next}
+	for _, t := range items {
+		out.Tokens = append(out.Tokens, tokenJSON(t, s.clock.Now()))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error {
+	id, err := tokenIDParam(r, false)
+	if err != nil {
+		return err
+	}
+	t, err := s.store.GetToken(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if err := s.store.DeleteToken(r.Context(), id); err != nil {
+		return err
+	}
+	setAudit(r, "enrollment-token/"+id, tokenJSON(t, s.clock.Now()), nil)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// ---- API tokens
+
+// APITokenRequest is the body of POST /api/v1/api-tokens.
+type APITokenRequest struct {
+	Name string `json:"name"`
+	Role string `json:"role"`          // viewer, operator or admin
+	TTL  string `json:"ttl,omitempty"` // e.g. 720h; empty: the token does not expire
+}
+
+// APITokenJSON is an API token as listed: never its secret.
+type APITokenJSON struct {
+	ID         string     `json:"id"`
+	Name       string     `json:"name"`
+	Role       string     `json:"role"`
+	CreatedAt  time.Time  `json:"created_at"`
+	CreatedBy  string     `json:"created_by,omitempty"`
+	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
+	RevokedAt  *time.Time `json:"revoked_at,omitempty"`
+}
+
+// APITokenCreated is the answer of POST /api/v1/api-tokens: the token is
+// shown here and never again.
+type APITokenCreated struct {
+	APITokenJSON
+	Token string `json:"token"`
+}
+
+// APITokenList is a page of API tokens, oldest first.
+type APITokenList struct {
+	Tokens     []APITokenJSON `json:"tokens"`
+	NextCursor string         `json:"next_cursor,omitempty"`
+}
+
+func apiTokenJSON(t *APIToken) APITokenJSON {
+	out := APITokenJSON{ID: t.ID, Name: t.Name, Role: t.Role, CreatedAt: t.CreatedAt, CreatedBy: t.CreatedBy,
+		ExpiresAt: optTime(t.ExpiresAt), LastUsedAt: optTime(t.LastUsedAt), RevokedAt: optTime(t.RevokedAt)}
+	return out
+}
+
+// maxAPITokenTTL bounds an API token's lifetime when one is asked for.
+const maxAPITokenTTL = 10 * 365 * 24 * time.Hour
+
+// checkAPITokenRequest validates a token request: every problem at once.
+func checkAPITokenRequest(req APITokenRequest) (role, time.Duration, error) {
+	var details []Detail
+	switch {
+	case req.Name == "":
+		details = append(details, Detail{Field: "name", Message: "required"})
+	case len(req.Name) > 128 || strings.ContainsFunc(req.Name, func(c rune) bool { return !unicode.IsPrint(c) }):
+		details = append(details, Detail{Field: "name", Message: "at most 128 printable characters"})
+	}
+	rl, ok := parseRole(req.Role)
+	if !ok {
+		details = append(details, Detail{Field: "role", Message: fmt.Sprintf("%s is not one of viewer, operator, admin", quoteName(req.Role))})
+	}
+	var ttl time.Duration
+	if req.TTL != "" {
+		d, err := time.ParseDuration(req.TTL)
+		switch {
+		case err != nil:
+			details = append(details, Detail{Field: "ttl", Message: fmt.Sprintf("%s is not a duration (e.g. 720h)", quoteName(req.TTL))})
+		case d < time.Minute || d > maxAPITokenTTL:
+			details = append(details, Detail{Field: "ttl", Message: "must be between 1m and 87600h"})
+		default:
+			ttl = d
+		}
+	}
+	if len(details) > 0 {
+		return 0, 0, newError(ErrValidation, "the token request has invalid fields", details...)
+	}
+	return rl, ttl, nil
+}
+
+func (s *Server) handleCreateAPIToken(w http.ResponseWriter, r *http.Request) error {
+	var req APITokenRequest
+	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
+		return err
+	}
+	rl, ttl, err := checkAPITokenRequest(req)
+	if err != nil {
+		return err
+	}
+	p := principalOf(r)
+	token, t := newAPIToken(req.Name, rl, p.ID, s.clock.Now(), ttl)
+	if err := s.store.CreateAPIToken(r.Context(), t); err != nil {
+		return err
+	}
+	s.log.Info("api token created", "token_id", t.ID, "role", t.Role, "by", p.ID)
+	out := APITokenCreated{APITokenJSON: apiTokenJSON(t), Token: token}
+	setAudit(r, "api-token/"+t.ID, nil, out.APITokenJSON)
+	return writeJSON(w, http.StatusCreated, out)
+}
+
+func (s *Server) handleListAPITokens(w http.ResponseWriter, r *http.Request) error {
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
+	list, err := s.store.ListAPITokens(r.Context())
+	if err != nil {
+		return err
+	}
+	items, next := paginate(list, func(t *APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID }, pg)
+	out := APITokenList{Tokens: make([]APITokenJSON, 0, len(items)), NextCursor: next}
+	for _, t := range items {
+		out.Tokens = append(out.Tokens, apiTokenJSON(t))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) error {
+	id, err := tokenIDParam(r, true)
+	if err != nil {
+		return err
+	}
+	before, err := s.store.GetAPIToken(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if err := s.store.RevokeAPIToken(r.Context(), id, s.clock.Now()); err != nil {
+		return err
+	}
+	after, err := s.store.GetAPIToken(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	s.log.Info("api token revoked", "token_id", id, "by", principalOf(r).ID)
+	setAudit(r, "api-token/"+id, apiTokenJSON(before), apiTokenJSON(after))
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// ---- pipe history
+
+// PipeVersionJSON is one version of a pipe.
+type PipeVersionJSON struct {
+	Name      string           `json:"name"`
+	Version   uint64           `json:"version"`
+	Spec      manifest.Spec    `json:"spec"`
+	Payload   manifest.Payload `json:"payload"`
+	CreatedAt time.Time        `json:"created_at"`
+	Current   bool             `json:"current"` // the version in force (false for every version of a deleted pipe)
+}
+
+// PipeVersionList is a page of a pipe's versions, newest first.
+type PipeVersionList struct {
+	Name       string            `json:"name"`
+	Deleted    bool              `json:"deleted"`
+	Versions   []PipeVersionJSON `json:"versions"`
+	NextCursor string            `json:"next_cursor,omitempty"`
+}
+
+func pipeVersionJSON(v *PipeVersion, current uint64, deleted bool) PipeVersionJSON {
+	return PipeVersionJSON{Name: v.Name, Version: v.Version, Spec: v.Spec, Payload: manifest.Payload{Digest: v.PayloadDigest, Size: v.PayloadSize},
+		CreatedAt: v.CreatedAt, Current: !deleted && v.Version == current}
+}
+
+func (s *Server) handleListPipeVersions(w http.ResponseWriter, r *http.Request) error {
+	name, err := pipeName(r)
+	if err != nil {
+		return err
+	}
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
+	cur, deleted, err := s.store.PipeState(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	vs, err := s.store.ListPipeVersions(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	// Newest first: the key sorts descending versions ascending.
+	items, next := paginate(vs, func(v *PipeVersion) string { return fmt.Sprintf("%020d", ^v.Version) }, pg)
+	out := PipeVersionList{Name: name, Deleted: deleted, Versions: make([]PipeVersionJSON, 0, len(items)), NextCursor: next}
+	for _, v := range items {
+		out.Versions = append(out.Versions, pipeVersionJSON(v, cur, deleted))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// pipeVersion reads the {name} and {version} of a route and the version.
+func (s *Server) pipeVersion(r *http.Request) (*PipeVersion, uint64, bool, error) {
+	name, err := pipeName(r)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	n, err := strconv.ParseUint(r.PathValue("version"), 10, 64)
+	if err != nil || n == 0 {
+		return nil, 0, false, newError(ErrInvalidRequest, "invalid version "+quoteName(r.PathValue("version"))+" in the path",
+			Detail{Field: "version", Message: "a version number: 1, 2, ..."})
+	}
+	cur, deleted, err := s.store.PipeState(r.Context(), name)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	v, err := s.store.GetPipeVersion(r.Context(), name, n)
+	if err != nil {
+		return nil, 0, false, err
+	}
+	return v, cur, deleted, nil
+}
+
+func (s *Server) handleGetPipeVersion(w http.ResponseWriter, r *http.Request) error {
+	v, cur, deleted, err := s.pipeVersion(r)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, pipeVersionJSON(v, cur, deleted))
+}
+
+// handleRestorePipeVersion stores an old version's spec and payload as a
+// new version (a deleted pipe comes back).
+func (s *Server) handleRestorePipeVersion(w http.ResponseWriter, r *http.Request) error {
+	v, _, _, err := s.pipeVersion(r)
+	if err != nil {
+		return err
+	}
+	bundle, err := s.store.GetPayload(r.Context(), v.PayloadDigest)
+	if err != nil {
+		return err
+	}
+	pv := &PipeVersion{Name: v.Name, Spec: v.Spec, SpecJSON: v.SpecJSON, PayloadDigest: v.PayloadDigest, PayloadSize: v.PayloadSize}
+	s.log.Info("pipe version restored", "pipe", v.Name, "from_version", v.Version)
+	return s.storePipe(w, r, pv, bundle)
+}
+
+// ---- schedule preview
+
+// SchedulePreview lists a pipe's next fire times, in its time zone.
+type SchedulePreview struct {
+	Pipe      string      `json:"pipe"`
+	Schedule  string      `json:"schedule"`
+	Timezone  string      `json:"timezone"`
+	After     time.Time   `json:"after"`
+	Enabled   bool        `json:"enabled"`
+	Every     string      `json:"every,omitempty"` // for @every: fire times count from after, as from a timer's activation
+	FireTimes []time.Time `json:"fire_times"`
+}
+
+func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) error {
+	name, err := pipeName(r)
+	if err != nil {
+		return err
+	}
+	count := 10
+	if c := r.URL.Query().Get("count"); c != "" {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 || n > 100 {
+			return newError(ErrInvalidRequest, "invalid count", Detail{Field: "count", Message: "must be 1-100"})
+		}
+		count = n
+	}
+	after, err := queryTime(r, "after")
+	if err != nil {
+		return err
+	}
+	if after.IsZero() {
+		after = s.clock.Now()
+	}
+	p, err := s.store.GetPipe(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	sched, err := manifest.ParseSchedule(p.Spec.Schedule)
+	if err != nil {
+		return fmt.Errorf("stored schedule of %s: %w", name, err) // validated on PUT
+	}
+	tz := p.Spec.Timezone
+	if tz == "" {
+		tz = manifest.DefaultTimezone
+	}
+	loc, err := manifest.LoadLocation(tz)
+	if err != nil {
+		return fmt.Errorf("stored time zone of %s: %w", name, err)
+	}
+	out := SchedulePreview{Pipe: name, Schedule: p.Spec.Schedule, Timezone: tz, After: after.In(loc), Enabled: p.Spec.IsEnabled(), FireTimes: make([]time.Time, 0, count)}
+	if every, ok := sched.Every(); ok {
+		out.Every = manifest.Duration(every).String()
+	}
+	t := after
+	for range count {
+		t = sched.Next(t, loc)
+		if t.IsZero() {
+			break
+		}
+		out.FireTimes = append(out.FireTimes, t.In(loc))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// ---- dry-run
+
+// DryRunRequest is the body of POST /api/v1/pipes/{name}/dry-run: the body
+// of a PUT, or {"delete": true}.
+type DryRunRequest struct {
+	Spec   json.RawMessage `json:"spec,omitempty"`
+	Bundle *string         `json:"bundle,omitempty"`
+	Delete bool            `json:"delete,omitempty"`
+}
+
+// DryRunResponse says what a change would do. Action is create, update,
+// unchanged or delete (or absent: deleting a pipe that does not exist is a
+// 404); Version and Digest are those the pipe would have.
+type DryRunResponse struct {
+	Name    string        `json:"name"`
+	Action  string        `json:"action"`
+	Version uint64        `json:"version,omitempty"`
+	Digest  string        `json:"digest,omitempty"`
+	Agents  []AgentChange `json:"agents"`
+}
+
+// AgentChange is how a change reaches one agent's manifest: the pipe is
+// added to it, updated in it or removed from it. Diff lists the manifest
+// entry's changed fields, "- field: old" and "+ field: new" lines.
+type AgentChange struct {
+	ID       string `json:"id"`
+	Name     string `json:"name,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
+	Action   string `json:"action"` // add, update or remove
+	Diff     string `json:"diff,omitempty"`
+}
+
+func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
+	name, err := pipeName(r)
+	if err != nil {
+		return err
+	}
+	var req DryRunRequest
+	if err := decodeJSON(w, r, s.pipeBodyLimit(), &req); err != nil {
+		return err
+	}
+	var cur *Pipe
+	if p, err := s.store.GetPipe(r.Context(), name); err == nil {
+		cur = p
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	out := DryRunResponse{Name: name, Agents: []AgentChange{}}
+	var next *PipeVersion
+	switch {
+	case req.Delete:
+		if req.Spec != nil || req.Bundle != nil {
+			return newError(ErrInvalidRequest, "delete takes no spec or bundle", Detail{Field: "delete", Message: "not with spec or bundle"})
+		}
+		if cur == nil {
+			return newError(ErrNotFound, "pipe not found")
+		}
+		out.Action = "delete"
+	default:
+		pv, _, err := s.preparePipe(name, req.Spec, req.Bundle)
+		if err != nil {
+			return err
+		}
+		next = pv
+		out.Digest = pv.PayloadDigest
+		switch {
+		case cur != nil && string(cur.SpecJSON) == string(pv.SpecJSON) && cur.PayloadDigest == pv.PayloadDigest:
+			out.Action, out.Version = "unchanged", cur.Version
+			return writeJSON(w, http.StatusOK, out)
+		case cur != nil:
+			out.Action, next.Version = "update", cur.Version+1
+		default:
+			out.Action, next.Version = "create", 1
+			if v, _, err := s.store.PipeState(r.Context(), name); err == nil {
+				next.Version = v + 1 // a deleted pipe's versions go on
+			} else if !errors.Is(err, ErrNotFound) {
+				return err
+			}
+		}
+		out.Version = next.Version
+	}
+	var oldEntry, newEntry []byte
+	if cur != nil {
+		e, err := newPipeEntry(&cur.PipeVersion)
+		if err != nil {
+			return err
+		}
+		oldEntry = e.json
+	}
+	if next != nil {
+		e, err := newPipeEntry(next)
+		if err != nil {
+			return err
+		}
+		newEntry = e.json
+	}
+	agents, err := s.store.ListAgents(r.Context())
+	if err != nil {
+		return err
+	}
+	for _, a := range agents {
+		if !a.RevokedAt.IsZero() {
+			continue
+		}
+		was := cur != nil && targets(cur.Spec.Targets, a)
+		will := next != nil && targets(next.Spec.Targets, a)
+		c := AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname}
+		switch {
+		case was && !will:
+			c.Action, c.Diff = "remove", entryDiff(oldEntry, nil)
+		case !was && will:
+			c.Action, c.Diff = "add", entryDiff(nil, newEntry)
+		case was && will && !bytes.Equal(oldEntry, newEntry):
+			c.Action, c.Diff = "update", entryDiff(oldEntry, newEntry)
+		default:
+			continue
+		}
+		out.Agents = append(out.Agents, c)
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// entryDiff compares two manifest entries field by field (the spec's
+// fields flattened to spec.<field>): "- field: old" and "+ field: new".
+func entryDiff(old, new []byte) string {
+	a, b := flattenEntry(old), flattenEntry(new)
+	keys := make([]string, 0, len(a)+len(b))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	for _, k := range keys {
+		va, ina := a[k]
+		vb, inb := b[k]
+		if ina && inb && va == vb {
+			continue
+		}
+		if ina {
+			fmt.Fprintf(&sb, "- %s: %s\n", k, va)
+		}
+		if inb {
+			fmt.Fprintf(&sb, "+ %s: %s\n", k, vb)
+		}
+	}
+	return sb.String()
+}
+
+// flattenEntry maps a manifest entry's fields to their compact JSON, with
+// spec and payload fields as spec.<field> and payload.<field>.
+func flattenEntry(b []byte) map[string]string {
+	out := map[string]string{}
+	if b == nil {
+		return out
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(b, &top) != nil {
+		return out
+	}
+	for k, v := range top {
+		var sub map[string]json.RawMessage
+		if (k == "spec" || k == "payload") && json.Unmarshal(v, &sub) == nil {
+			for sk, sv := range sub {
+				out[k+"."+sk] = string(sv)
+			}
+			continue
+		}
+		out[k] = string(v)
+	}
+	return out
+}
+
+// ---- cancel
+
+// CancelResponse says to which agent CancelRun went.
+type CancelResponse struct {
+	RunID   string `json:"run_id"`
+	AgentID string `json:"agent_id"`
+	Sent    bool   `json:"sent"`
+}
+
+func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
+	var none struct{}
+	if err := decodeOptionalJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &none); err != nil {
+		return err
+	}
+	run, err := s.store.GetRun(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if run.Status != StatusPending && run.Status != StatusRunning {
+		return newError(ErrConflict, fmt.Sprintf("run %s is %s, not running", run.ID, run.Status))
+	}
+	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_CancelRun{CancelRun: &agentpb.CancelRun{RunId: run.ID}}}
+	if !s.hub.send(run.AgentID, msg) {
+		return newError(ErrConflict, fmt.Sprintf("agent %s, which runs %s, is not connected; retry when it is online", run.AgentID, run.ID))
+	}
+	s.log.Info("run cancel requested", "run", run.ID, "agent", run.AgentID)
+	out := CancelResponse{RunID: run.ID, AgentID: run.AgentID, Sent: true}
+	setAudit(r, "run/"+run.ID, runJSON(run), out)
+	return writeJSON(w, http.StatusAccepted, out)
+}

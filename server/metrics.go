@@ -1,0 +1,198 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics, served at GET /metrics on the HTTPS port in the Prometheus text
+// format. By default a viewer token is required (Prometheus:
+// authorization: {credentials_file: ...}); with metrics_public: true in the
+// config (DROVER_METRICS_PUBLIC=true) no authentication is. Each server has
+// its own registry (tests run several servers in one process).
+//
+//	drover_agents{state="online|offline|revoked"}           gauge, at scrape
+//	drover_agent_apply_errors{kind="pipe|manifest"}         gauge, at scrape: pipes whose
+//	                                                        last apply failed, agents whose
+//	                                                        last manifest was rejected or failed
+//	drover_manifest_requests_total{code="200|304|error"}    counter: agents' manifest GETs
+//	drover_stream_connections                               gauge: live agent streams
+//	drover_stream_records_total{type}                       counter: records committed
+//	                                                        (hello, heartbeat, manifest_status,
+//	                                                        run_started, log_chunk, run_finished,
+//	                                                        invalid)
+//	drover_stream_ack_latency_seconds                       histogram: record received -> committed
+//	                                                        (its Ack follows at once)
+//	drover_runs{status}                                     gauge, at scrape: stored runs by status
+//	drover_runs_finished_total{status}                      counter: RunFinished records (a replay
+//	                                                        seen recently is not counted twice)
+//	drover_run_duration_seconds{pipe}                       histogram of finished runs' durations
+//	drover_api_requests_total{route,code}                   counter: API requests by route pattern
+//	drover_api_request_duration_seconds{route}              histogram
+//	drover_audit_write_failures_total                       counter
+//	go_*, process_*                                         the standard collectors
+type metrics struct {
+	reg *prometheus.Registry
+
+	manifest200, manifest304, manifestErr prometheus.Counter
+	records                               *prometheus.CounterVec
+	ackLatency                            prometheus.Histogram
+	runsFinished                          *prometheus.CounterVec
+	runDuration                           *prometheus.HistogramVec
+	apiRequests                           *prometheus.CounterVec
+	apiDuration                           *prometheus.HistogramVec
+	auditFailures                         prometheus.Counter
+
+	mu       sync.Mutex
+	finished map[string]struct{} // recently counted run ids
+	ring     []string
+	next     int
+}
+
+const finishedMemory = 16384
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(), finished: map[string]struct{}{}, ring: make([]string, finishedMemory)}
+	mr := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_manifest_requests_total", Help: "Manifest requests from agents by answer."}, []string{"code"})
+	m.manifest200, m.manifest304, m.manifestErr = mr.WithLabelValues("200"), mr.WithLabelValues("304"), mr.WithLabelValues("error")
+	m.records = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_stream_records_total", Help: "Agent stream records committed, by type."}, []string{"type"})
+	m.ackLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "drover_stream_ack_latency_seconds", Help: "Time from receiving an agent record to committing (and acknowledging) it.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}})
+	m.runsFinished = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_runs_finished_total", Help: "Runs reported finished, by status."}, []string{"status"})
+	m.runDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "drover_run_duration_seconds", Help: "Duration of finished runs, by pipe.",
+		Buckets: []float64{.1, .5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 12 * 3600}}, []string{"pipe"})
+	m.apiRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_api_requests_total", Help: "API requests by route and status."}, []string{"route", "code"})
+	m.apiDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "drover_api_request_duration_seconds", Help: "API request duration by route.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10}}, []string{"route"})
+	m.auditFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_audit_write_failures_total", Help: "Audit entries that could not be written."})
+	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
+		func() float64 { return float64(s.streams.streams.Load()) })
+	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
+		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) observeAPI(route string, code int, d time.Duration) {
+	m.apiRequests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	m.apiDuration.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// committed records a committed batch.
+func (m *metrics) committed(recs []*Record, now time.Time) {
+	for _, r := range recs {
+		typ := "heartbeat"
+		switch {
+		case r.Hello != nil:
+			typ = "hello"
+		case r.Status != nil:
+			typ = "manifest_status"
+		case r.RunStarted != nil:
+			typ = "run_started"
+		case r.Chunk != nil:
+			typ = "log_chunk"
+		case r.RunFinished != nil:
+			typ = "run_finished"
+			m.runFinished(r.AgentID, r.RunFinished)
+		}
+		m.records.WithLabelValues(typ).Inc()
+		m.ackLatency.Observe(max(0, now.Sub(r.Received).Seconds()))
+	}
+}
+
+// runFinished counts a finished run once, even when its record is replayed.
+func (m *metrics) runFinished(agentID string, run *Run) {
+	key := agentID + "/" + run.ID
+	m.mu.Lock()
+	_, seen := m.finished[key]
+	if !seen {
+		if old := m.ring[m.next]; old != "" {
+			delete(m.finished, old)
+		}
+		m.ring[m.next] = key
+		m.next = (m.next + 1) % len(m.ring)
+		m.finished[key] = struct{}{}
+	}
+	m.mu.Unlock()
+	if seen {
+		return
+	}
+	m.runsFinished.WithLabelValues(run.Status).Inc()
+	pipe := run.Pipe
+	if pipe == "" {
+		pipe = "unknown"
+	}
+	m.runDuration.WithLabelValues(pipe).Observe(float64(run.DurationMS) / 1000)
+}
+
+// stateCollector reads agent and run state from the store at scrape time.
+type stateCollector struct{ s *Server }
+
+var (
+	descAgents      = prometheus.NewDesc("drover_agents", "Agents by state.", []string{"state"}, nil)
+	descApplyErrors = prometheus.NewDesc("drover_agent_apply_errors", "Current apply errors: pipes whose last apply failed, agents whose last manifest failed.", []string{"kind"}, nil)
+	descRuns        = prometheus.NewDesc("drover_runs", "Stored runs by status.", []string{"status"}, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descAgents
+	ch <- descApplyErrors
+	ch <- descRuns
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if agents, err := s.store.ListAgents(ctx); err == nil {
+		var online, offline, revoked, pipeErrs, manifestErrs float64
+		for _, a := range agents {
+			switch {
+			case !a.RevokedAt.IsZero():
+				revoked++
+				continue
+			case s.isOnline(a):
+				online++
+			default:
+				offline++
+			}
+			if a.ManifestError != "" {
+				manifestErrs++
+			}
+			for _, p := range a.Pipes {
+				if p.ApplyError != "" {
+					pipeErrs++
+				}
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, online, "online")
+		ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, offline, "offline")
+		ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, revoked, "revoked")
+		ch <- prometheus.MustNewConstMetric(descApplyErrors, prometheus.GaugeValue, pipeErrs, "pipe")
+		ch <- prometheus.MustNewConstMetric(descApplyErrors, prometheus.GaugeValue, manifestErrs, "manifest")
+	} else {
+		s.log.Warn("metrics: listing agents", "err", err)
+	}
+	if counts, err := s.store.RunCounts(ctx); err == nil {
+		for _, st := range []string{StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped} {
+			ch <- prometheus.MustNewConstMetric(descRuns, prometheus.GaugeValue, float64(counts[st]), st)
+		}
+	} else {
+		s.log.Warn("metrics: counting runs", "err", err)
+	}
+}
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
+	s.metricsHandler.ServeHTTP(w, r)
+	return nil
+}
+
+func newMetricsHandler(m *metrics) http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 30 * time.Second})
+}

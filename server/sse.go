@@ -1,0 +1,226 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Live logs: GET /api/v1/runs/{id}/logs/stream answers text/event-stream.
+//
+//	id: <chunk seq>
+//	event: chunk
+//	data: {"seq":3,"stream":"stdout","at":"...","data":"<base64>"}
+//
+//	event: end
+//	data: <the run, as GET /api/v1/runs/{id}>
+//
+// Chunks already stored come first, then each chunk as soon as the batch
+// that carries it is committed (the ingester wakes the streams of the runs
+// it touched). The stream ends with "end" once the run has finished and its
+// chunks are all in (as many as RunFinished reported, the log was
+// truncated, or 3 s passed). A reconnecting client sends Last-Event-ID and
+// gets the chunks after it. Comments (": ping") keep idle connections
+// alive every 15 s. An error after the headers is an "error" event whose
+// data is the usual error body. The server's write timeout does not apply.
+
+// logWatchers wakes live-log streams when chunks of their run commit.
+type logWatchers struct {
+	mu sync.Mutex
+	m  map[string]map[chan struct{}]struct{}
+}
+
+func newLogWatchers() *logWatchers {
+	return &logWatchers{m: map[string]map[chan struct{}]struct{}{}}
+}
+
+// watch subscribes to a run; stop unsubscribes.
+func (l *logWatchers) watch(runID string) (ch chan struct{}, stop func()) {
+	ch = make(chan struct{}, 1)
+	l.mu.Lock()
+	set := l.m[runID]
+	if set == nil {
+		set = map[chan struct{}]struct{}{}
+		l.m[runID] = set
+	}
+	set[ch] = struct{}{}
+	l.mu.Unlock()
+	return ch, func() {
+		l.mu.Lock()
+		delete(set, ch)
+		if len(set) == 0 {
+			delete(l.m, runID)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// notify wakes the streams of the runs touched by committed records.
+func (l *logWatchers) notify(recs []*Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.m) == 0 {
+		return
+	}
+	for _, r := range recs {
+		var id string
+		switch {
+		case r.Chunk != nil:
+			id = r.Chunk.RunID
+		case r.RunFinished != nil:
+			id = r.RunFinished.ID
+		case r.RunStarted != nil:
+			id = r.RunStarted.ID
+		default:
+			continue
+		}
+		for ch := range l.m[id] {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+const (
+	maxLogStreams  = 256
+	sseKeepalive   = 15 * time.Second
+	sseEndGrace    = 3 * time.Second
+	sseChunksBatch = 256
+)
+
+func terminalStatus(st string) bool {
+	switch st {
+	case StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped:
+		return true
+	}
+	return false
+}
+
+func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	id := r.PathValue("id")
+	if _, err := s.store.GetRun(ctx, id); err != nil {
+		return err
+	}
+	after := int64(-1)
+	if le := strings.TrimSpace(r.Header.Get("Last-Event-ID")); le != "" {
+		n, err := strconv.ParseInt(le, 10, 64)
+		if err != nil || n < 0 {
+			return newError(ErrInvalidRequest, "invalid Last-Event-ID", Detail{Field: "Last-Event-ID", Message: "a chunk seq from an earlier event"})
+		}
+		after = n
+	}
+	select {
+	case s.logStreams <- struct{}{}:
+		defer func() { <-s.logStreams }()
+	default:
+		w.Header().Set("Retry-After", "5")
+		return newError(ErrUnavailable, "too many live log streams; retry shortly")
+	}
+	wake, stop := s.logWatch.watch(id) // before the first read: no commit is missed
+	defer stop()
+
+	// The server's read and write timeouts bound ordinary requests; a live
+	// log lasts as long as its run (HTTP/1.1 would otherwise cancel the
+	// request when the read deadline passes).
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	_ = rc.SetReadDeadline(time.Time{})
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if _, err := fmt.Fprintf(w, ": live log of run %s\n\n", id); err != nil {
+		return nil
+	}
+	_ = rc.Flush()
+
+	fail := func(err error) error {
+		_, body := publicError(err)
+		b, _ := json.Marshal(body)
+		fmt.Fprintf(w, "event: error\ndata: %s\n\n", b)
+		_ = rc.Flush()
+		if kindOf(err).err == ErrInternal {
+			s.log.Error("live log stream failed", "run", id, "err", err)
+		}
+		return nil
+	}
+	keepalive := time.NewTicker(sseKeepalive)
+	defer keepalive.Stop()
+	var endedAt time.Time
+	for {
+		for {
+			chunks, err := s.store.GetLogsAfter(ctx, id, after, sseChunksBatch)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fail(err)
+			}
+			for _, c := range chunks {
+				b, err := json.Marshal(chunkJSON(c))
+				if err != nil {
+					return fail(err)
+				}
+				if _, err := fmt.Fprintf(w, "id: %d\nevent: chunk\ndata: %s\n\n", c.Seq, b); err != nil {
+					return nil
+				}
+				after = int64(c.Seq)
+			}
+			if len(chunks) < sseChunksBatch {
+				break
+			}
+		}
+		if err := rc.Flush(); err != nil {
+			return nil
+		}
+		run, err := s.store.GetRun(ctx, id)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fail(err)
+		}
+		var grace <-chan time.Time
+		if terminalStatus(run.Status) {
+			if endedAt.IsZero() {
+				endedAt = time.Now()
+			}
+			done := run.LogTruncated || run.LogChunks == 0 || time.Since(endedAt) >= sseEndGrace
+			if !done {
+				n, err := s.store.CountLogChunks(ctx, id)
+				if err != nil {
+					return fail(err)
+				}
+				done = n >= run.LogChunks
+			}
+			if done {
+				b, _ := json.Marshal(runJSON(run))
+				fmt.Fprintf(w, "event: end\ndata: %s\n\n", b)
+				_ = rc.Flush()
+				return nil
+			}
+			grace = time.After(sseEndGrace - time.Since(endedAt))
+		}
+		select {
+		case <-wake:
+		case <-grace:
+		case <-keepalive.C:
+			if _, err := fmt.Fprint(w, ": ping\n\n"); err != nil {
+				return nil
+			}
+			_ = rc.Flush()
+		case <-ctx.Done():
+			return nil
+		case <-s.quit:
+			return nil
+		}
+	}
+}
