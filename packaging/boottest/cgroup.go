@@ -1,0 +1,146 @@
+package boottest
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// cgroupSet is one cgroup per hierarchy systemd uses (cgroup2 and, on hybrid
+// hosts, the v1 name=systemd one), created under the test binary's own
+// cgroup there so the container stays inside whatever limits the test runs
+// under. systemd-nspawn --keep-unit makes its payload/ and supervisor/
+// cgroups inside it; a cgroup per container keeps parallel containers apart.
+type cgroupSet struct{ dirs []string }
+
+func newCgroupSet(name string) (*cgroupSet, error) {
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		return nil, err
+	}
+	if len(hs) == 0 {
+		return nil, errors.New("no cgroup2 or name=systemd cgroup hierarchy is mounted")
+	}
+	cs := &cgroupSet{}
+	for _, h := range hs {
+		cs.dirs = append(cs.dirs, filepath.Join(h.mount, h.own, name))
+	}
+	return cs, nil
+}
+
+// joinScript is shell that creates the cgroups and moves the shell into
+// them ($1..$n are the directories). It retries: `systemd-analyze verify`
+// and other transient managers trim empty cgroups below their own cgroup
+// when they exit, so a new empty directory may vanish before it is joined.
+const joinScript = `for cg in $cgdirs; do
+	i=0
+	until mkdir -p "$cg" && echo $$ > "$cg/cgroup.procs"; do
+		i=$((i+1)); [ $i -lt 20 ] || exit 97; sleep 0.05
+	done 2>/dev/null
+done`
+
+// killAll SIGKILLs whatever still runs in the cgroups, for up to a few seconds.
+func (c *cgroupSet) killAll() {
+	for i := 0; i < 50; i++ {
+		n := 0
+		for _, d := range c.dirs {
+			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+				if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
+					return nil
+				}
+				b, _ := os.ReadFile(p)
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+						n++
+					}
+				}
+				return nil
+			})
+		}
+		if n == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// remove deletes the cgroup trees, deepest first.
+func (c *cgroupSet) remove() {
+	for _, d := range c.dirs {
+		var dirs []string
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+		for _, p := range dirs {
+			_ = syscall.Rmdir(p)
+		}
+	}
+}
+
+type hierarchy struct {
+	mount string // where it is mounted
+	own   string // this process's cgroup in it
+}
+
+func cgroupHierarchies() ([]hierarchy, error) {
+	own, err := ownCgroups()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []hierarchy
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint opts... - fstype source superopts
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		fields, tailf := strings.Fields(pre), strings.Fields(post)
+		if len(fields) < 5 || len(tailf) < 3 || fields[3] != "/" {
+			continue
+		}
+		switch {
+		case tailf[0] == "cgroup2":
+			if p, ok := own[""]; ok {
+				out = append(out, hierarchy{fields[4], p})
+			}
+		case tailf[0] == "cgroup" && strings.Contains(","+tailf[2]+",", ",name=systemd,"):
+			if p, ok := own["name=systemd"]; ok {
+				out = append(out, hierarchy{fields[4], p})
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// ownCgroups maps controller list ("" for cgroup2) to this process's path.
+func ownCgroups() (map[string]string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 {
+			m[parts[1]] = parts[2]
+		}
+	}
+	return m, nil
+}
