@@ -9,7 +9,7 @@ FUZZTIME ?= 60s
 TEST_FUZZTIME ?= 3s
 BENCHTIME ?= 1x
 
-.PHONY: all build test unit lint fmt vet staticcheck run proto fuzz bench deps clean
+.PHONY: all build test unit lint fmt vet staticcheck run proto fuzz bench deps packages clean
 
 all: build
 
@@ -40,6 +40,9 @@ staticcheck:
 
 run: build
 	@scripts/run.sh
+
+packages:
+	@scripts/packages.sh
 
 proto:
 	@scripts/protogen.sh

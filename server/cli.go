@@ -38,6 +38,7 @@ Flags shared by every command:
   --data-dir DIR    state directory (default ` + DefaultDataDir + `)
   --http-addr ADDR  HTTPS listen address (default ` + DefaultHTTPAddr + `)
   --grpc-addr ADDR  gRPC listen address (default ` + DefaultGRPCAddr + `)
+  --internal-agent  also run a drover-agent for this host (serve only)
 Environment variables DROVER_<SETTING> (e.g. DROVER_DATA_DIR) override the file;
 flags override both.
 `
@@ -58,6 +59,7 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "", "")
 	httpAddr := fs.String("http-addr", "", "")
 	grpcAddr := fs.String("grpc-addr", "", "")
+	internalAgent := fs.Bool("internal-agent", false, "")
 	var ttl, name, format, roleName string
 	tags := tagFlag{}
 	if cmd == "api-tokens create" {
@@ -92,6 +94,9 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 			if *f.v != "" {
 				*f.to = *f.v
 			}
+		}
+		if *internalAgent {
+			cfg.InternalAgent.Enabled = true
 		}
 		err = cfg.Validate()
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -59,6 +60,23 @@ type Config struct {
 	Signing    SigningConfig    `yaml:"signing"`
 	Store      StoreConfig      `yaml:"store"`
 	Runs       RunsConfig       `yaml:"runs"`
+	// InternalAgent runs a drover-agent for the server's own host as a
+	// child process, enrolled through the ordinary token path.
+	InternalAgent InternalAgentConfig `yaml:"internal_agent"`
+}
+
+// InternalAgentConfig configures the agent the server may run for its own host.
+type InternalAgentConfig struct {
+	Enabled bool `yaml:"enabled"`
+	// AgentPath is the drover-agent binary; empty: the one beside
+	// drover-server, else /usr/bin/drover-agent.
+	AgentPath string `yaml:"agent_path"`
+	// DataDir is the agent's data directory; empty: <data_dir>/internal-agent.
+	DataDir string `yaml:"data_dir"`
+	// Backend is auto, systemd or cron; Scope is system or user (empty:
+	// system when running as root, else user).
+	Backend string `yaml:"backend"`
+	Scope   string `yaml:"scope"`
 }
 
 // HTTPConfig bounds the HTTPS listener.
@@ -322,6 +340,23 @@ func (c *Config) Validate() error {
 	for i, s := range c.TLSSANs {
 		if s == "" || strings.ContainsAny(s, " /:") && net.ParseIP(s) == nil {
 			add(fmt.Sprintf("tls_sans[%d]", i), "%q is not a DNS name or IP address", s)
+		}
+	}
+	if ia := c.InternalAgent; ia.Enabled {
+		for _, p := range []struct{ f, v string }{{"internal_agent.agent_path", ia.AgentPath}, {"internal_agent.data_dir", ia.DataDir}} {
+			if p.v != "" && !filepath.IsAbs(p.v) {
+				add(p.f, "%q must be an absolute path", p.v)
+			}
+		}
+		switch ia.Backend {
+		case "", "auto", "systemd", "cron":
+		default:
+			add("internal_agent.backend", "%q is not one of auto, systemd, cron", ia.Backend)
+		}
+		switch ia.Scope {
+		case "", "system", "user":
+		default:
+			add("internal_agent.scope", "%q is not one of system, user", ia.Scope)
 		}
 	}
 	switch c.LogLevel {

@@ -272,6 +272,10 @@ func (s *Server) Run(ctx context.Context) error {
 	bgWG.Add(2)
 	go func() { defer bgWG.Done(); s.maintain(bg) }()
 	go func() { defer bgWG.Done(); s.watchdog(bg) }()
+	if s.cfg.InternalAgent.Enabled {
+		bgWG.Add(1)
+		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()
+	}
 	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.pin)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		s.log.Warn("sd_notify failed", "err", err)
