@@ -233,6 +233,28 @@ func scanAgent(row interface{ Scan(...any) error }) (*Agent, error) {
 	return &a, nil
 }
 
+// queryAll runs a query on db and scans every row with scan; the result is
+// empty, not nil, when no row matches.
+func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row interface{ Scan(...any) error }) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer rows.Close()
+	out := []T{}
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}
+
 func (s *SQLiteStore) GetAgent(ctx context.Context, id string) (*Agent, error) {
 	a, err := scanAgent(s.r.QueryRowContext(ctx, `SELECT `+agentColumns+` FROM agents WHERE id=?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -245,20 +267,7 @@ func (s *SQLiteStore) GetAgent(ctx context.Context, id string) (*Agent, error) {
 }
 
 func (s *SQLiteStore) ListAgents(ctx context.Context) ([]*Agent, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+agentColumns+` FROM agents ORDER BY created_at, id`)
-	if err != nil {
-		return nil, fmt.Errorf("list agents: %w", err)
-	}
-	defer rows.Close()
-	var out []*Agent
-	for rows.Next() {
-		a, err := scanAgent(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list agents: %w", err)
-		}
-		out = append(out, a)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "list agents", scanAgent, `SELECT `+agentColumns+` FROM agents ORDER BY created_at, id`)
 }
 
 func (s *SQLiteStore) AgentCert(ctx context.Context, id string) (*AgentCert, error) {
@@ -398,37 +407,11 @@ func (s *SQLiteStore) GetPipe(ctx context.Context, name string) (*Pipe, error) {
 }
 
 func (s *SQLiteStore) ListPipes(ctx context.Context) ([]*Pipe, error) {
-	rows, err := s.r.QueryContext(ctx, pipeQuery+` ORDER BY p.name`)
-	if err != nil {
-		return nil, fmt.Errorf("list pipes: %w", err)
-	}
-	defer rows.Close()
-	var out []*Pipe
-	for rows.Next() {
-		p, err := scanPipe(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list pipes: %w", err)
-		}
-		out = append(out, p)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "list pipes", scanPipe, pipeQuery+` ORDER BY p.name`)
 }
 
 func (s *SQLiteStore) ListPipeVersions(ctx context.Context, name string) ([]*PipeVersion, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
-	if err != nil {
-		return nil, fmt.Errorf("list pipe versions: %w", err)
-	}
-	defer rows.Close()
-	var out []*PipeVersion
-	for rows.Next() {
-		v, err := scanPipeVersion(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list pipe versions: %w", err)
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "list pipe versions", func(r interface{ Scan(...any) error }) (*PipeVersion, error) { return scanPipeVersion(r) }, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
 }
 
 func (s *SQLiteStore) DeletePipe(ctx context.Context, name string, now time.Time) error {

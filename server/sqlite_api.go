@@ -131,20 +131,7 @@ func (s *SQLiteStore) listRuns(ctx context.Context, f RunFilter) ([]*Run, error)
 	}
 	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
 	args = append(args, f.Limit)
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list runs: %w", err)
-	}
-	defer rows.Close()
-	out := []*Run{}
-	for rows.Next() {
-		r, err := scanRun(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list runs: %w", err)
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "list runs", scanRun, q, args...)
 }
 
 func (s *SQLiteStore) GetLogsAfter(ctx context.Context, runID string, after int64, limit int) ([]*LogChunk, error) {
@@ -237,20 +224,7 @@ func (s *SQLiteStore) GetAPIToken(ctx context.Context, id string) (*APIToken, er
 }
 
 func (s *SQLiteStore) ListAPITokens(ctx context.Context) ([]*APIToken, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens ORDER BY created_at, id`)
-	if err != nil {
-		return nil, fmt.Errorf("list api tokens: %w", err)
-	}
-	defer rows.Close()
-	var out []*APIToken
-	for rows.Next() {
-		t, err := scanAPIToken(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list api tokens: %w", err)
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "list api tokens", scanAPIToken, `SELECT `+apiTokenColumns+` FROM api_tokens ORDER BY created_at, id`)
 }
 
 func (s *SQLiteStore) RevokeAPIToken(ctx context.Context, id string, now time.Time) error {
