@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/drover/drover/agent/spool"
@@ -33,20 +34,23 @@ func WithSpoolRoots(roots ...string) Option {
 
 // DefaultSpoolRoots returns where runners spool their records: every pipe
 // has <root>/<pipe>/spool. System scope: /var/lib/drover-runs (the
-// per-pipe StateDirectory=); user scope: $XDG_STATE_HOME/drover-runs; the
+// per-pipe StateDirectory=); user scope: <base>/drover-runs, where the user
+// manager puts StateDirectory= — $XDG_CONFIG_HOME up to systemd 253,
+// $XDG_STATE_HOME from 254 on (systemd.exec(5)), so both are drained; the
 // cron backend and runs outside systemd: <data dir>/runs.
 func DefaultSpoolRoots(cfg Config) []string {
 	roots := []string{filepath.Join(cfg.DataDir, "runs")}
 	switch cfg.Scope {
 	case ScopeUser:
-		base := os.Getenv("XDG_STATE_HOME")
-		if base == "" {
-			if home, err := os.UserHomeDir(); err == nil {
-				base = filepath.Join(home, ".local", "state")
+		home, _ := os.UserHomeDir()
+		for _, b := range []struct{ env, def string }{{"XDG_CONFIG_HOME", ".config"}, {"XDG_STATE_HOME", ".local/state"}} {
+			base := os.Getenv(b.env)
+			if base == "" && home != "" {
+				base = filepath.Join(home, b.def)
 			}
-		}
-		if base != "" {
-			roots = append(roots, filepath.Join(base, "drover-runs"))
+			if base != "" && !slices.Contains(roots, filepath.Join(base, "drover-runs")) {
+				roots = append(roots, filepath.Join(base, "drover-runs"))
+			}
 		}
 	default:
 		roots = append(roots, "/var/lib/drover-runs")
