@@ -173,7 +173,10 @@ func description(s *manifest.Spec) (string, error) {
 }
 
 func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error) {
-	unit := []option{{"Description", desc}}
+	// No start rate limit: RunNow bursts, catch-up and runs started by hand
+	// must not hit systemd's default of 5 starts per 10 s (start-limit-hit);
+	// overlapping runs are the runner's business (it records them skipped).
+	unit := []option{{"Description", desc}, {"StartLimitIntervalSec", "0"}}
 	if o.Scope == ScopeSystem && networkAllowed(s.Hardening) {
 		// Catch-up runs start early at boot; jobs that may use the network
 		// wait until it is up.

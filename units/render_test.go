@@ -381,6 +381,7 @@ func wantUnits(t testing.TB, spec *manifest.Spec, o Options) (svc, tmr []uopt) {
 	u := func(name, value string) { svc = append(svc, uopt{"Unit", name, value}) }
 	sv := func(name, value string) { svc = append(svc, uopt{"Service", name, value}) }
 	u("Description", desc)
+	u("StartLimitIntervalSec", "0")
 	if scope == ScopeSystem && s.Hardening != "strict" {
 		u("Wants", "network-online.target")
 		u("After", "network-online.target")

@@ -124,8 +124,10 @@ func (r *runner) takeRequest(lastID string) string {
 		return ""
 	}
 	// Consume it. A runner without write access to the directory (a dynamic
-	// user) cannot; lastID in the state file then keeps it from counting twice.
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	// user) cannot — the expected case, not worth a line in the journal;
+	// lastID in the state file then keeps it from counting twice, and the
+	// backend removes the file when the run ends.
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, fs.ErrPermission) {
 		r.debugf("cannot remove run request %s: %v", path, err)
 	}
 	return req.RequestID
