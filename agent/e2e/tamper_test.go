@@ -242,6 +242,9 @@ func TestTamperingProxy(t *testing.T) {
 		t.Fatalf("%d unit files, want 4", len(units0))
 	}
 
+	// lastAt is when the previous rejection was reported: each check waits
+	// for a newer report, so it can never read the previous step's reason.
+	var lastAt time.Time
 	check := func(mode string, change func()) string {
 		t.Helper()
 		before := time.Now()
@@ -259,7 +262,12 @@ func TestTamperingProxy(t *testing.T) {
 		waitFor(t, 30*time.Second, mode+": the rejection reported to the server", func() bool {
 			v := srv.agentView(id)
 			reason = v.ManifestError
-			return v.ManifestState == "rejected" && v.StatusAt != nil && v.StatusAt.After(before.Add(-time.Second)) && reason != ""
+			if v.ManifestState == "rejected" && v.StatusAt != nil && v.StatusAt.After(before.Add(-time.Second)) &&
+				v.StatusAt.After(lastAt) && reason != "" {
+				lastAt = *v.StatusAt
+				return true
+			}
+			return false
 		})
 		st := ag.status()
 		if st.AppliedSerial != inForce || st.LastSyncError == "" {
