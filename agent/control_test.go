@@ -98,7 +98,7 @@ func TestControlSocketOtherUser(t *testing.T) {
 		return // the child half runs in TestHelperDial
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to run a process as another user")
+		skipOrFailInCI(t, "needs root to run a process as another user")
 	}
 	cfg := testConfig(t, nil)
 	ta := startAgent(t, cfg, nil)
@@ -163,4 +163,14 @@ func TestHelperDial(t *testing.T) {
 		t.Fatalf("dial: %v", err)
 	}
 	t.Logf("DIAL-OK %+v", st)
+}
+
+// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
+// when CI=true: in CI every prerequisite must be there.
+func skipOrFailInCI(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("prerequisite missing in CI: " + why)
+	}
+	t.Skip(why)
 }

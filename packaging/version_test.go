@@ -2,6 +2,7 @@ package packaging
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -62,7 +63,7 @@ func TestVersionOrder(t *testing.T) {
 	dpkg, dpkgErr := exec.LookPath("dpkg")
 	rpmBin, rpmErr := exec.LookPath("rpm")
 	if dpkgErr != nil && rpmErr != nil {
-		t.Skip("neither dpkg nor rpm here")
+		skipOrFailInCI(t, "neither dpkg nor rpm here")
 	}
 	for i := 1; i < len(versions); i++ {
 		a, b := versions[i-1], versions[i]
@@ -86,7 +87,7 @@ func TestVersionOrder(t *testing.T) {
 
 func TestReadGit(t *testing.T) {
 	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("no git")
+		skipOrFailInCI(t, "no git")
 	}
 	root, err := FindRoot(".")
 	if err != nil {
@@ -104,4 +105,14 @@ func TestReadGit(t *testing.T) {
 		t.Fatalf("git info %+v", g)
 	}
 	t.Logf("this tree: git describe %q, %d commits -> package version %s", g.Describe, g.Commits, v)
+}
+
+// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
+// when CI=true: in CI every prerequisite must be there.
+func skipOrFailInCI(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("prerequisite missing in CI: " + why)
+	}
+	t.Skip(why)
 }

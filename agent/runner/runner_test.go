@@ -628,7 +628,7 @@ func TestTriggerFromTimer(t *testing.T) {
 func TestTriggerWithRealEvaluator(t *testing.T) {
 	s, err := manifest.ParseSchedule("*/5 * * * *")
 	if err != nil || s.Next(time.Now(), time.UTC).IsZero() {
-		t.Skip("manifest schedule evaluator not available yet")
+		t.Fatalf("the schedule evaluator: %v", err)
 	}
 	f := newPipe(t, manifest.Spec{Script: "true", Schedule: "*/5 * * * *", Timezone: "Europe/Berlin"})
 	fire := time.Now().Truncate(5 * time.Minute)
@@ -845,7 +845,7 @@ func TestSpoolDirFromSystemd(t *testing.T) {
 // drains that spool as root (the daemon).
 func TestRunsAsUnprivilegedUser(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		skipOrFailInCI(t, "needs root")
 	}
 	const uid = 65534
 	f := newPipe(t, manifest.Spec{Script: "id -u\necho $PW\n", Secrets: []string{"PW"}})
@@ -953,4 +953,14 @@ func TestManagerTimeoutIsTimedOut(t *testing.T) {
 	if r := only(t, f); res.ExitCode != ExitTimedOut || r.finished.Status != agentpb.RunStatus_RUN_STATUS_TIMED_OUT {
 		t.Fatalf("exit %d, %v", res.ExitCode, r.finished)
 	}
+}
+
+// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
+// when CI=true: in CI every prerequisite must be there.
+func skipOrFailInCI(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("prerequisite missing in CI: " + why)
+	}
+	t.Skip(why)
 }

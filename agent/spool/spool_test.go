@@ -432,7 +432,7 @@ func TestWriteBatch(t *testing.T) {
 // drains it as root (the daemon).
 func TestUnprivilegedWriterRootReader(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		skipOrFailInCI(t, "needs root")
 	}
 	const uid = 65534
 	root := t.TempDir()
@@ -465,4 +465,14 @@ func TestUnprivilegedWriterRootReader(t *testing.T) {
 	if err != nil || n != 2 {
 		t.Fatalf("root drained %d: %v", n, err)
 	}
+}
+
+// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
+// when CI=true: in CI every prerequisite must be there.
+func skipOrFailInCI(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("prerequisite missing in CI: " + why)
+	}
+	t.Skip(why)
 }
