@@ -24,6 +24,7 @@ var binDir string
 
 func serverBin() string { return filepath.Join(binDir, "drover-server") }
 func agentBin() string  { return filepath.Join(binDir, "drover-agent") }
+func ctlBin() string    { return filepath.Join(binDir, "droverctl") }
 
 // TestMain builds the binaries once, then runs the tests under a private
 // systemd user manager (agent/internal/sdtest). A build failure fails the
@@ -70,12 +71,12 @@ func buildBinaries() (string, error) {
 		return "", err
 	}
 	t0 := time.Now()
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", dir+"/", "./cmd/drover-server", "./cmd/drover-agent")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", dir+"/", "./cmd/drover-server", "./cmd/drover-agent", "./cmd/droverctl")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
-		return "", fmt.Errorf("go build ./cmd/drover-server ./cmd/drover-agent: %v\n%s", err, out)
+		return "", fmt.Errorf("go build ./cmd/drover-server ./cmd/drover-agent ./cmd/droverctl: %v\n%s", err, out)
 	}
 	if testingVerbose() {
 		fmt.Fprintf(os.Stderr, "agent/e2e: built the binaries in %s\n", time.Since(t0).Round(time.Millisecond))
