@@ -694,23 +694,19 @@ func (s *SQLiteStore) GetRun(ctx context.Context, id string) (*Run, error) {
 	return r, nil
 }
 
+// scanLogChunk reads run_id, seq, stream, data, at.
+func scanLogChunk(row interface{ Scan(...any) error }) (*LogChunk, error) {
+	var c LogChunk
+	var at int64
+	if err := row.Scan(&c.RunID, &c.Seq, &c.Stream, &c.Data, &at); err != nil {
+		return nil, err
+	}
+	c.At = fromNS(at)
+	return &c, nil
+}
+
 func (s *SQLiteStore) GetLogs(ctx context.Context, runID string) ([]*LogChunk, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? ORDER BY seq`, runID)
-	if err != nil {
-		return nil, fmt.Errorf("get logs: %w", err)
-	}
-	defer rows.Close()
-	var out []*LogChunk
-	for rows.Next() {
-		var c LogChunk
-		var at int64
-		if err := rows.Scan(&c.RunID, &c.Seq, &c.Stream, &c.Data, &at); err != nil {
-			return nil, fmt.Errorf("get logs: %w", err)
-		}
-		c.At = fromNS(at)
-		out = append(out, &c)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "get logs", scanLogChunk, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? ORDER BY seq`, runID)
 }
 
 func (s *SQLiteStore) PruneRuns(ctx context.Context, before time.Time, perPipe int) (int, error) {

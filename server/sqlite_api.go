@@ -135,22 +135,7 @@ func (s *SQLiteStore) listRuns(ctx context.Context, f RunFilter) ([]*Run, error)
 }
 
 func (s *SQLiteStore) GetLogsAfter(ctx context.Context, runID string, after int64, limit int) ([]*LogChunk, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? AND seq>? ORDER BY seq LIMIT ?`, runID, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("get logs: %w", err)
-	}
-	defer rows.Close()
-	var out []*LogChunk
-	for rows.Next() {
-		var c LogChunk
-		var at int64
-		if err := rows.Scan(&c.RunID, &c.Seq, &c.Stream, &c.Data, &at); err != nil {
-			return nil, fmt.Errorf("get logs: %w", err)
-		}
-		c.At = fromNS(at)
-		out = append(out, &c)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "get logs", scanLogChunk, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? AND seq>? ORDER BY seq LIMIT ?`, runID, after, limit)
 }
 
 func (s *SQLiteStore) CountLogChunks(ctx context.Context, runID string) (uint64, error) {
