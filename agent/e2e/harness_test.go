@@ -202,14 +202,7 @@ func (s *serverProc) stop() {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		s.t.Errorf("drover-server did not stop within 30 s of SIGTERM")
-		cmd.Process.Kill()
-		<-done
-	}
+	terminate(s.t, "drover-server", cmd, done)
 	if st := cmd.ProcessState; st != nil && !st.Success() {
 		s.t.Errorf("drover-server after SIGTERM: %v", st)
 	}
@@ -543,14 +536,7 @@ func (a *agentProc) stop() {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		a.t.Errorf("%s did not stop within 30 s of SIGTERM", a.opts.name)
-		cmd.Process.Kill()
-		<-done
-	}
+	terminate(a.t, a.opts.name, cmd, done)
 }
 
 // kill ends the daemon with SIGKILL and waits for it.
@@ -877,4 +863,17 @@ func decodeEnvelope(t testing.TB, env []byte) *manifest.Manifest {
 		t.Fatalf("manifest payload: %v", err)
 	}
 	return m
+}
+
+// terminate sends SIGTERM to a child process and waits for done (closed
+// when it exited); after 30 s it fails t and kills the process.
+func terminate(t testing.TB, name string, cmd *exec.Cmd, done <-chan struct{}) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("%s did not stop within 30 s of SIGTERM", name)
+		cmd.Process.Kill()
+		<-done
+	}
 }
