@@ -25,6 +25,10 @@ type fakeBackend struct {
 	cancels  []string
 	applyErr error
 	states   []apply.PipeState
+	// runNowErr makes RunNow of a pipe fail: a fake for backends refusing
+	// a run, which the real server cannot provoke (it sends RunNow only for
+	// pipes the agent's manifest has).
+	runNowErr map[string]error
 }
 
 func (b *fakeBackend) Name() string { return "cron" }
@@ -70,7 +74,7 @@ func (b *fakeBackend) RunNow(_ context.Context, pipe, req string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.runNows = append(b.runNows, pipe+"/"+req)
-	return nil
+	return b.runNowErr[pipe]
 }
 
 func (b *fakeBackend) Cancel(_ context.Context, pipe, run string) error {

@@ -198,14 +198,7 @@ func (a *Agent) handleCommand(ctx context.Context, msg *agentpb.ServerMessage) {
 		a.RequestSync()
 	case *agentpb.ServerMessage_RunNow:
 		pipe, req := b.RunNow.GetPipe(), b.RunNow.GetRequestId()
-		go func() {
-			if err := a.backend.RunNow(ctx, pipe, req); err != nil {
-				a.log.Error("run now", "pipe", pipe, "request_id", req, "err", err)
-				return
-			}
-			a.log.Info("run started on request", "pipe", pipe, "request_id", req)
-			a.kickSpool()
-		}()
+		go a.runNow(ctx, pipe, req)
 	case *agentpb.ServerMessage_CancelRun:
 		run := b.CancelRun.GetRunId()
 		go func() {

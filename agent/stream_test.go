@@ -3,11 +3,13 @@ package agent
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/spool"
 	agentpb "github.com/drover/drover/proto"
 )
@@ -176,5 +178,54 @@ func TestStreamCommands(t *testing.T) {
 	st := ta.a.Status(t.Context())
 	if st.Pipes[0].LastRun == nil || st.Pipes[0].LastRun.Status != "succeeded" {
 		t.Fatalf("status pipes %+v", st.Pipes)
+	}
+}
+
+// TestRunNowRefused: a RunNow the backend cannot carry out still ends in a
+// run record on the server with the request id — failed with the reason
+// after one sync when the pipe is unknown, skipped when a run is in
+// progress — so an operator never waits for a run that will not come.
+func TestRunNowRefused(t *testing.T) {
+	srv := newFakeServer(t)
+	ta, agentID := enrolledAgent(t, srv)
+	ta.fake.mu.Lock()
+	ta.fake.runNowErr = map[string]error{
+		"ghost": fmt.Errorf("%w: %q", apply.ErrUnknownPipe, "ghost"),
+		"busy":  apply.ErrAlreadyRunning,
+	}
+	ta.fake.mu.Unlock()
+	syncs := srv.count("GET "+pathManifest)
+	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "ghost", RequestId: "req-ghost"}}})
+	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "busy", RequestId: "req-busy"}}})
+	finished := func(req string) *agentpb.RunFinished {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		for _, seq := range srv.order {
+			if f := srv.committed[seq].GetRunFinished(); f != nil && f.GetRequestId() == req {
+				return f
+			}
+		}
+		return nil
+	}
+	waitFor(t, 10*time.Second, "both run records", func() bool { return finished("req-ghost") != nil && finished("req-busy") != nil })
+	g, b := finished("req-ghost"), finished("req-busy")
+	if g.GetStatus() != agentpb.RunStatus_RUN_STATUS_FAILED || g.GetPipe() != "ghost" || g.GetTrigger() != agentpb.Trigger_TRIGGER_API ||
+		!strings.Contains(g.GetError(), "not installed") || g.GetRunId() == "" || g.GetExitCode() != -1 {
+		t.Errorf("unknown pipe: %v", g)
+	}
+	if b.GetStatus() != agentpb.RunStatus_RUN_STATUS_SKIPPED || b.GetPipe() != "busy" || !strings.Contains(b.GetError(), "in progress") || b.GetRunId() == g.GetRunId() {
+		t.Errorf("pipe already running: %v", b)
+	}
+	ta.fake.mu.Lock()
+	tries := map[string]int{}
+	for _, r := range ta.fake.runNows {
+		tries[r]++
+	}
+	ta.fake.mu.Unlock()
+	if tries["ghost/req-ghost"] != 2 || tries["busy/req-busy"] != 1 {
+		t.Errorf("RunNow attempts %v: want ghost twice (before and after a sync), busy once", tries)
+	}
+	if srv.count("GET "+pathManifest) <= syncs {
+		t.Error("no sync for the unknown pipe")
 	}
 }

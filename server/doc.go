@@ -186,7 +186,10 @@
 // it, with a higher serial, so that their agents apply again and fetch the
 // value. Run-now sends RunNow with one request_id to every selected agent
 // with a live stream ("sent"; the others are "offline"); the runs they
-// start carry it. Cancel sends CancelRun to the agent that reported the
+// start carry it. Each agent that got it reports one run for it: the run,
+// or one it records itself — skipped when a run of the pipe is in progress,
+// failed with the reason when it cannot start one (an agent that does not
+// have the pipe yet syncs first). Cancel sends CancelRun to the agent that reported the
 // run (409 when the run is over or that agent is not connected).
 //
 // # Manifests

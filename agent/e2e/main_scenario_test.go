@@ -81,6 +81,8 @@ func TestUserManagerEndToEnd(t *testing.T) {
 	ag.waitPipes(60*time.Second, "tick", "api", "slow", "tmo")
 	checkTimers(t, h, specs)
 	proveRunNow(t, srv, id)
+	specs["late"] = pipeSpec{Schedule: far, Script: "echo late-run\n", Targets: byTags(tags)}
+	proveRunNowNewPipe(t, srv, id, "late", specs["late"])
 	proveCancel(t, srv, h, id, filepath.Join(work, "slow.pids"))
 	proveTimeout(t, srv, h, id, filepath.Join(work, "tmo.pids"))
 	firstScheduledRun(t, srv, id)
@@ -126,13 +128,34 @@ func proveRunNow(t *testing.T, srv *serverProc, id string) server.RunJSON {
 	return r
 }
 
+// proveRunNowNewPipe: a pipe run at once after it is created (before the
+// agent can have applied it) runs: the agent syncs first.
+func proveRunNowNewPipe(t *testing.T, srv *serverProc, id, name string, sp pipeSpec) {
+	t.Helper()
+	srv.putPipe(name, sp)
+	req := srv.runNow(name, id)
+	r := srv.runOfRequest(req.RequestID, 60*time.Second, "succeeded", "failed", "timed_out", "canceled", "skipped")
+	if r.Status != "succeeded" || r.Trigger != "api" {
+		t.Fatalf("run of a pipe created just before: %+v", r)
+	}
+	if got := srv.logText(r.ID); !strings.Contains(got, "late-run") {
+		t.Fatalf("its log on the server: %q", got)
+	}
+}
+
 // proveCancel: a running run canceled through the API ends as canceled,
-// its unit stops and its whole process tree is gone.
+// its unit stops and its whole process tree is gone. A RunNow while it runs
+// is recorded as skipped (runs never overlap), with the reason.
 func proveCancel(t *testing.T, srv *serverProc, h *pipeHost, id, pidPath string) {
 	t.Helper()
 	req := srv.runNow("slow", id)
 	r := srv.runOfRequest(req.RequestID, 60*time.Second, "running")
 	pids := waitPIDs(t, h, pidPath, 2)
+	again := srv.runNow("slow", id)
+	sk := srv.runOfRequest(again.RequestID, 60*time.Second, "skipped", "succeeded", "failed", "running", "canceled")
+	if sk.Status != "skipped" || sk.Trigger != "api" || sk.ID == r.ID || !strings.Contains(sk.Error, "in progress") {
+		t.Fatalf("RunNow during a run: %+v", sk)
+	}
 	var cancel server.CancelResponse
 	srv.api("POST", "/api/v1/runs/"+r.ID+"/cancel", nil, &cancel)
 	if !cancel.Sent || cancel.AgentID != id {
