@@ -194,7 +194,7 @@ func TestRunNowRefused(t *testing.T) {
 		"busy":  apply.ErrAlreadyRunning,
 	}
 	ta.fake.mu.Unlock()
-	syncs := srv.count("GET "+pathManifest)
+	syncs := srv.count("GET " + pathManifest)
 	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "ghost", RequestId: "req-ghost"}}})
 	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "busy", RequestId: "req-busy"}}})
 	finished := func(req string) *agentpb.RunFinished {
