@@ -281,7 +281,15 @@ func (c *client) get(ctx context.Context, path string, out any) (json.RawMessage
 // {"<key>": [...], "next_cursor": "..."} and returns the items, at most
 // limit[0] of them when given.
 func (c *client) list(ctx context.Context, path, key string, q url.Values, limit ...int) ([]json.RawMessage, error) {
+	items, _, err := c.listHead(ctx, path, key, q, limit...)
+	return items, err
+}
+
+// listHead is list that also returns the first page's other fields (a
+// pipe history's name and deleted, say), without key and next_cursor.
+func (c *client) listHead(ctx context.Context, path, key string, q url.Values, limit ...int) ([]json.RawMessage, map[string]json.RawMessage, error) {
 	var items []json.RawMessage
+	var head map[string]json.RawMessage
 	seen := map[string]bool{}
 	for {
 		p := path
@@ -290,12 +298,20 @@ func (c *client) list(ctx context.Context, path, key string, q url.Values, limit
 		}
 		var page map[string]json.RawMessage
 		if _, err := c.get(ctx, p, &page); err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if head == nil {
+			head = map[string]json.RawMessage{}
+			for k, v := range page {
+				if k != key && k != "next_cursor" {
+					head[k] = v
+				}
+			}
 		}
 		var got []json.RawMessage
 		if raw, ok := page[key]; ok && string(raw) != "null" {
 			if err := json.Unmarshal(raw, &got); err != nil {
-				return nil, fmt.Errorf("GET %s: %q is not a list: %w", path, key, err)
+				return nil, nil, fmt.Errorf("GET %s: %q is not a list: %w", path, key, err)
 			}
 		}
 		items = append(items, got...)
@@ -304,10 +320,10 @@ func (c *client) list(ctx context.Context, path, key string, q url.Values, limit
 			_ = json.Unmarshal(raw, &next)
 		}
 		if len(limit) > 0 && limit[0] > 0 && len(items) >= limit[0] {
-			return items[:limit[0]], nil
+			return items[:limit[0]], head, nil
 		}
 		if next == "" || seen[next] || len(got) == 0 {
-			return items, nil
+			return items, head, nil
 		}
 		seen[next] = true
 		if q == nil {

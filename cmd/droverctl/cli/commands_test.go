@@ -552,6 +552,17 @@ func TestCompletion(t *testing.T) {
 	if !strings.Contains(r.stdout, "pipes") || !strings.Contains(r.stdout, "agents") {
 		t.Errorf("get completion:\n%s", r)
 	}
+	// Commands complete, the pipe history's among them.
+	r = runCtl(context.Background(), nil, "", "__complete", "")
+	for _, c := range []string{"history\t", "restore\t", "describe\t", "get\t"} {
+		if !strings.Contains(r.stdout, c) {
+			t.Errorf("command completion lacks %q:\n%s", strings.TrimSpace(c), r)
+		}
+	}
+	r = runCtl(context.Background(), nil, "", "__complete", "describe", "pipe", "x", "--")
+	if !strings.Contains(r.stdout, "--version\t") {
+		t.Errorf("describe flag completion lacks --version:\n%s", r)
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -575,6 +586,14 @@ func TestUsageErrors(t *testing.T) {
 		{"run"},
 		{"run", "p", "--agent", "a", "--tag", "k=v"},
 		{"cancel"},
+		{"history"},
+		{"history", "a", "b"},
+		{"restore", "p"},
+		{"restore", "p", "abc"},
+		{"restore", "p", "0"},
+		{"restore", "p", "1", "extra"},
+		{"describe", "pipe", "p", "--version", "0"},
+		{"describe", "agent", "a", "--version", "1"},
 		{"tokens", "bogus"},
 		{"agents", "tag", "a"},
 		{"agents", "bogus"},

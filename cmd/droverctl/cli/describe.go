@@ -16,28 +16,104 @@ import (
 )
 
 func (a *app) newDescribeCmd() *cobra.Command {
+	var version string
 	cmd := &cobra.Command{
-		Use:       "describe pipe|agent|run NAME",
-		Short:     "Show one pipe, agent or run in detail",
+		Use:   "describe pipe|agent|run NAME [--version N]",
+		Short: "Show one pipe, agent or run in detail",
+		Long: `Show one pipe, agent or run in detail, or with -o json or -o yaml the API's
+object.
+
+  describe pipe NAME               the current version, its agents, versions, recent runs and spec
+  describe pipe NAME --version N   version N of the pipe and its spec (also of a deleted pipe)
+  describe agent ID
+  describe run ID`,
 		Args:      exactArgs(2, "a kind (pipe, agent or run) and a name or id"),
 		ValidArgs: []string{"pipe", "agent", "run"},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			kind := resourceAliases[args[0]]
+			switch kind {
+			case "pipes", "agents", "runs":
+			default:
+				return usagef("describe %q: use pipe, agent or run", args[0])
+			}
+			var n uint64
+			if cmd.Flags().Changed("version") {
+				if kind != "pipes" {
+					return usagef("--version applies to describe pipe only")
+				}
+				var err error
+				if n, err = parseVersion("--version", version); err != nil {
+					return err
+				}
+			}
 			c, err := a.apiClient()
 			if err != nil {
 				return err
 			}
-			switch resourceAliases[args[0]] {
+			switch kind {
 			case "pipes":
+				if n > 0 {
+					return a.describePipeVersion(cmd.Context(), c, args[1], n)
+				}
 				return a.describePipe(cmd.Context(), c, args[1])
 			case "agents":
 				return a.describeAgent(cmd.Context(), c, args[1])
-			case "runs":
-				return a.describeRun(cmd.Context(), c, args[1])
 			}
-			return usagef("describe %q: use pipe, agent or run", args[0])
+			return a.describeRun(cmd.Context(), c, args[1])
 		},
 	}
+	cmd.Flags().StringVar(&version, "version", "", "describe pipe: show this version (droverctl history PIPE lists them)")
 	return cmd
+}
+
+// describePipeVersion shows one stored version of a pipe.
+func (a *app) describePipeVersion(ctx context.Context, c *client, name string, version uint64) error {
+	var v pipeVersionObj
+	raw, err := c.get(ctx, versionsPath(name, version), &v)
+	if missingEndpoint(err) {
+		return fmt.Errorf("pipe %s: this server keeps no pipe history (it lacks GET /api/v1/pipes/{name}/versions/{version})", name)
+	}
+	if err != nil {
+		return fmt.Errorf("pipe %s version %d: %w", name, version, err)
+	}
+	if a.format() != "table" {
+		return a.printData(raw)
+	}
+	s := v.Spec
+	s.Normalize()
+	kv := newKV(a.stdout())
+	kv.add("Name", v.Name)
+	kv.add("Description", s.Description)
+	kv.add("Version", itoa(int(v.Version)))
+	kv.add("Current", strconv.FormatBool(v.Current))
+	kv.add("Schedule", s.Schedule)
+	kv.add("Time zone", s.Timezone)
+	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
+	kv.add("Targets", fmtTargets(s.Targets))
+	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", v.Payload.Digest, v.Payload.Size))
+	kv.add("Created", fmtTimeV(v.CreatedAt))
+	if err := kv.flush(); err != nil {
+		return err
+	}
+	return a.printSpec(&s)
+}
+
+// printSpec writes a pipe spec as indented YAML under "Spec:".
+func (a *app) printSpec(s *manifest.Spec) error {
+	out := a.stdout()
+	fmt.Fprintln(out, "\nSpec:")
+	b, err := json.Marshal(s)
+	if err != nil {
+		return fmt.Errorf("encode spec: %w", err)
+	}
+	y, err := jsonToYAML(b)
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(strings.TrimRight(string(y), "\n"), "\n") {
+		fmt.Fprintf(out, "  %s\n", sanitizeLine(l))
+	}
+	return nil
 }
 
 func (a *app) describePipe(ctx context.Context, c *client, name string) error {
@@ -122,16 +198,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	if err := a.recentRuns(ctx, c, url.Values{"pipe": {p.Name}}); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nSpec:")
-	b, _ := json.Marshal(&s)
-	y, err := jsonToYAML(b)
-	if err != nil {
-		return err
-	}
-	for _, l := range strings.Split(strings.TrimRight(string(y), "\n"), "\n") {
-		fmt.Fprintf(out, "  %s\n", sanitizeLine(l))
-	}
-	return nil
+	return a.printSpec(&s)
 }
 
 // recentRuns prints the last five runs matching q.

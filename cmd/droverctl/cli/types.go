@@ -26,6 +26,17 @@ type pipeVersionRef struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
+// pipeVersionObj is one entry of GET /api/v1/pipes/{name}/versions, and
+// the answer of GET /api/v1/pipes/{name}/versions/{version}.
+type pipeVersionObj struct {
+	Name      string           `json:"name"`
+	Version   uint64           `json:"version"`
+	Spec      manifest.Spec    `json:"spec"`
+	Payload   manifest.Payload `json:"payload"`
+	CreatedAt time.Time        `json:"created_at"`
+	Current   bool             `json:"current"` // false for every version of a deleted pipe
+}
+
 type agentObj struct {
 	ID             string            `json:"id"`
 	Name           string            `json:"name"`
