@@ -39,6 +39,7 @@ type Status struct {
 	Version         string     `json:"version"`
 	Enrolled        bool       `json:"enrolled"`
 	EnrollError     string     `json:"enroll_error,omitempty"`
+	IdentityError   string     `json:"identity_error,omitempty"` // enrolled, but the identity no longer works (reenroll.go)
 	AgentID         string     `json:"agent_id,omitempty"`
 	Server          string     `json:"server,omitempty"`
 	GRPCAddr        string     `json:"grpc_addr,omitempty"`
@@ -190,8 +191,8 @@ func (a *Agent) handleControl(ctx context.Context, c *net.UnixConn) {
 			reply(controlResponse{Error: "agent stopping"})
 		}
 	case "enroll":
-		if id := a.identity(); id != nil {
-			reply(controlResponse{Error: "already enrolled as " + id.AgentID})
+		if id := a.identity(); id != nil && a.identityProblem() == "" {
+			reply(controlResponse{Error: "already enrolled as " + id.AgentID + " (its identity works; a token is used only once it stops working)"})
 			return
 		}
 		call := enrollCall{token: req.Token, reply: make(chan error, 1)}
@@ -216,7 +217,7 @@ func (a *Agent) handleControl(ctx context.Context, c *net.UnixConn) {
 
 // Status returns the daemon's current status.
 func (a *Agent) Status(ctx context.Context) Status {
-	st := Status{Version: Version, Backend: a.backend.Name(), Scope: a.cfg.Scope, SystemdVersion: a.systemdVersion()}
+	st := Status{Version: Version, Backend: a.backend.Name(), Scope: a.cfg.Scope, SystemdVersion: a.systemdVersion(), IdentityError: a.identityProblem()}
 	a.mu.Lock()
 	id := a.id
 	st.EnrollError = a.enrollErr
@@ -235,7 +236,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 			st.Server = id.Server
 		}
 	}
-	if ms, err := a.store.ManifestState(); err == nil {
+	if ms, err := a.manifestState(); err == nil {
 		st.Serial, st.Digest, st.AppliedSerial = ms.Serial, ms.Digest, ms.AppliedSerial
 	}
 	st.OutboxRecords, st.OutboxBytes, _ = a.store.OutboxStats()

@@ -41,7 +41,9 @@ type Agent struct {
 	syncReq  chan chan SyncResult
 	enrollCh chan enrollCall
 	outboxCh chan struct{} // a record was enqueued (buffered 1)
-	spoolCh  chan struct{} // collect spools now (buffered 1)
+	// reconnectCh cuts the stream's reconnect wait short (re-enrolled).
+	reconnectCh chan struct{}
+	spoolCh     chan struct{} // collect spools now (buffered 1)
 
 	alive atomic.Int64 // unix nanos of the last main-loop turn, for the watchdog
 
@@ -62,6 +64,7 @@ type Agent struct {
 	lastSyncErr   string
 	streamUp      bool
 	enrollErr     string
+	authLost      string            // why the server refuses the identity (reenroll.go); "" when it does not
 	runPipes      map[string]string // run id -> pipe, from RunStarted records
 	spoolRoots    []string
 }
@@ -106,17 +109,18 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:      cfg,
-		log:      logger,
-		clock:    realClock{},
-		host:     DefaultHostInfo(),
-		enrolled: make(chan struct{}),
-		syncReq:  make(chan chan SyncResult, 16),
-		enrollCh: make(chan enrollCall),
-		outboxCh: make(chan struct{}, 1),
-		spoolCh:  make(chan struct{}, 1),
-		lastRuns: map[string]RunSummary{},
-		runPipes: map[string]string{},
+		cfg:         cfg,
+		log:         logger,
+		clock:       realClock{},
+		host:        DefaultHostInfo(),
+		enrolled:    make(chan struct{}),
+		syncReq:     make(chan chan SyncResult, 16),
+		enrollCh:    make(chan enrollCall),
+		outboxCh:    make(chan struct{}, 1),
+		spoolCh:     make(chan struct{}, 1),
+		reconnectCh: make(chan struct{}, 1),
+		lastRuns:    map[string]RunSummary{},
+		runPipes:    map[string]string{},
 	}
 	for _, o := range opts {
 		o(a)
@@ -171,6 +175,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.applyStored(ctx)
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.streamLoop(ctx) })
+	wg.Go(func() { a.reenrollLoop(ctx) })
 	a.syncLoop(ctx)
 	return nil
 }
@@ -252,7 +257,7 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 	id, err := loadIdentity(a.cfg.DataDir)
 	if err == nil {
 		if _, serr := os.Stat(a.cfg.TokenFile); a.cfg.TokenFile != "" && serr == nil {
-			a.log.Info("already enrolled; the token file is not used (remove it)", "agent_id", id.AgentID, "token_file", a.cfg.TokenFile)
+			a.log.Info("already enrolled; the token file is used only if this identity stops working (revoked, expired)", "agent_id", id.AgentID, "token_file", a.cfg.TokenFile)
 		}
 		a.setIdentity(id)
 		return nil

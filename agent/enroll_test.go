@@ -233,3 +233,45 @@ func TestRenewal(t *testing.T) {
 		t.Fatalf("sync after renewal: %+v", r)
 	}
 }
+
+// TestReenrollExpired: an agent whose certificate expired while it was
+// down (so it could not renew) reports that at start, and enrolls again
+// from a token file, as a new agent whose first manifest is accepted.
+func TestReenrollExpired(t *testing.T) {
+	srv := newFakeServer(t)
+	srv.certLifetime = 2 * time.Second
+	cfg := testConfig(t, srv)
+	ta := startAgent(t, cfg, nil, WithEnrollToken(srv.token(time.Hour)))
+	id := ta.enrolled(10 * time.Second)
+	p, b := testPipe(t, "kept", "@hourly", "true", 1)
+	for serial := uint64(1); serial <= 3; serial++ {
+		srv.publish(id.AgentID, []manifest.Pipe{p}, b)
+		if r := ta.syncNow(); r.Serial != serial || r.Error != "" {
+			t.Fatalf("sync %d: %+v", serial, r)
+		}
+	}
+	ta.stop()
+	time.Sleep(time.Until(id.NotAfter().Add(100 * time.Millisecond)))
+
+	srv.mu.Lock()
+	srv.certLifetime = time.Hour
+	srv.mu.Unlock()
+	ta = startAgent(t, cfg, nil)
+	waitFor(t, 10*time.Second, "the expiry in status", func() bool {
+		return strings.Contains(ta.a.Status(t.Context()).IdentityError, "expired")
+	})
+	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
+	waitFor(t, 10*time.Second, "re-enrollment", func() bool { return ta.a.identity().AgentID != id.AgentID })
+	nid := ta.a.identity()
+	if !nid.NotAfter().After(time.Now().Add(30 * time.Minute)) {
+		t.Fatalf("new certificate expires %v", nid.NotAfter())
+	}
+	srv.publish(nid.AgentID, []manifest.Pipe{p}, b)
+	waitFor(t, 10*time.Second, "the new agent's first manifest", func() bool {
+		st := ta.a.Status(t.Context())
+		return st.Serial == 1 && st.AppliedSerial == 1 && st.IdentityError == ""
+	})
+	if _, err := os.Stat(cfg.TokenFile); !os.IsNotExist(err) {
+		t.Error("token file not removed")
+	}
+}

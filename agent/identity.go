@@ -100,6 +100,12 @@ func loadIdentity(dir string) (*Identity, error) {
 	if err := id.setCredentials(cred, ca); err != nil {
 		return nil, err
 	}
+	if cn := id.cert.Leaf.Subject.CommonName; cn != "" && cn != id.AgentID {
+		// The server names the agent in the certificate's CommonName. They
+		// differ only after a crash between writing agent.pem and
+		// identity.json in a re-enrollment: the certificate is the new one.
+		id.AgentID = cn
+	}
 	return &id, nil
 }
 

@@ -29,6 +29,7 @@ type ManifestState struct {
 	Digest        string // "sha256:<hex>" of its payload
 	AppliedSerial uint64 // the serial last applied successfully
 	AppliedDigest string
+	AgentID       string // whose manifest it is; "" in stores from before re-enrollment existed
 }
 
 // Store is the agent's durable state (agent/store, bbolt at D/agent.db).
@@ -40,9 +41,9 @@ type Store interface {
 	TrustRoot() (*signing.TrustRoot, error)
 	// SetTrustRoot replaces the trust root (enrollment, key list refresh).
 	SetTrustRoot(tr *signing.TrustRoot) error
-	// AcceptManifest records an accepted envelope with its serial and
-	// digest, and tr too when it is not nil, in one transaction.
-	AcceptManifest(env []byte, serial uint64, digest string, tr *signing.TrustRoot) error
+	// AcceptManifest records an accepted envelope of agent agentID with its
+	// serial and digest, and tr too when it is not nil, in one transaction.
+	AcceptManifest(agentID string, env []byte, serial uint64, digest string, tr *signing.TrustRoot) error
 	// SetApplied records the serial and digest in force on the host.
 	SetApplied(serial uint64, digest string) error
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,4 +170,100 @@ func TestRealServer(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestRealServerReenroll: an agent revoked on the server keeps its pipes,
+// says in its status that its identity no longer works, refuses no token
+// while it works, and enrolls again from a new token file: a new agent id
+// whose first manifest (serial 1, below the old id's serials) is accepted
+// and applied, with the runs recorded meanwhile delivered to the server
+// under the new id. Real server, real bbolt store, real cron backend.
+func TestRealServerReenroll(t *testing.T) {
+	rs := startRealServer(t)
+	tags := map[string]string{"role": "reenroll"}
+	newToken := func() string {
+		var tok server.TokenResponse
+		rs.api("POST", "/api/v1/enrollment-tokens", server.TokenRequest{Tags: tags}, &tok)
+		return tok.Token
+	}
+	cfg := testConfig(t, nil)
+	cfg.Server = rs.base
+	backend, err := apply.Select(t.Context(), apply.BackendCron, apply.Config{DataDir: cfg.DataDir, Scope: units.ScopeUser, AgentPath: "/bin/true"})
+	must(t, err)
+	t.Cleanup(func() { backend.Close() })
+	must(t, os.WriteFile(cfg.TokenFile, []byte(newToken()+"\n"), 0o600))
+	ta := startAgent(t, cfg, backend)
+	old := ta.enrolled(15 * time.Second).AgentID
+
+	// Three versions of the pipe: the old id's accepted serial is at least 3.
+	for _, sched := range []string{"1 4 * * *", "2 4 * * *", "3 4 * * *"} {
+		rs.api("PUT", "/api/v1/pipes/re-hello", map[string]any{"spec": map[string]any{
+			"schedule": sched, "script": "echo hello", "targets": map[string]any{"tags": tags},
+		}}, nil)
+		waitFor(t, 20*time.Second, "pipe version with "+sched, func() bool {
+			st := ta.a.Status(t.Context())
+			return len(st.Pipes) == 1 && st.AppliedSerial > 0 && st.Serial == st.AppliedSerial && ta.syncNow().Outcome == OutcomeUnchanged
+		})
+	}
+	oldSerial := ta.a.Status(t.Context()).Serial
+	if oldSerial < 3 {
+		t.Fatalf("serial %d after three versions", oldSerial)
+	}
+
+	// A token while the identity works is not used.
+	if err := EnrollVia(t.Context(), cfg.SocketPath(), newToken()); err == nil || !strings.Contains(err.Error(), "already enrolled") {
+		t.Fatalf("enroll over the control socket while enrolled: %v", err)
+	}
+
+	rs.api("POST", "/api/v1/agents/"+old+"/revoke", nil, nil)
+	waitFor(t, 20*time.Second, "the agent to notice the revocation", func() bool {
+		ta.a.RequestSync()
+		return strings.Contains(ta.a.Status(t.Context()).IdentityError, "agent_revoked")
+	})
+	// Pipes keep running: runs recorded while revoked wait in the outbox.
+	runs := spoolRuns(t, cfg.DataDir, "re-hello", 0, 3)
+	waitFor(t, 10*time.Second, "the runs in the outbox", func() bool {
+		n, _, _ := ta.store.OutboxStats()
+		return n >= 9
+	})
+	if st := ta.a.Status(t.Context()); len(st.Pipes) != 1 || st.Pipes[0].Name != "re-hello" {
+		t.Fatalf("pipes while revoked: %+v", st.Pipes)
+	}
+
+	must(t, os.WriteFile(cfg.TokenFile, []byte(newToken()+"\n"), 0o600))
+	var id string
+	waitFor(t, 30*time.Second, "re-enrollment", func() bool {
+		if cur := ta.a.identity(); cur != nil && cur.AgentID != old {
+			id = cur.AgentID
+			return true
+		}
+		return false
+	})
+	if _, err := os.Stat(cfg.TokenFile); !os.IsNotExist(err) {
+		t.Error("token file not removed after re-enrollment")
+	}
+	if got, err := loadIdentity(cfg.DataDir); err != nil || got.AgentID != id {
+		t.Fatalf("stored identity: %v %v", got, err)
+	}
+	waitFor(t, 30*time.Second, "the new agent's manifest applied", func() bool {
+		st := ta.a.Status(t.Context())
+		return st.IdentityError == "" && st.Serial > 0 && st.Serial < oldSerial && st.AppliedSerial == st.Serial &&
+			len(st.Pipes) == 1 && st.Pipes[0].Name == "re-hello" && st.StreamConnected
+	})
+	waitFor(t, 30*time.Second, "the runs on the server under the new id", func() bool {
+		var out struct {
+			Runs []server.RunJSON `json:"runs"`
+		}
+		rs.api("GET", "/api/v1/runs?pipe=re-hello&agent="+id, nil, &out)
+		return len(out.Runs) == len(runs)
+	})
+	var ag server.AgentJSON
+	rs.api("GET", "/api/v1/agents/"+id, nil, &ag)
+	if !ag.Online || ag.Tags["role"] != "reenroll" || ag.ManifestState != "applied" {
+		t.Fatalf("the new agent on the server: %+v", ag)
+	}
+	rs.api("GET", "/api/v1/agents/"+old, nil, &ag)
+	if !ag.Revoked || ag.Online {
+		t.Fatalf("the old agent on the server: %+v", ag)
+	}
 }

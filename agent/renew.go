@@ -46,7 +46,9 @@ func (a *Agent) renew(ctx context.Context) error {
 	}
 	var out renewResponse
 	resp, err := a.httpClient().R().SetContext(ctx).SetBody(renewRequest{CSR: csr}).SetResult(&out).Post(pathRenew)
-	if err := checkResponse(resp, err); err != nil {
+	err = checkResponse(resp, err)
+	a.noteAuth(err)
+	if err != nil {
 		return fmt.Errorf("renew: %w", err)
 	}
 	caPEM := []byte(out.CABundle)

@@ -24,6 +24,11 @@ var _ Store = (*BoltStore)(nil)
 const (
 	kvAppliedSerial = "agent.applied_serial"
 	kvAppliedDigest = "agent.applied_digest"
+	// kvManifestAgent is the agent id the accepted manifest was for. A
+	// re-enrolled agent has a new id whose serials start anew: the state of
+	// the old id must not judge them (stores written before this key have
+	// none, and their state stands).
+	kvManifestAgent = "agent.manifest_agent"
 )
 
 // OpenStore opens D/agent.db.
@@ -48,6 +53,7 @@ func (b *BoltStore) ManifestState() (ms ManifestState, err error) {
 			ms.AppliedSerial = binary.BigEndian.Uint64(v)
 		}
 		ms.AppliedDigest = string(t.Get(kvAppliedDigest))
+		ms.AgentID = string(t.Get(kvManifestAgent))
 		return nil
 	})
 	return ms, err
@@ -96,12 +102,15 @@ func (b *BoltStore) SetTrustRoot(tr *signing.TrustRoot) error {
 }
 
 // AcceptManifest implements Store.
-func (b *BoltStore) AcceptManifest(env []byte, serial uint64, digest string, tr *signing.TrustRoot) error {
+func (b *BoltStore) AcceptManifest(agentID string, env []byte, serial uint64, digest string, tr *signing.TrustRoot) error {
 	return b.S.Update(func(t *store.Tx) error {
 		if tr != nil {
 			if err := writeTrust(t, tr); err != nil {
 				return err
 			}
+		}
+		if err := t.Put(kvManifestAgent, []byte(agentID)); err != nil {
+			return err
 		}
 		return t.SetManifest(store.AcceptedManifest{Envelope: env, Serial: serial, Digest: digest})
 	})

@@ -27,6 +27,9 @@ const (
 	streamHealthy = 30 * time.Second
 )
 
+// errReconnect ends a stream whose identity was replaced.
+var errReconnect = errors.New("identity replaced")
+
 // streamLoop keeps the telemetry stream open, reconnecting with backoff and
 // jitter, until ctx is done.
 func (a *Agent) streamLoop(ctx context.Context) {
@@ -38,14 +41,29 @@ func (a *Agent) streamLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errReconnect) {
+			a.log.Info("stream closed to reconnect with the new identity")
+			bo.reset()
+			continue
+		}
+		if reason := authRefusal(err); reason != "" {
+			a.noteAuth(err)
+		}
 		if time.Since(start) > streamHealthy {
 			bo.reset()
 		}
 		d := bo.next()
 		a.log.Warn("stream closed; reconnecting", "err", err, "retry_in", d.Round(time.Millisecond))
-		if !sleep(ctx, d) {
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return
+		case <-a.reconnectCh:
+			bo.reset()
+		case <-t.C:
 		}
+		t.Stop()
 	}
 }
 
@@ -140,6 +158,9 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 			return ctx.Err()
 		case err := <-recvErr:
 			return err
+		case <-a.reconnectCh:
+			_ = stream.CloseSend()
+			return errReconnect
 		case <-a.outboxCh:
 		case <-ackCh:
 		case <-hb.C:
@@ -152,7 +173,7 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 
 // hello is the first message of every stream.
 func (a *Agent) hello() *agentpb.AgentMessage {
-	ms, _ := a.store.ManifestState()
+	ms, _ := a.manifestState()
 	h := &agentpb.Hello{
 		AgentVersion:   a.host.AgentVersion,
 		Os:             a.host.OS,

@@ -130,7 +130,9 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		req.SetHeader("If-None-Match", etag)
 	}
 	resp, err := req.Get(pathManifest)
-	if err := checkResponse(resp, err); err != nil {
+	err = checkResponse(resp, err)
+	a.noteAuth(err)
+	if err != nil {
 		var ae *APIError
 		switch {
 		case errors.Is(err, resty.ErrResponseBodyTooLarge):
@@ -194,7 +196,7 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 	if err != nil {
 		return SyncResult{Outcome: OutcomeError, Error: err.Error()}
 	}
-	if err := a.store.AcceptManifest(env, acc.Manifest.Serial, acc.Digest, tr); err != nil {
+	if err := a.store.AcceptManifest(id.AgentID, env, acc.Manifest.Serial, acc.Digest, tr); err != nil {
 		return SyncResult{Outcome: OutcomeError, Error: fmt.Sprintf("store manifest: %v", err)}
 	}
 	a.mu.Lock()
@@ -226,7 +228,7 @@ func (a *Agent) verify(ctx context.Context, id *Identity, env []byte) (*signing.
 	if tr == nil {
 		return nil, nil, errors.New("no trust root stored")
 	}
-	ms, err := a.store.ManifestState()
+	ms, err := a.manifestState()
 	if err != nil {
 		return nil, nil, fmt.Errorf("load manifest state: %w", err)
 	}
@@ -456,7 +458,7 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 		a.log.Error("apply failed", "serial", m.Serial, "err", err)
 		st.State = agentpb.ManifestStatus_STATE_APPLY_FAILED
 		st.Error = err.Error()
-		ms, _ := a.store.ManifestState()
+		ms, _ := a.manifestState()
 		st.AppliedSerial = ms.AppliedSerial
 		if report || wasOK {
 			a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
@@ -555,7 +557,7 @@ func (a *Agent) reapply(ctx context.Context) SyncResult {
 // even before the server answers (and after a crash in the middle of an
 // apply). A stored manifest that no longer verifies is left alone.
 func (a *Agent) applyStored(ctx context.Context) {
-	ms, err := a.store.ManifestState()
+	ms, err := a.manifestState()
 	if err != nil || len(ms.Envelope) == 0 {
 		return
 	}
@@ -610,7 +612,7 @@ func (a *Agent) reportRejected(env []byte, err error) {
 	if dup {
 		return
 	}
-	ms, _ := a.store.ManifestState()
+	ms, _ := a.manifestState()
 	a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
 		State:         agentpb.ManifestStatus_STATE_REJECTED,
 		Error:         err.Error(),

@@ -276,6 +276,12 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 		}
 		fmt.Fprintf(tw, "Server:\t%s (stream %s)\n", st.Server, stream)
 		fmt.Fprintf(tw, "Certificate:\texpires %s\n", st.CertExpiresAt.Local().Format(time.RFC3339))
+		if st.IdentityError != "" {
+			fmt.Fprintf(tw, "Identity:\tNOT WORKING: %s; write a new enrollment token to the token file to enroll again\n", st.IdentityError)
+			if st.EnrollError != "" {
+				fmt.Fprintf(tw, "Enrollment:\t%s\n", st.EnrollError)
+			}
+		}
 	} else {
 		fmt.Fprintf(tw, "Agent:\tnot enrolled (version %s)\n", st.Version)
 		if st.EnrollError != "" {
