@@ -119,6 +119,11 @@ func TestDebs(t *testing.T) {
 						t.Errorf("%s: %q, want %q", name, got, want)
 					}
 				}
+				if pkg == "drover-agent" {
+					if got := field("Recommends"); got != "systemd, libnss-systemd" {
+						t.Errorf("Recommends: %q, want systemd, libnss-systemd (dynamic users' names)", got)
+					}
+				}
 				if field("Maintainer") == "" || field("Description") == "" {
 					t.Errorf("no Maintainer or Description:\n%s", info)
 				}
