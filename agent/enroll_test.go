@@ -267,7 +267,12 @@ func TestReenrollExpired(t *testing.T) {
 		t.Fatalf("new certificate expires %v", nid.NotAfter())
 	}
 	srv.publish(nid.AgentID, []manifest.Pipe{p}, b)
+	// Synced on request too: the SyncNow of publish is lost when the new
+	// identity's stream is not connected yet.
 	waitFor(t, 10*time.Second, "the new agent's first manifest", func() bool {
+		if r := ta.syncNow(); r.Serial != 1 || r.Error != "" {
+			return false
+		}
 		st := ta.a.Status(t.Context())
 		return st.Serial == 1 && st.AppliedSerial == 1 && st.IdentityError == ""
 	})

@@ -258,8 +258,11 @@ func TestRealServerReenroll(t *testing.T) {
 		return len(out.Runs) == len(runs)
 	})
 	var ag server.AgentJSON
-	rs.api("GET", "/api/v1/agents/"+id, nil, &ag)
-	if !ag.Online || ag.Tags["role"] != "reenroll" || ag.ManifestState != "applied" {
+	waitFor(t, 30*time.Second, "the new agent's applied manifest on the server", func() bool {
+		rs.api("GET", "/api/v1/agents/"+id, nil, &ag)
+		return ag.ManifestState == "applied"
+	})
+	if !ag.Online || ag.Tags["role"] != "reenroll" || ag.AppliedSerial == 0 || ag.AppliedSerial >= oldSerial {
 		t.Fatalf("the new agent on the server: %+v", ag)
 	}
 	rs.api("GET", "/api/v1/agents/"+old, nil, &ag)
