@@ -11,15 +11,18 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -195,13 +198,17 @@ type fakeAgent struct {
 	hostname string
 	conn     *grpc.ClientConn
 	stream   agentpb.Agent_AgentStreamClient
+	ctx      context.Context // the stream's; ends with close
 	cancel   context.CancelFunc
 
-	mu      sync.Mutex
-	seq     uint64
-	acked   uint64
-	ackCh   chan struct{}
-	runNows []*agentpb.RunNow
+	sendMu sync.Mutex // one sender at a time, seqs in order
+
+	mu       sync.Mutex
+	seq      uint64
+	acked    uint64
+	ackCh    chan struct{}
+	runNows  []*agentpb.RunNow
+	onRunNow func(*agentpb.RunNow) // see serveRunNow
 }
 
 // enroll enrolls an agent with a fresh token carrying tags; connect opens
@@ -262,7 +269,7 @@ func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgen
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	fa.cancel = cancel
+	fa.ctx, fa.cancel = ctx, cancel
 	if fa.stream, err = agentpb.NewAgentClient(fa.conn).AgentStream(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -300,6 +307,9 @@ func (fa *fakeAgent) recv() {
 			}
 		case *agentpb.ServerMessage_RunNow:
 			fa.runNows = append(fa.runNows, b.RunNow)
+			if fa.onRunNow != nil {
+				go fa.onRunNow(b.RunNow)
+			}
 		}
 		fa.mu.Unlock()
 		select {
@@ -313,7 +323,16 @@ func (fa *fakeAgent) recv() {
 // until the server acknowledged (committed) them.
 func (fa *fakeAgent) send(msgs ...*agentpb.AgentMessage) {
 	fa.t.Helper()
+	if err := fa.trySend(msgs...); err != nil {
+		fa.t.Fatal(err)
+	}
+}
+
+// trySend is send for goroutines other than the test's: it returns the
+// error instead of failing the test.
+func (fa *fakeAgent) trySend(msgs ...*agentpb.AgentMessage) error {
 	var last uint64
+	fa.sendMu.Lock()
 	for _, m := range msgs {
 		if m.GetHello() == nil && m.GetHeartbeat() == nil {
 			fa.mu.Lock()
@@ -323,11 +342,13 @@ func (fa *fakeAgent) send(msgs ...*agentpb.AgentMessage) {
 			fa.mu.Unlock()
 		}
 		if err := fa.stream.Send(m); err != nil {
-			fa.t.Fatalf("send: %v", err)
+			fa.sendMu.Unlock()
+			return fmt.Errorf("send: %v", err)
 		}
 	}
+	fa.sendMu.Unlock()
 	if last == 0 {
-		return
+		return nil
 	}
 	deadline := time.After(15 * time.Second)
 	for {
@@ -335,13 +356,13 @@ func (fa *fakeAgent) send(msgs ...*agentpb.AgentMessage) {
 		acked := fa.acked
 		fa.mu.Unlock()
 		if acked >= last {
-			return
+			return nil
 		}
 		select {
 		case <-fa.ackCh:
 		case <-time.After(20 * time.Millisecond):
 		case <-deadline:
-			fa.t.Fatalf("no ack for seq %d", last)
+			return fmt.Errorf("no ack for seq %d", last)
 		}
 	}
 }
@@ -503,4 +524,113 @@ func writeFiles(t *testing.T, dir string, files map[string]string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// ---- runs on request: the fake agent as drover-agent answers RunNow
+
+// serveRunNow makes the agent answer RunNow as drover-agent does
+// (agent/runnow.go): every request ends in exactly one run that carries
+// its request id. The agent runs the pipe's script, as the server holds
+// it, with sh -c and reports the run (RunStarted, its output, RunFinished
+// with the real exit status and duration). When a run of the pipe is in
+// progress it reports a skipped run instead, and when it cannot start one,
+// a failed run with the reason. Scripts still running when the test ends
+// are killed with their process group.
+func (fa *fakeAgent) serveRunNow(ts *testServer) {
+	var (
+		runMu   sync.Mutex
+		running = map[string]bool{}
+		n       int
+	)
+	handle := func(rn *agentpb.RunNow) {
+		pipe, req := rn.GetPipe(), rn.GetRequestId()
+		runMu.Lock()
+		n++
+		id := fmt.Sprintf("run-%s-%03d", fa.hostname, n)
+		busy := running[pipe]
+		running[pipe] = true
+		runMu.Unlock()
+		finish := func(status agentpb.RunStatus, exit int32, version uint64, started time.Time, why string, chunks uint64) {
+			now := time.Now()
+			fa.trySend(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{
+				RunId: id, Pipe: pipe, PipeVersion: version, Trigger: agentpb.Trigger_TRIGGER_API, Status: status, ExitCode: exit,
+				StartedAt: timestamppb.New(started), FinishedAt: timestamppb.New(now), DurationMs: now.Sub(started).Milliseconds(),
+				Error: why, LogChunks: chunks, RequestId: req}}})
+		}
+		if busy {
+			finish(agentpb.RunStatus_RUN_STATUS_SKIPPED, 0, 0, time.Now(), "run now: a run of this pipe is in progress (runs never overlap)", 0)
+			return
+		}
+		defer func() {
+			runMu.Lock()
+			delete(running, pipe)
+			runMu.Unlock()
+		}()
+		script, version, err := ts.pipeScript(pipe)
+		if err != nil {
+			finish(agentpb.RunStatus_RUN_STATUS_FAILED, -1, 0, time.Now(), "run now: "+err.Error(), 0)
+			return
+		}
+		started := time.Now()
+		if fa.trySend(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{
+			RunId: id, Pipe: pipe, PipeVersion: version, Trigger: agentpb.Trigger_TRIGGER_API,
+			StartedAt: timestamppb.New(started), RequestId: req}}}) != nil {
+			return
+		}
+		cmd := exec.CommandContext(fa.ctx, "sh", "-c", script)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+		cmd.WaitDelay = time.Second
+		out, err := cmd.CombinedOutput()
+		status, exit := agentpb.RunStatus_RUN_STATUS_SUCCEEDED, int32(0)
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			status, exit = agentpb.RunStatus_RUN_STATUS_FAILED, int32(ee.ExitCode())
+		case err != nil:
+			finish(agentpb.RunStatus_RUN_STATUS_FAILED, -1, version, started, "run now: "+err.Error(), 0)
+			return
+		}
+		var chunks uint64
+		if len(out) > 0 {
+			if fa.trySend(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: &agentpb.LogChunk{
+				RunId: id, Stream: agentpb.LogStream_LOG_STREAM_STDOUT, Data: out, At: timestamppb.Now()}}}) != nil {
+				return
+			}
+			chunks = 1
+		}
+		finish(status, exit, version, started, "", chunks)
+	}
+	fa.mu.Lock()
+	fa.onRunNow = handle
+	fa.mu.Unlock()
+}
+
+// pipeScript is a pipe's script and version as the server holds them; it
+// does not fail the test (the fake agent calls it from its own goroutine).
+func (ts *testServer) pipeScript(name string) (string, uint64, error) {
+	req, err := http.NewRequest("GET", ts.base+"/api/v1/pipes/"+name, nil)
+	if err != nil {
+		return "", 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+ts.admin)
+	resp, err := ts.http.Do(req)
+	if err != nil {
+		return "", 0, err
+	}
+	defer resp.Body.Close()
+	var p struct {
+		Version uint64
+		Spec    struct{ Script string }
+	}
+	if resp.StatusCode != 200 {
+		return "", 0, fmt.Errorf("GET pipe %s: HTTP %d", name, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		return "", 0, err
+	}
+	if p.Spec.Script == "" {
+		return "", 0, fmt.Errorf("pipe %s has no script (the test agent runs scripts only)", name)
+	}
+	return p.Spec.Script, p.Version, nil
 }

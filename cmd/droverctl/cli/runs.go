@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -335,18 +337,66 @@ type runPipeResp struct {
 	RequestID string   `json:"request_id"`
 	Sent      []string `json:"sent"`
 	Offline   []string `json:"offline"`
+	// RequestIDs is set by runByTags (one request per agent, on an older
+	// server); the server's own answer has RequestID only.
+	RequestIDs []string `json:"request_ids,omitempty"`
 }
+
+// requestIDs are the ids whose runs answer this request.
+func (r *runPipeResp) requestIDs() []string {
+	if len(r.RequestIDs) > 0 {
+		return r.RequestIDs
+	}
+	if r.RequestID == "" {
+		return nil
+	}
+	return []string{r.RequestID}
+}
+
+// runWaitInterval is how often run --wait polls the request's runs.
+var runWaitInterval = 500 * time.Millisecond
+
+// runWaitPageSize is the page size run --wait asks for; 0 is the server's
+// default (tests make it small to cross pages).
+var runWaitPageSize = 0
 
 func (a *app) newRunCmd() *cobra.Command {
 	var agent string
 	var tagArgs []string
+	var wait bool
+	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "run PIPE [--agent ID | --tag k=v ...]",
+		Use:   "run PIPE [--agent ID | --tag k=v ...] [--wait [--timeout DURATION]]",
 		Short: "Run a pipe now on every agent it targets, one agent, or the agents with tags",
-		Args:  exactArgs(1, "a pipe name"),
+		Long: `Ask agents to run a pipe now: every agent the pipe targets, one of them
+(--agent), or those carrying tags (--tag k=v, repeatable). A targeted agent
+that is offline is listed as such and does not run the pipe: the request is
+not kept for it.
+
+Without --wait the command ends once the server has sent the request.
+
+With --wait it then follows the runs the request started (polling the server
+every half second) until every agent that got the request has finished its
+run, and prints one row per agent: AGENT RUN STATUS EXIT DURATION ERROR. With
+-o json or -o yaml it prints one object: request_id, sent, offline and runs
+(the API's run objects). --timeout bounds the wait (e.g. 30s, 5m; default:
+until interrupted); the rows then show where each run stands.
+
+Exit status with --wait: 0 only if the run of every agent that got the request
+succeeded; 1 if a run failed, timed out, was canceled or was skipped (a run of
+the pipe was in progress on that agent), if --timeout passed or the wait was
+interrupted first (stderr names the agents still waited for), or if a targeted
+agent was offline (it did not run the pipe).`,
+		Args: exactArgs(1, "a pipe name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if agent != "" && len(tagArgs) > 0 {
 				return usagef("use --agent or --tag, not both")
+			}
+			if cmd.Flags().Changed("timeout") && !wait {
+				return usagef("--timeout applies to --wait only")
+			}
+			if timeout < 0 {
+				return usagef("--timeout %s: must not be negative (0 waits until interrupted)", timeout)
 			}
 			tags, err := parseTags(tagArgs)
 			if err != nil {
@@ -356,15 +406,36 @@ func (a *app) newRunCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.runPipe(cmd.Context(), c, args[0], agent, tags)
+			if !wait {
+				return a.runPipe(cmd.Context(), c, args[0], agent, tags)
+			}
+			return a.runPipeWait(cmd.Context(), c, args[0], agent, tags, timeout)
 		},
 	}
 	cmd.Flags().StringVar(&agent, "agent", "", "run on this agent only")
 	cmd.Flags().StringArrayVar(&tagArgs, "tag", nil, "run on the targeted agents carrying k=v (repeatable)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the runs to end; exit 0 only if all succeeded (an offline agent counts as not)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "with --wait: give up waiting after this long, e.g. 30s or 5m (default 0: until interrupted)")
 	return cmd
 }
 
 func (a *app) runPipe(ctx context.Context, c *client, pipe, agent string, tags map[string]string) error {
+	resp, raw, err := a.requestRun(ctx, c, pipe, agent, tags)
+	if err != nil {
+		return err
+	}
+	if a.format() != "table" {
+		if err := a.printData(raw); err != nil {
+			return err
+		}
+	} else {
+		a.printRunRequested(pipe, resp)
+	}
+	return noAgentSent(pipe, resp)
+}
+
+// requestRun asks the server for a run of pipe.
+func (a *app) requestRun(ctx context.Context, c *client, pipe, agent string, tags map[string]string) (*runPipeResp, json.RawMessage, error) {
 	path := "/api/v1/pipes/" + pathEscape(pipe) + "/run"
 	var resp runPipeResp
 	var raw json.RawMessage
@@ -382,28 +453,275 @@ func (a *app) runPipe(ctx context.Context, c *client, pipe, agent string, tags m
 		raw, err = c.call(ctx, http.MethodPost, path, map[string]any{}, &resp)
 	}
 	if err != nil {
-		return fmt.Errorf("run %s: %w", pipe, err)
+		return nil, nil, fmt.Errorf("run %s: %w", pipe, err)
 	}
-	if a.format() != "table" {
-		if err := a.printData(raw); err != nil {
-			return err
+	return &resp, raw, nil
+}
+
+func (a *app) printRunRequested(pipe string, resp *runPipeResp) {
+	fmt.Fprintf(a.stdout(), "run of %s requested (request %s)\n", pipe, resp.RequestID)
+	if len(resp.Sent) > 0 {
+		fmt.Fprintf(a.stdout(), "  sent to: %s\n", strings.Join(resp.Sent, ", "))
+	}
+	if len(resp.Offline) > 0 {
+		fmt.Fprintf(a.stdout(), "  offline (not run): %s\n", strings.Join(resp.Offline, ", "))
+	}
+}
+
+// noAgentSent is the error of a request no agent got.
+func noAgentSent(pipe string, resp *runPipeResp) error {
+	if len(resp.Sent) > 0 {
+		return nil
+	}
+	if len(resp.Offline) == 0 {
+		return fmt.Errorf("pipe %s targets no agent that matches", pipe)
+	}
+	return fmt.Errorf("no agent that runs pipe %s is online", pipe)
+}
+
+// runWaitResult is what run --wait prints with -o json|yaml.
+type runWaitResult struct {
+	RequestID  string            `json:"request_id"`
+	RequestIDs []string          `json:"request_ids,omitempty"`
+	Sent       []string          `json:"sent"`
+	Offline    []string          `json:"offline"`
+	Runs       []json.RawMessage `json:"runs"`
+}
+
+// agentRun is the run an agent reported for a request.
+type agentRun struct {
+	run runObj
+	raw json.RawMessage
+}
+
+// runPipeWait is run --wait: the request, then its runs until each agent
+// that got it has finished one, timeout passes or ctx ends.
+func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, tags map[string]string, timeout time.Duration) error {
+	resp, _, err := a.requestRun(ctx, c, pipe, agent, tags)
+	if err != nil {
+		return err
+	}
+	table := a.format() == "table"
+	if table {
+		a.printRunRequested(pipe, resp)
+	}
+	var runs map[string]*agentRun
+	var waitErr error
+	if len(resp.Sent) > 0 {
+		runs, waitErr = a.waitRuns(ctx, c, resp, timeout)
+		if runs == nil {
+			return fmt.Errorf("run %s: waiting for the runs: %w", pipe, waitErr)
+		}
+	}
+	if table {
+		if len(resp.Sent) > 0 {
+			t := newTable(a.stdout(), "AGENT", "RUN", "STATUS", "EXIT", "DURATION", "ERROR")
+			for _, id := range resp.Sent {
+				ar := runs[id]
+				if ar == nil {
+					t.row(id, "", "no run yet", "", "", "")
+					continue
+				}
+				r := &ar.run
+				exit, dur := r.exit(), ""
+				if r.FinishedAt != nil || r.DurationMS > 0 {
+					dur = fmtDuration(r.DurationMS)
+				}
+				if r.Status == "skipped" {
+					exit, dur = "", "" // nothing ran
+				}
+				t.row(id, r.ID, r.Status, exit, dur, r.Error)
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
 		}
 	} else {
-		fmt.Fprintf(a.stdout(), "run of %s requested (request %s)\n", pipe, resp.RequestID)
-		if len(resp.Sent) > 0 {
-			fmt.Fprintf(a.stdout(), "  sent to: %s\n", strings.Join(resp.Sent, ", "))
+		out := runWaitResult{RequestID: resp.RequestID, RequestIDs: resp.RequestIDs, Sent: resp.Sent, Offline: resp.Offline, Runs: []json.RawMessage{}}
+		if out.Sent == nil {
+			out.Sent = []string{}
 		}
-		if len(resp.Offline) > 0 {
-			fmt.Fprintf(a.stdout(), "  offline (not run): %s\n", strings.Join(resp.Offline, ", "))
+		if out.Offline == nil {
+			out.Offline = []string{}
+		}
+		for _, id := range resp.Sent {
+			if ar := runs[id]; ar != nil {
+				out.Runs = append(out.Runs, ar.raw)
+			}
+		}
+		if err := a.printData(out); err != nil {
+			return err
 		}
 	}
-	if len(resp.Sent) == 0 {
-		if len(resp.Offline) == 0 {
-			return fmt.Errorf("pipe %s targets no agent that matches", pipe)
+	if err := noAgentSent(pipe, resp); err != nil {
+		return err
+	}
+	// Why the exit status is not 0, most pressing first.
+	var problems, waiting []string
+	for _, id := range resp.Sent {
+		ar := runs[id]
+		switch {
+		case ar == nil || !ar.run.terminal():
+			waiting = append(waiting, id)
+		case ar.run.Status != "succeeded":
+			problems = append(problems, runProblem(id, &ar.run))
 		}
-		return fmt.Errorf("no agent that runs pipe %s is online", pipe)
+	}
+	if len(waiting) > 0 {
+		what := "timed out after " + fmtWait(timeout)
+		if !errors.Is(waitErr, errWaitTimeout) {
+			what = "interrupted"
+		}
+		problems = append([]string{fmt.Sprintf("%s waiting for %s %s", what, plural(len(waiting), "agent", "agents"), strings.Join(waiting, ", "))}, problems...)
+	}
+	if n := len(resp.Offline); n > 0 {
+		problems = append(problems, fmt.Sprintf("%s %s %s offline and did not run the pipe",
+			plural(n, "agent", "agents"), strings.Join(resp.Offline, ", "), plural(n, "was", "were")))
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// runProblem says why an agent's finished run is not a success.
+func runProblem(agent string, r *runObj) string {
+	p := "the run on agent " + agent
+	switch r.Status {
+	case "skipped":
+		p += " was skipped"
+		if r.Error == "" {
+			p += " (a run of the pipe was in progress)"
+		}
+	case "canceled":
+		p += " was canceled"
+	default:
+		p += " " + strings.ReplaceAll(r.Status, "_", " ")
+	}
+	switch e := r.exit(); {
+	case r.Error != "":
+		p += ": " + r.Error
+	case e != "" && r.Status != "skipped":
+		p += " (exit " + e + ")"
+	}
+	return p
+}
+
+// fmtWait shows a --timeout as given: 5m rather than 5m0s.
+func fmtWait(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// errWaitTimeout is waitRuns' error when --timeout passed.
+var errWaitTimeout = errors.New("the --timeout passed")
+
+// waitRuns polls the runs of resp's request until every agent in
+// resp.Sent has a finished run (nil error), timeout passes
+// (errWaitTimeout) or ctx ends (its error). It returns the runs
+// last seen, by agent; the map is nil only when the API refused.
+func (a *app) waitRuns(ctx context.Context, c *client, resp *runPipeResp, timeout time.Duration) (map[string]*agentRun, error) {
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		wctx, cancel = context.WithTimeout(ctx, timeout)
+	}
+	defer cancel()
+	sent := map[string]bool{}
+	for _, id := range resp.Sent {
+		sent[id] = true
+	}
+	done := func(runs map[string]*agentRun) bool {
+		for id := range sent {
+			if ar := runs[id]; ar == nil || !ar.run.terminal() {
+				return false
+			}
+		}
+		return true
+	}
+	runs := map[string]*agentRun{}
+	const maxFailures = 10 // consecutive unreachable polls (a server restart)
+	failures := 0
+	for {
+		got, err := fetchRequestRuns(wctx, c, resp.requestIDs(), sent)
+		switch {
+		case err == nil:
+			runs, failures = got, 0
+			if done(runs) {
+				return runs, nil
+			}
+		case wctx.Err() != nil:
+			// Ended mid-request: handled below.
+		default:
+			var ae *apiError
+			if failures++; errors.As(err, &ae) || failures >= maxFailures {
+				return nil, err
+			}
+		}
+		select {
+		case <-wctx.Done():
+		case <-time.After(runWaitInterval):
+			continue
+		}
+		if ctx.Err() != nil {
+			return runs, ctx.Err()
+		}
+		// The timeout passed: one last look, so that the rows show where
+		// each run stands now.
+		lctx, lcancel := context.WithTimeout(ctx, 5*time.Second)
+		got, err = fetchRequestRuns(lctx, c, resp.requestIDs(), sent)
+		lcancel()
+		if err == nil {
+			runs = got
+			if done(runs) {
+				return runs, nil
+			}
+		}
+		return runs, errWaitTimeout
+	}
+}
+
+// fetchRequestRuns lists the runs of requests (every page) and picks one
+// per agent of sent: its newest finished run, else its newest run.
+func fetchRequestRuns(ctx context.Context, c *client, requests []string, sent map[string]bool) (map[string]*agentRun, error) {
+	runs := map[string]*agentRun{}
+	for _, req := range requests {
+		q := url.Values{"request_id": {req}}
+		if runWaitPageSize > 0 {
+			q.Set("limit", strconv.Itoa(runWaitPageSize))
+		}
+		items, err := c.list(ctx, "/api/v1/runs", "runs", q)
+		if err != nil {
+			return nil, err
+		}
+		for _, raw := range items {
+			var r runObj
+			if err := json.Unmarshal(raw, &r); err != nil {
+				return nil, fmt.Errorf("GET /api/v1/runs: malformed run: %w", err)
+			}
+			if r.RequestID != req || !sent[r.AgentID] {
+				continue // a server that ignores the filter
+			}
+			// Newest first: keep the first, unless a finished one follows
+			// a pending or running one.
+			if cur := runs[r.AgentID]; cur == nil || !cur.run.terminal() && r.terminal() {
+				runs[r.AgentID] = &agentRun{run: r, raw: raw}
+			}
+		}
+	}
+	return runs, nil
 }
 
 // unknownField reports a 400 naming field as unknown.
@@ -447,7 +765,7 @@ func (a *app) runByTags(ctx context.Context, c *client, pipe string, tags map[st
 			ids = append(ids, r.RequestID)
 		}
 	}
-	resp.RequestID = strings.Join(ids, ",")
+	resp.RequestID, resp.RequestIDs = strings.Join(ids, ","), ids
 	raw, err := json.Marshal(map[string]any{"request_id": resp.RequestID, "request_ids": ids, "sent": resp.Sent, "offline": resp.Offline})
 	return raw, err
 }
