@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,17 +45,32 @@ func TestDroverctlApplyRoundTrip(t *testing.T) {
 	write("more/c.yaml", "name: ctl-c\nschedule: '*/10 * * * *'\nscript: echo c\n"+target, 0o644)
 
 	home := t.TempDir()
-	ctl := func(args ...string) (string, string) {
+	// ctlExit runs droverctl and returns its output and exit code.
+	ctlExit := func(args ...string) (string, string, int) {
 		t.Helper()
 		cmd := exec.Command(ctlBin(), args...)
 		cmd.Env = childEnv("HOME="+home, "XDG_CONFIG_HOME="+home, "DROVER_SERVER="+srv.base,
 			"DROVER_TOKEN="+srv.admin, "DROVER_CA="+filepath.Join(srv.dataDir, "ca.crt"))
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("droverctl %v: %v\nstdout:\n%s\nstderr:\n%s", args, err, out.String(), errb.String())
+		err := cmd.Run()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			return out.String(), errb.String(), 0
+		case errors.As(err, &ee):
+			return out.String(), errb.String(), ee.ExitCode()
 		}
-		return out.String(), errb.String()
+		t.Fatalf("droverctl %v: %v", args, err)
+		return "", "", -1
+	}
+	ctl := func(args ...string) (string, string) {
+		t.Helper()
+		out, errs, code := ctlExit(args...)
+		if code != 0 {
+			t.Fatalf("droverctl %v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errs)
+		}
+		return out, errs
 	}
 	serverPipes := func() []string {
 		var out struct {
@@ -117,5 +134,26 @@ func TestDroverctlApplyRoundTrip(t *testing.T) {
 	run := srv.runOfRequest(req.RequestID, 60*time.Second, "succeeded", "failed")
 	if run.Status != "succeeded" || !strings.Contains(srv.logText(run.ID), "ctl-b says second") {
 		t.Fatalf("run %s: %s, log %q", run.ID, run.Status, srv.logText(run.ID))
+	}
+
+	// `run --wait` from CI: a pipe applied and run at once (the agent syncs
+	// before running it) succeeds with exit 0; a failing one exits 1.
+	write("more/f.yaml", "name: ctl-f\nschedule: '@daily'\nscript: echo failing; exit 3\n"+target, 0o644)
+	write("more/ok.yaml", "name: ctl-ok\nschedule: '@daily'\nscript: echo fine\n"+target, 0o644)
+	ctl("apply", "-f", dir)
+	out, errs, code := ctlExit("run", "ctl-ok", "--agent", id, "--wait", "--timeout", "60s", "-o", "json")
+	var waited struct {
+		Runs []struct {
+			Status   string `json:"status"`
+			AgentID  string `json:"agent_id"`
+			ExitCode int    `json:"exit_code"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &waited); code != 0 || err != nil || len(waited.Runs) != 1 || waited.Runs[0].Status != "succeeded" || waited.Runs[0].AgentID != id {
+		t.Fatalf("run --wait of a new pipe: exit %d, %v\nstdout:\n%s\nstderr:\n%s", code, err, out, errs)
+	}
+	out, errs, code = ctlExit("run", "ctl-f", "--wait", "--timeout", "60s")
+	if code != 1 || !strings.Contains(out, "failed") || !strings.Contains(errs, "exit 3") {
+		t.Fatalf("run --wait of a failing pipe: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
 	}
 }
