@@ -595,31 +595,61 @@ func (b *Systemd) managed(pipe string) bool {
 	return err == nil && units.IsManaged(data)
 }
 
-// Status implements Backend.
+// Status implements Backend. It runs on every heartbeat and sync, so it
+// asks the manager only for what it uses: the active states of every pipe
+// unit in one ListUnitsByNames call, then per pipe the timer's next and
+// last elapse and the service's Result and ExecMainStatus (and its
+// InvocationID while it runs), one property each. Reading every property of both units
+// (GetAllProperties, hundreds each) made an idle agent with 100 pipes
+// allocate ~100 MB per 30 s. Enabled is our own timers.target.wants link,
+// the only way the agent enables a timer.
 func (b *Systemd) Status(ctx context.Context) ([]PipeState, error) {
-	var out []PipeState
-	for _, p := range b.pipesOnDisk() {
-		ps := PipeState{Name: p}
-		tp, err := b.conn.GetAllPropertiesContext(ctx, units.TimerName(p))
+	pipes := b.pipesOnDisk()
+	if len(pipes) == 0 {
+		return nil, nil
+	}
+	names := make([]string, 0, 2*len(pipes))
+	for _, p := range pipes {
+		names = append(names, units.TimerName(p), units.ServiceName(p))
+	}
+	list, err := b.conn.ListUnitsByNamesContext(ctx, names)
+	if err != nil {
+		return nil, fmt.Errorf("list units: %w", err)
+	}
+	active := make(map[string]string, len(list))
+	for _, u := range list {
+		active[u.Name] = u.ActiveState
+	}
+	wants := filepath.Join(b.cfg.UnitDir, "timers.target.wants")
+	out := make([]PipeState, 0, len(pipes))
+	for _, p := range pipes {
+		tm, svc := units.TimerName(p), units.ServiceName(p)
+		ps := PipeState{Name: p, Scheduled: active[tm] == "active"}
+		if target, err := os.Readlink(filepath.Join(wants, tm)); err == nil && target == filepath.Join(b.cfg.UnitDir, tm) {
+			ps.Enabled = true
+		}
+		next, err := b.conn.GetUnitTypePropertyContext(ctx, tm, "Timer", "NextElapseUSecRealtime")
 		if err != nil {
 			return nil, err
 		}
-		sp, err := b.conn.GetAllPropertiesContext(ctx, units.ServiceName(p))
-		if err != nil {
-			return nil, err
+		ps.Next = usecTime(next.Value.Value())
+		if v, err := b.conn.GetUnitTypePropertyContext(ctx, tm, "Timer", "LastTriggerUSec"); err == nil {
+			ps.LastTrigger = usecTime(v.Value.Value())
 		}
-		ps.Scheduled = tp["ActiveState"] == "active"
-		ps.Enabled = tp["UnitFileState"] == "enabled"
-		ps.Next = usecTime(tp["NextElapseUSecRealtime"])
-		ps.LastTrigger = usecTime(tp["LastTriggerUSec"])
-		as, _ := sp["ActiveState"].(string)
+		as := active[svc]
 		ps.Running = as == "activating" || as == "active" || as == "deactivating"
 		if ps.Running {
-			ps.RunID = invocationID(sp["InvocationID"])
+			if v, err := b.conn.GetUnitPropertyContext(ctx, svc, "InvocationID"); err == nil {
+				ps.RunID = invocationID(v.Value.Value())
+			}
 		}
-		ps.LastResult, _ = sp["Result"].(string)
-		if st, ok := sp["ExecMainStatus"].(int32); ok {
-			ps.LastExit = int(st)
+		if v, err := b.conn.GetServicePropertyContext(ctx, svc, "Result"); err == nil {
+			ps.LastResult, _ = v.Value.Value().(string)
+		}
+		if v, err := b.conn.GetServicePropertyContext(ctx, svc, "ExecMainStatus"); err == nil {
+			if st, ok := v.Value.Value().(int32); ok {
+				ps.LastExit = int(st)
+			}
 		}
 		out = append(out, ps)
 	}
