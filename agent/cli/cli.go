@@ -70,6 +70,7 @@ on its internal cron scheduler), and reports runs to the server.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneDaemonGC()
 			return runDaemon(cmd.Context(), &env, &cf)
 		},
 	}
