@@ -5,6 +5,8 @@ GO ?= go
 BIN := bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
+# Keep in step with packaging.BuildTags (packaging/build.go says why).
+TAGS := grpcnotrace
 FUZZTIME ?= 60s
 TEST_FUZZTIME ?= 3s
 BENCHTIME ?= 1x
@@ -15,7 +17,7 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -trimpath -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 deps:
 	@scripts/deps.sh

@@ -47,6 +47,13 @@ var (
 // Binaries are the commands built, each from ./cmd/<name>.
 var Binaries = []string{"drover-agent", "drover-server", "droverctl"}
 
+// BuildTags are the build tags of every shipped binary (the Makefile's
+// `build` uses the same). grpcnotrace drops gRPC's golang.org/x/net/trace
+// import, whose html/template makes the linker keep every exported method
+// of every type: −3.5 MB of binary and −3 MB of the agent's idle RSS. Drover
+// never enables gRPC tracing, so nothing is lost.
+const BuildTags = "grpcnotrace"
+
 // Options configure Build. Zero values mean the defaults.
 type Options struct {
 	Root     string   // repository root (default: found upwards from the working directory)
@@ -326,7 +333,7 @@ func goBuild(ctx context.Context, root, dir, goarch, version string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	args := []string{"build", "-trimpath", "-ldflags", "-s -w -X main.version=" + version, "-o", dir + "/"}
+	args := []string{"build", "-trimpath", "-tags", BuildTags, "-ldflags", "-s -w -X main.version=" + version, "-o", dir + "/"}
 	for _, b := range Binaries {
 		if !hasGoFiles(filepath.Join(root, "cmd", b)) {
 			return &MissingPartError{Part: "cmd/" + b}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/packaging"
 )
 
 // envBinDir passes the directory of the built binaries from the test binary
@@ -71,7 +72,7 @@ func buildBinaries() (string, error) {
 		return "", err
 	}
 	t0 := time.Now()
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", dir+"/", "./cmd/drover-server", "./cmd/drover-agent", "./cmd/droverctl")
+	cmd := exec.Command("go", "build", "-trimpath", "-tags", packaging.BuildTags, "-ldflags", "-s -w", "-o", dir+"/", "./cmd/drover-server", "./cmd/drover-agent", "./cmd/droverctl")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
