@@ -116,3 +116,15 @@ func skipOrFailInCI(t *testing.T, why string) {
 	}
 	t.Skip(why)
 }
+
+// TestMakefileBuildTags: `make build` builds with the tags the packages and
+// the e2e harness use.
+func TestMakefileBuildTags(t *testing.T) {
+	b, err := os.ReadFile("../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "\nTAGS := "+BuildTags+"\n") || !strings.Contains(string(b), "-tags $(TAGS)") {
+		t.Errorf("the Makefile does not build with TAGS := %s", BuildTags)
+	}
+}
