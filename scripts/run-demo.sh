@@ -19,7 +19,9 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
-trap cleanup INT TERM EXIT
+# Ctrl-C: stop everything and end here (not at "a process exited" below).
+trap 'cleanup; exit 0' INT TERM
+trap cleanup EXIT
 
 echo "make run: starting drover-server (data in .run/server, HTTPS $http, gRPC $grpc)"
 bin/drover-server --data-dir "$run/server" --http-addr "$http" --grpc-addr "$grpc" >"$run/server.log" 2>&1 &
