@@ -224,7 +224,9 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 
 // Enroll enrolls once with token, outside the daemon (`drover-agent enroll`
 // when no daemon runs), storing the identity in cfg.DataDir and st. An
-// agent that is already enrolled is left alone.
+// agent that is already enrolled is left alone, unless its certificate
+// expired (it enrolls again, as the daemon would; reenroll.go). Whether
+// the server refuses a certificate only the daemon finds out.
 func Enroll(ctx context.Context, cfg Config, st Store, token string, host HostInfo, log *slog.Logger) (*Identity, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -233,7 +235,10 @@ func Enroll(ctx context.Context, cfg Config, st Store, token string, host HostIn
 		return nil, err
 	}
 	if id, err := loadIdentity(cfg.DataDir); err == nil {
-		return nil, fmt.Errorf("already enrolled as %s", id.AgentID)
+		if time.Now().Before(id.NotAfter()) {
+			return nil, fmt.Errorf("already enrolled as %s", id.AgentID)
+		}
+		log.Info("the certificate expired; enrolling again", "agent_id", id.AgentID, "expired", id.NotAfter())
 	}
 	tok, err := ParseToken(token)
 	if err != nil {

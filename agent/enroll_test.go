@@ -280,3 +280,33 @@ func TestReenrollExpired(t *testing.T) {
 		t.Error("token file not removed")
 	}
 }
+
+// TestEnrollOffline: `drover-agent enroll` without a daemon enrolls once,
+// refuses while the identity is valid, and enrolls again once the
+// certificate expired.
+func TestEnrollOffline(t *testing.T) {
+	srv := newFakeServer(t)
+	srv.certLifetime = 2 * time.Second
+	cfg := testConfig(t, srv)
+	must(t, os.MkdirAll(cfg.DataDir, 0o700))
+	st, err := OpenStore(cfg.DataDir, cfg.OutboxMaxBytes, nil)
+	must(t, err)
+	defer st.Close()
+	id, err := Enroll(t.Context(), cfg, st, srv.token(time.Hour), DefaultHostInfo(), nil)
+	must(t, err)
+	if _, err := Enroll(t.Context(), cfg, st, srv.token(time.Hour), DefaultHostInfo(), nil); err == nil || !strings.Contains(err.Error(), "already enrolled as "+id.AgentID) {
+		t.Fatalf("second enroll while valid: %v", err)
+	}
+	time.Sleep(time.Until(id.NotAfter().Add(100 * time.Millisecond)))
+	srv.mu.Lock()
+	srv.certLifetime = time.Hour
+	srv.mu.Unlock()
+	nid, err := Enroll(t.Context(), cfg, st, srv.token(time.Hour), DefaultHostInfo(), nil)
+	must(t, err)
+	if nid.AgentID == id.AgentID {
+		t.Fatal("same agent id after re-enrollment")
+	}
+	if got, err := loadIdentity(cfg.DataDir); err != nil || got.AgentID != nid.AgentID || !got.NotAfter().Equal(nid.NotAfter()) {
+		t.Fatalf("stored identity %v %v", got, err)
+	}
+}
