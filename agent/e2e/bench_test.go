@@ -46,6 +46,7 @@ func BenchmarkAgentIdleRSS100(b *testing.B) {
 	for range b.N {
 		var last map[string]int
 		peak := 0
+		cpu0, t0 := procCPU(b, ag.pid()), time.Now()
 		for end := time.Now().Add(settle); ; {
 			last = procStatus(b, ag.pid())
 			peak = max(peak, last["VmRSS"])
@@ -54,11 +55,34 @@ func BenchmarkAgentIdleRSS100(b *testing.B) {
 			}
 			time.Sleep(2 * time.Second)
 		}
+		cpu := (procCPU(b, ag.pid()) - cpu0).Seconds() / time.Since(t0).Seconds() * 100
 		b.ReportMetric(float64(last["VmRSS"])/1024, "MB-rss")
 		b.ReportMetric(float64(peak)/1024, "MB-rss-peak")
+		b.ReportMetric(cpu, "%cpu-idle")
 		b.Logf("agent with 100 pipes, %s after the apply: VmRSS %.1f MB (anonymous %.1f MB, file-backed %.1f MB; peak %.1f MB); target 20 MB",
 			settle, float64(last["VmRSS"])/1024, float64(last["RssAnon"])/1024, float64(last["RssFile"])/1024, float64(peak)/1024)
 	}
+}
+
+// procCPU returns the user and system CPU time pid has used
+// (/proc/<pid>/stat fields 14 and 15, in clock ticks of 1/100 s).
+func procCPU(tb testing.TB, pid int) time.Duration {
+	tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// The command name (field 2) may hold spaces: count from its ")".
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		tb.Fatalf("/proc/%d/stat: %q", pid, b)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		tb.Fatalf("/proc/%d/stat: %q", pid, b)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // procStatus returns the kB fields of /proc/<pid>/status (VmRSS, RssAnon,
