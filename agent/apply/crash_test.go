@@ -63,16 +63,8 @@ func TestSystemdCrashSafety(t *testing.T) {
 	sdtest.Require(t)
 	t.Parallel()
 	// A manager of its own: this test runs beside the minute-long ones.
-	env := sdtest.NewManager(t)
 	data := t.TempDir()
-	cfg := userConfig(t, data)
-	cfg.UnitDir, cfg.StampDir, cfg.BusAddress = env.UnitDir(), env.StampDir(), env.BusAddress
-	cfg.RuntimeDir = filepath.Join(env.RuntimeDir, "drover")
-	b, err := NewSystemd(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b, env := newOwnSystemd(t, data)
 	never := "0 0 1 1 *"
 	variants := []crashInput{
 		{Specs: []manifest.Spec{

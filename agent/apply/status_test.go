@@ -2,7 +2,6 @@ package apply
 
 import (
 	"context"
-	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -52,18 +51,8 @@ func statusAll(t *testing.T, b *Systemd) []PipeState {
 func TestStatusMatchesAllProperties(t *testing.T) {
 	sdtest.Require(t)
 	t.Parallel()
-	// A manager of its own: Apply owns every drover-pipe-* unit of its
-	// manager, and this test runs beside others.
-	env := sdtest.NewManager(t)
 	data := t.TempDir()
-	cfg := userConfig(t, data)
-	cfg.UnitDir, cfg.StampDir, cfg.BusAddress = env.UnitDir(), env.StampDir(), env.BusAddress
-	cfg.RuntimeDir = filepath.Join(env.RuntimeDir, "drover")
-	b, err := NewSystemd(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b, _ := newOwnSystemd(t, data)
 	in := input(t,
 		spec("st-sched", "17 3 * * *"),
 		spec("st-off", "17 3 * * *", disabled()),

@@ -30,6 +30,23 @@ func TestMain(m *testing.M) {
 
 // newSystemd returns a user-scope backend on the test manager. When the test
 // ends it applies an empty manifest, so the next test starts clean.
+// newOwnSystemd starts a user manager of its own and a backend on it, for
+// tests that run beside others: Apply owns every drover-pipe-* unit of its
+// manager.
+func newOwnSystemd(t *testing.T, dataDir string) (*Systemd, sdtest.Env) {
+	t.Helper()
+	env := sdtest.NewManager(t)
+	cfg := userConfig(t, dataDir)
+	cfg.UnitDir, cfg.StampDir, cfg.BusAddress = env.UnitDir(), env.StampDir(), env.BusAddress
+	cfg.RuntimeDir = filepath.Join(env.RuntimeDir, "drover")
+	b, err := NewSystemd(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b, env
+}
+
 func newSystemd(t testing.TB, dataDir string) *Systemd {
 	t.Helper()
 	sdtest.Require(t)
