@@ -37,6 +37,12 @@ func TestSystemdEndToEnd(t *testing.T) {
 	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
 	ta := startAgent(t, cfg, backend)
 	agentID := ta.enrolled(10 * time.Second).AgentID
+	// publish's SyncNow travels on the stream: wait until the server has it.
+	waitFor(t, 10*time.Second, "the stream", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return ta.a.Status(t.Context()).StreamConnected && srv.streams[agentID] != nil
+	})
 
 	p, b := testPipe(t, "e2e", "17 3 * * *", "echo e2e", 1)
 	srv.publish(agentID, []manifest.Pipe{p}, b)
