@@ -46,9 +46,7 @@ func (a *Agent) streamLoop(ctx context.Context) {
 			bo.reset()
 			continue
 		}
-		if reason := authRefusal(err); reason != "" {
-			a.noteAuth(err)
-		}
+		a.noteAuth(err) // a refusal marks the identity as lost (reenroll.go)
 		if time.Since(start) > streamHealthy {
 			bo.reset()
 		}
