@@ -124,6 +124,15 @@ func commitFiles(files []pendingFile) error {
 
 // writeFileAtomic writes one file: temp, fsync, rename, fsync dir.
 func writeFileAtomic(path string, data []byte, perm fs.FileMode) error {
+	if err := replaceFile(path, data, perm); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// replaceFile writes a temporary file, fsyncs it and renames it over path;
+// the caller syncs the directory (once for several files).
+func replaceFile(path string, data []byte, perm fs.FileMode) error {
 	p, err := writeTemp(path, data, perm)
 	if err != nil {
 		return err
@@ -138,9 +147,8 @@ func writeFileAtomic(path string, data []byte, perm fs.FileMode) error {
 	}
 	if err != nil {
 		os.Remove(p.tmp)
-		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return err
 }
 
 // syncFS flushes the file systems holding dirs: one syncfs(2) per file system.

@@ -222,20 +222,7 @@ func writeSecrets(dataDir, pipe string, values map[string]string) error {
 				continue
 			}
 		}
-		p, err := writeTemp(path, []byte(v), 0o600)
-		if err != nil {
-			return err
-		}
-		f, err := os.Open(p.tmp)
-		if err == nil {
-			err = f.Sync()
-			f.Close()
-		}
-		if err == nil {
-			err = os.Rename(p.tmp, path)
-		}
-		if err != nil {
-			os.Remove(p.tmp)
+		if err := replaceFile(path, []byte(v), 0o600); err != nil {
 			return err
 		}
 		changed = true
