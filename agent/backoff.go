@@ -44,3 +44,39 @@ func jitter(d time.Duration, frac float64) time.Duration {
 	}
 	return d - span + rand.N(2*span+1)
 }
+
+// tokenAttempts paces enrollment attempts (first enrollment and
+// re-enrollment alike): a token is tried at once, a failed one again after
+// backoff, and a token file whose content changed at once.
+type tokenAttempts struct {
+	bo       *backoff
+	retryAt  time.Time // zero: try as soon as a token is there
+	lastFile string    // token file content of the last failed attempt
+}
+
+func newTokenAttempts(max time.Duration) *tokenAttempts {
+	return &tokenAttempts{bo: newBackoff(time.Second, max)}
+}
+
+// due reports whether tok (fromFile: read from the token file) may be
+// tried now.
+func (t *tokenAttempts) due(tok string, fromFile bool, now time.Time) bool {
+	if fromFile && tok != t.lastFile {
+		t.retryAt = time.Time{}
+	}
+	return tok != "" && !now.Before(t.retryAt)
+}
+
+// failed records a failed attempt with tok and returns the wait before the
+// next one.
+func (t *tokenAttempts) failed(tok string, fromFile bool, now time.Time) time.Duration {
+	if fromFile {
+		t.lastFile = tok
+	}
+	d := t.bo.next()
+	t.retryAt = now.Add(d)
+	return d
+}
+
+// succeeded starts over.
+func (t *tokenAttempts) succeeded() { *t = tokenAttempts{bo: t.bo}; t.bo.reset() }

@@ -266,22 +266,16 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 		return fmt.Errorf("load identity: %w", err)
 	}
 	a.log.Info("not enrolled; waiting for an enrollment token", "token_file", a.cfg.TokenFile)
-	bo := newBackoff(time.Second, a.cfg.MaxBackoff)
-	var retryAt time.Time // zero: try as soon as a token is there
-	var lastFile string   // token file content of the last failed attempt
+	tries := newTokenAttempts(a.cfg.MaxBackoff)
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
 	for {
 		a.markAlive()
 		tokStr, fromFile := a.envToken, false
 		if fileTok, ok := a.readTokenFile(); ok {
-			// A changed token file is tried at once, even during backoff.
-			if fileTok != lastFile {
-				retryAt = time.Time{}
-			}
 			tokStr, fromFile = fileTok, true
 		}
-		if tokStr != "" && !a.clock.Now().Before(retryAt) {
+		if tries.due(tokStr, fromFile, a.clock.Now()) {
 			id, err := a.tryEnroll(ctx, tokStr)
 			if err == nil {
 				if fromFile {
@@ -293,11 +287,7 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if fromFile {
-				lastFile = tokStr
-			}
-			d := bo.next()
-			retryAt = a.clock.Now().Add(d)
+			d := tries.failed(tokStr, fromFile, a.clock.Now())
 			a.log.Error("enrollment failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
 		}
 		select {

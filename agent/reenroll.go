@@ -98,9 +98,8 @@ func (a *Agent) manifestState() (ManifestState, error) {
 // reenrollLoop watches for a lost identity and re-enrolls with a token
 // from the token file or the control socket.
 func (a *Agent) reenrollLoop(ctx context.Context) {
-	bo := newBackoff(time.Second, a.cfg.MaxBackoff)
-	var retryAt time.Time
-	var lastFile, lastReason string
+	tries := newTokenAttempts(a.cfg.MaxBackoff)
+	var lastReason string
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
 	for {
@@ -126,28 +125,20 @@ func (a *Agent) reenrollLoop(ctx context.Context) {
 			lastReason = reason
 		}
 		tok, ok := a.readTokenFile()
-		if !ok {
-			continue
-		}
-		if tok != lastFile {
-			retryAt = time.Time{} // a new token is tried at once
-		}
-		if a.clock.Now().Before(retryAt) {
+		if !ok || !tries.due(tok, true, a.clock.Now()) {
 			continue
 		}
 		if err := a.reenroll(ctx, tok); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			lastFile = tok
-			d := bo.next()
-			retryAt = a.clock.Now().Add(d)
+			d := tries.failed(tok, true, a.clock.Now())
 			a.log.Error("re-enrollment failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
 			continue
 		}
 		a.removeTokenFile()
-		bo.reset()
-		lastFile, lastReason = "", ""
+		tries.succeeded()
+		lastReason = ""
 	}
 }
 
