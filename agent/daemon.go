@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -143,6 +144,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := ensureDataDir(a.cfg.DataDir); err != nil {
 		return err
 	}
+	// A daemon killed mid-write (identity files, payload cache) left these.
+	removeStaleTemps(a.cfg.DataDir)
+	removeStaleTemps(filepath.Join(a.cfg.DataDir, payloadDir))
 	ln, err := listenControl(a.cfg.SocketPath())
 	if err != nil {
 		return err

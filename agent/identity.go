@@ -183,6 +183,15 @@ func saveIdentity(dir string, id *Identity) error {
 
 // writeFileAtomic replaces path with data through a synced temp file in the
 // same directory, and syncs the directory.
+// removeStaleTemps deletes the temporary files writeFileAtomic leaves in
+// dir when the process is killed between creating and renaming one.
+func removeStaleTemps(dir string) {
+	matches, _ := filepath.Glob(filepath.Join(dir, ".*.tmp-*"))
+	for _, m := range matches {
+		_ = os.Remove(m)
+	}
+}
+
 func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")

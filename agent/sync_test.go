@@ -3,6 +3,8 @@ package agent
 import (
 	"bytes"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -284,4 +286,35 @@ func TestRestartOffline(t *testing.T) {
 	if r := ta2.syncNow(); r.Serial != 2 || r.Error != "" {
 		t.Fatalf("sync after the server returned: %+v", r)
 	}
+}
+
+// TestStaleTempsRemovedAtStart: temporary files a killed daemon left in the
+// data dir and the payload cache are gone once it starts again; other
+// files stay.
+func TestStaleTempsRemovedAtStart(t *testing.T) {
+	srv := newFakeServer(t)
+	cfg := testConfig(t, srv)
+	payloads := filepath.Join(cfg.DataDir, payloadDir)
+	must(t, os.MkdirAll(payloads, 0o700))
+	stale := []string{
+		filepath.Join(payloads, ".sha256-0a91.tmp-3271791550"),
+		filepath.Join(cfg.DataDir, ".identity.json.tmp-12"),
+	}
+	keep := filepath.Join(payloads, "sha256-0a91")
+	for _, p := range append(stale, keep) {
+		must(t, os.WriteFile(p, []byte("x"), 0o600))
+	}
+	ta := startAgent(t, cfg, nil)
+	waitFor(t, 10*time.Second, "the stale temporaries removed", func() bool {
+		for _, p := range stale {
+			if _, err := os.Stat(p); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("a cached payload was removed: %v", err)
+	}
+	ta.stop()
 }
