@@ -37,6 +37,7 @@ const (
 	RunStatus_RUN_STATUS_TIMED_OUT   RunStatus = 5
 	RunStatus_RUN_STATUS_CANCELED    RunStatus = 6
 	RunStatus_RUN_STATUS_SKIPPED     RunStatus = 7
+	RunStatus_RUN_STATUS_MISSED      RunStatus = 8 // written by the server only: no run started within grace
 )
 
 // Enum value maps for RunStatus.
@@ -50,6 +51,7 @@ var (
 		5: "RUN_STATUS_TIMED_OUT",
 		6: "RUN_STATUS_CANCELED",
 		7: "RUN_STATUS_SKIPPED",
+		8: "RUN_STATUS_MISSED",
 	}
 	RunStatus_value = map[string]int32{
 		"RUN_STATUS_UNSPECIFIED": 0,
@@ -60,6 +62,7 @@ var (
 		"RUN_STATUS_TIMED_OUT":   5,
 		"RUN_STATUS_CANCELED":    6,
 		"RUN_STATUS_SKIPPED":     7,
+		"RUN_STATUS_MISSED":      8,
 	}
 )
 
@@ -534,8 +537,12 @@ type Hello struct {
 	SystemdVersion string                 `protobuf:"bytes,7,opt,name=systemd_version,json=systemdVersion,proto3" json:"systemd_version,omitempty"`  // empty when the backend is cron
 	ManifestSerial uint64                 `protobuf:"varint,8,opt,name=manifest_serial,json=manifestSerial,proto3" json:"manifest_serial,omitempty"` // serial of the last accepted manifest
 	ManifestDigest string                 `protobuf:"bytes,9,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`  // "sha256:<hex>" of that manifest
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// machine_id is the host's /etc/machine-id (hex). The server binds it to the
+	// identity at the first stream and refuses another machine presenting the
+	// same certificate (identity_conflict).
+	MachineId     string `protobuf:"bytes,10,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -631,12 +638,23 @@ func (x *Hello) GetManifestDigest() string {
 	return ""
 }
 
+func (x *Hello) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
 type Heartbeat struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SentAt        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
 	RunningRunIds []string               `protobuf:"bytes,2,rep,name=running_run_ids,json=runningRunIds,proto3" json:"running_run_ids,omitempty"`
 	OutboxRecords uint64                 `protobuf:"varint,3,opt,name=outbox_records,json=outboxRecords,proto3" json:"outbox_records,omitempty"` // records waiting for an ack
 	OutboxBytes   uint64                 `protobuf:"varint,4,opt,name=outbox_bytes,json=outboxBytes,proto3" json:"outbox_bytes,omitempty"`
+	// The host's load averages (/proc/loadavg) when the heartbeat was sent.
+	Load1         float64 `protobuf:"fixed64,5,opt,name=load1,proto3" json:"load1,omitempty"`
+	Load5         float64 `protobuf:"fixed64,6,opt,name=load5,proto3" json:"load5,omitempty"`
+	Load15        float64 `protobuf:"fixed64,7,opt,name=load15,proto3" json:"load15,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -699,6 +717,27 @@ func (x *Heartbeat) GetOutboxBytes() uint64 {
 	return 0
 }
 
+func (x *Heartbeat) GetLoad1() float64 {
+	if x != nil {
+		return x.Load1
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetLoad5() float64 {
+	if x != nil {
+		return x.Load5
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetLoad15() float64 {
+	if x != nil {
+		return x.Load15
+	}
+	return 0
+}
+
 // ManifestStatus reports what the agent did with a manifest: applied it,
 // found it unchanged, or rejected it (and then changed nothing).
 type ManifestStatus struct {
@@ -710,8 +749,12 @@ type ManifestStatus struct {
 	Pipes         []*PipeStatus          `protobuf:"bytes,5,rep,name=pipes,proto3" json:"pipes,omitempty"`
 	At            *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
 	AppliedSerial uint64                 `protobuf:"varint,7,opt,name=applied_serial,json=appliedSerial,proto3" json:"applied_serial,omitempty"` // the serial in force on the host after this
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// manifest_expired is true when the manifest in force has passed its
+	// expires_at: its pipes keep running, the agent retries hard.
+	ManifestExpired bool                   `protobuf:"varint,8,opt,name=manifest_expired,json=manifestExpired,proto3" json:"manifest_expired,omitempty"`
+	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"` // of the manifest in force
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ManifestStatus) Reset() {
@@ -793,6 +836,20 @@ func (x *ManifestStatus) GetAppliedSerial() uint64 {
 	return 0
 }
 
+func (x *ManifestStatus) GetManifestExpired() bool {
+	if x != nil {
+		return x.ManifestExpired
+	}
+	return false
+}
+
+func (x *ManifestStatus) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 type PipeStatus struct {
 	state         protoimpl.MessageState   `protogen:"open.v1"`
 	Name          string                   `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -800,8 +857,13 @@ type PipeStatus struct {
 	NextFireTimes []*timestamppb.Timestamp `protobuf:"bytes,3,rep,name=next_fire_times,json=nextFireTimes,proto3" json:"next_fire_times,omitempty"`
 	ApplyError    string                   `protobuf:"bytes,4,opt,name=apply_error,json=applyError,proto3" json:"apply_error,omitempty"`
 	DriftRestored bool                     `protobuf:"varint,5,opt,name=drift_restored,json=driftRestored,proto3" json:"drift_restored,omitempty"` // a hand-edited or deleted unit was restored
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// elapse_mismatch is set when the scheduler's own next elapse (systemd's
+	// NextElapseUSecRealtime, jitter accounted for) disagrees with the
+	// evaluator's next fire time; it says both instants.
+	ElapseMismatch string   `protobuf:"bytes,6,opt,name=elapse_mismatch,json=elapseMismatch,proto3" json:"elapse_mismatch,omitempty"`
+	DropInsRemoved []string `protobuf:"bytes,7,rep,name=drop_ins_removed,json=dropInsRemoved,proto3" json:"drop_ins_removed,omitempty"` // drop-in paths found beside the units and removed
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PipeStatus) Reset() {
@@ -869,6 +931,20 @@ func (x *PipeStatus) GetDriftRestored() bool {
 	return false
 }
 
+func (x *PipeStatus) GetElapseMismatch() string {
+	if x != nil {
+		return x.ElapseMismatch
+	}
+	return ""
+}
+
+func (x *PipeStatus) GetDropInsRemoved() []string {
+	if x != nil {
+		return x.DropInsRemoved
+	}
+	return nil
+}
+
 type RunStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
@@ -878,6 +954,7 @@ type RunStarted struct {
 	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	ScheduledAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=scheduled_at,json=scheduledAt,proto3" json:"scheduled_at,omitempty"` // the fire time it stands for, if any
 	RequestId     string                 `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`       // RunNow.request_id when trigger is API
+	Attempt       uint32                 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`                           // 1 for the first attempt
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -961,6 +1038,13 @@ func (x *RunStarted) GetRequestId() string {
 	return ""
 }
 
+func (x *RunStarted) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 // LogChunk is a numbered piece of a run's output, secret values masked.
 type LogChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1039,21 +1123,29 @@ func (x *LogChunk) GetAt() *timestamppb.Timestamp {
 }
 
 type RunFinished struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Pipe          string                 `protobuf:"bytes,2,opt,name=pipe,proto3" json:"pipe,omitempty"`
-	PipeVersion   uint64                 `protobuf:"varint,3,opt,name=pipe_version,json=pipeVersion,proto3" json:"pipe_version,omitempty"`
-	Trigger       Trigger                `protobuf:"varint,4,opt,name=trigger,proto3,enum=drover.agent.v1.Trigger" json:"trigger,omitempty"`
-	Status        RunStatus              `protobuf:"varint,5,opt,name=status,proto3,enum=drover.agent.v1.RunStatus" json:"status,omitempty"`
-	ExitCode      int32                  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
-	Signal        string                 `protobuf:"bytes,7,opt,name=signal,proto3" json:"signal,omitempty"` // e.g. "SIGKILL" when killed by a signal
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
-	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
-	DurationMs    int64                  `protobuf:"varint,10,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
-	Error         string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`                           // why, when the runner itself failed
-	LogChunks     uint64                 `protobuf:"varint,12,opt,name=log_chunks,json=logChunks,proto3" json:"log_chunks,omitempty"` // how many chunks the run produced
-	ScheduledAt   *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=scheduled_at,json=scheduledAt,proto3" json:"scheduled_at,omitempty"`
-	RequestId     string                 `protobuf:"bytes,14,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	RunId       string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Pipe        string                 `protobuf:"bytes,2,opt,name=pipe,proto3" json:"pipe,omitempty"`
+	PipeVersion uint64                 `protobuf:"varint,3,opt,name=pipe_version,json=pipeVersion,proto3" json:"pipe_version,omitempty"`
+	Trigger     Trigger                `protobuf:"varint,4,opt,name=trigger,proto3,enum=drover.agent.v1.Trigger" json:"trigger,omitempty"`
+	Status      RunStatus              `protobuf:"varint,5,opt,name=status,proto3,enum=drover.agent.v1.RunStatus" json:"status,omitempty"`
+	ExitCode    int32                  `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal      string                 `protobuf:"bytes,7,opt,name=signal,proto3" json:"signal,omitempty"` // e.g. "SIGKILL" when killed by a signal
+	StartedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	FinishedAt  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	DurationMs  int64                  `protobuf:"varint,10,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	Error       string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`                           // why, when the runner itself failed
+	LogChunks   uint64                 `protobuf:"varint,12,opt,name=log_chunks,json=logChunks,proto3" json:"log_chunks,omitempty"` // how many chunks the run produced
+	ScheduledAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=scheduled_at,json=scheduledAt,proto3" json:"scheduled_at,omitempty"`
+	RequestId   string                 `protobuf:"bytes,14,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// reason says why in a word or two when the status is not succeeded, e.g.
+	// "exit 1", "systemd: 203/EXEC", "oom-kill", "signal SIGKILL", "lost",
+	// "payload_mismatch".
+	Reason   string `protobuf:"bytes,15,opt,name=reason,proto3" json:"reason,omitempty"`
+	Attempts uint32 `protobuf:"varint,16,opt,name=attempts,proto3" json:"attempts,omitempty"` // attempts made (1 without retries)
+	// written_by is "runner" when the runner wrote the record, "daemon" when the
+	// agent daemon wrote it from the scheduler's account of the invocation.
+	WrittenBy     string `protobuf:"bytes,17,opt,name=written_by,json=writtenBy,proto3" json:"written_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1182,6 +1274,27 @@ func (x *RunFinished) GetScheduledAt() *timestamppb.Timestamp {
 func (x *RunFinished) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RunFinished) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RunFinished) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *RunFinished) GetWrittenBy() string {
+	if x != nil {
+		return x.WrittenBy
 	}
 	return ""
 }
@@ -1399,7 +1512,7 @@ const file_agent_proto_rawDesc = "" +
 	"\n" +
 	"cancel_run\x18\f \x01(\v2\x1a.drover.agent.v1.CancelRunH\x00R\tcancelRun\x12(\n" +
 	"\x03ack\x18\r \x01(\v2\x14.drover.agent.v1.AckH\x00R\x03ackB\x06\n" +
-	"\x04bodyJ\x04\b\x1e\x102\"\x97\x02\n" +
+	"\x04bodyJ\x04\b\x1e\x102\"\xb6\x02\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12\x0e\n" +
 	"\x02os\x18\x02 \x01(\tR\x02os\x12\x12\n" +
@@ -1409,12 +1522,18 @@ const file_agent_proto_rawDesc = "" +
 	"\x05scope\x18\x06 \x01(\tR\x05scope\x12'\n" +
 	"\x0fsystemd_version\x18\a \x01(\tR\x0esystemdVersion\x12'\n" +
 	"\x0fmanifest_serial\x18\b \x01(\x04R\x0emanifestSerial\x12'\n" +
-	"\x0fmanifest_digest\x18\t \x01(\tR\x0emanifestDigest\"\xb2\x01\n" +
+	"\x0fmanifest_digest\x18\t \x01(\tR\x0emanifestDigest\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\n" +
+	" \x01(\tR\tmachineId\"\xf6\x01\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12&\n" +
 	"\x0frunning_run_ids\x18\x02 \x03(\tR\rrunningRunIds\x12%\n" +
 	"\x0eoutbox_records\x18\x03 \x01(\x04R\routboxRecords\x12!\n" +
-	"\foutbox_bytes\x18\x04 \x01(\x04R\voutboxBytes\"\xf8\x02\n" +
+	"\foutbox_bytes\x18\x04 \x01(\x04R\voutboxBytes\x12\x14\n" +
+	"\x05load1\x18\x05 \x01(\x01R\x05load1\x12\x14\n" +
+	"\x05load5\x18\x06 \x01(\x01R\x05load5\x12\x16\n" +
+	"\x06load15\x18\a \x01(\x01R\x06load15\"\xde\x03\n" +
 	"\x0eManifestStatus\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\x04R\x06serial\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12;\n" +
@@ -1422,12 +1541,15 @@ const file_agent_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x121\n" +
 	"\x05pipes\x18\x05 \x03(\v2\x1b.drover.agent.v1.PipeStatusR\x05pipes\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12%\n" +
-	"\x0eapplied_serial\x18\a \x01(\x04R\rappliedSerial\"]\n" +
+	"\x0eapplied_serial\x18\a \x01(\x04R\rappliedSerial\x12)\n" +
+	"\x10manifest_expired\x18\b \x01(\bR\x0fmanifestExpired\x129\n" +
+	"\n" +
+	"expires_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"]\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTATE_APPLIED\x10\x01\x12\x12\n" +
 	"\x0eSTATE_REJECTED\x10\x02\x12\x16\n" +
-	"\x12STATE_APPLY_FAILED\x10\x03\"\xc6\x01\n" +
+	"\x12STATE_APPLY_FAILED\x10\x03\"\x99\x02\n" +
 	"\n" +
 	"PipeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1435,7 +1557,9 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fnext_fire_times\x18\x03 \x03(\v2\x1a.google.protobuf.TimestampR\rnextFireTimes\x12\x1f\n" +
 	"\vapply_error\x18\x04 \x01(\tR\n" +
 	"applyError\x12%\n" +
-	"\x0edrift_restored\x18\x05 \x01(\bR\rdriftRestored\"\xa7\x02\n" +
+	"\x0edrift_restored\x18\x05 \x01(\bR\rdriftRestored\x12'\n" +
+	"\x0felapse_mismatch\x18\x06 \x01(\tR\x0eelapseMismatch\x12(\n" +
+	"\x10drop_ins_removed\x18\a \x03(\tR\x0edropInsRemoved\"\xc1\x02\n" +
 	"\n" +
 	"RunStarted\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
@@ -1446,13 +1570,14 @@ const file_agent_proto_rawDesc = "" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12=\n" +
 	"\fscheduled_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vscheduledAt\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\a \x01(\tR\trequestId\"\xb2\x01\n" +
+	"request_id\x18\a \x01(\tR\trequestId\x12\x18\n" +
+	"\aattempt\x18\b \x01(\rR\aattempt\"\xb2\x01\n" +
 	"\bLogChunk\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n" +
 	"\tchunk_seq\x18\x02 \x01(\x04R\bchunkSeq\x122\n" +
 	"\x06stream\x18\x03 \x01(\x0e2\x1a.drover.agent.v1.LogStreamR\x06stream\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12*\n" +
-	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xa4\x04\n" +
+	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf7\x04\n" +
 	"\vRunFinished\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04pipe\x18\x02 \x01(\tR\x04pipe\x12!\n" +
@@ -1473,7 +1598,11 @@ const file_agent_proto_rawDesc = "" +
 	"log_chunks\x18\f \x01(\x04R\tlogChunks\x12=\n" +
 	"\fscheduled_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\vscheduledAt\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x0e \x01(\tR\trequestId\"!\n" +
+	"request_id\x18\x0e \x01(\tR\trequestId\x12\x16\n" +
+	"\x06reason\x18\x0f \x01(\tR\x06reason\x12\x1a\n" +
+	"\battempts\x18\x10 \x01(\rR\battempts\x12\x1d\n" +
+	"\n" +
+	"written_by\x18\x11 \x01(\tR\twrittenBy\"!\n" +
 	"\aSyncNow\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\x04R\x06serial\";\n" +
 	"\x06RunNow\x12\x12\n" +
@@ -1483,7 +1612,7 @@ const file_agent_proto_rawDesc = "" +
 	"\tCancelRun\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x17\n" +
 	"\x03Ack\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq*\xd3\x01\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq*\xea\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_PENDING\x10\x01\x12\x16\n" +
@@ -1492,7 +1621,8 @@ const file_agent_proto_rawDesc = "" +
 	"\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n" +
 	"\x14RUN_STATUS_TIMED_OUT\x10\x05\x12\x17\n" +
 	"\x13RUN_STATUS_CANCELED\x10\x06\x12\x16\n" +
-	"\x12RUN_STATUS_SKIPPED\x10\a*r\n" +
+	"\x12RUN_STATUS_SKIPPED\x10\a\x12\x15\n" +
+	"\x11RUN_STATUS_MISSED\x10\b*r\n" +
 	"\aTrigger\x12\x17\n" +
 	"\x13TRIGGER_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10TRIGGER_SCHEDULE\x10\x01\x12\x13\n" +
@@ -1556,24 +1686,25 @@ var file_agent_proto_depIdxs = []int32{
 	3,  // 11: drover.agent.v1.ManifestStatus.state:type_name -> drover.agent.v1.ManifestStatus.State
 	9,  // 12: drover.agent.v1.ManifestStatus.pipes:type_name -> drover.agent.v1.PipeStatus
 	17, // 13: drover.agent.v1.ManifestStatus.at:type_name -> google.protobuf.Timestamp
-	17, // 14: drover.agent.v1.PipeStatus.next_fire_times:type_name -> google.protobuf.Timestamp
-	1,  // 15: drover.agent.v1.RunStarted.trigger:type_name -> drover.agent.v1.Trigger
-	17, // 16: drover.agent.v1.RunStarted.started_at:type_name -> google.protobuf.Timestamp
-	17, // 17: drover.agent.v1.RunStarted.scheduled_at:type_name -> google.protobuf.Timestamp
-	2,  // 18: drover.agent.v1.LogChunk.stream:type_name -> drover.agent.v1.LogStream
-	17, // 19: drover.agent.v1.LogChunk.at:type_name -> google.protobuf.Timestamp
-	1,  // 20: drover.agent.v1.RunFinished.trigger:type_name -> drover.agent.v1.Trigger
-	0,  // 21: drover.agent.v1.RunFinished.status:type_name -> drover.agent.v1.RunStatus
-	17, // 22: drover.agent.v1.RunFinished.started_at:type_name -> google.protobuf.Timestamp
-	17, // 23: drover.agent.v1.RunFinished.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 24: drover.agent.v1.RunFinished.scheduled_at:type_name -> google.protobuf.Timestamp
-	4,  // 25: drover.agent.v1.Agent.AgentStream:input_type -> drover.agent.v1.AgentMessage
-	5,  // 26: drover.agent.v1.Agent.AgentStream:output_type -> drover.agent.v1.ServerMessage
-	26, // [26:27] is the sub-list for method output_type
-	25, // [25:26] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	17, // 14: drover.agent.v1.ManifestStatus.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 15: drover.agent.v1.PipeStatus.next_fire_times:type_name -> google.protobuf.Timestamp
+	1,  // 16: drover.agent.v1.RunStarted.trigger:type_name -> drover.agent.v1.Trigger
+	17, // 17: drover.agent.v1.RunStarted.started_at:type_name -> google.protobuf.Timestamp
+	17, // 18: drover.agent.v1.RunStarted.scheduled_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: drover.agent.v1.LogChunk.stream:type_name -> drover.agent.v1.LogStream
+	17, // 20: drover.agent.v1.LogChunk.at:type_name -> google.protobuf.Timestamp
+	1,  // 21: drover.agent.v1.RunFinished.trigger:type_name -> drover.agent.v1.Trigger
+	0,  // 22: drover.agent.v1.RunFinished.status:type_name -> drover.agent.v1.RunStatus
+	17, // 23: drover.agent.v1.RunFinished.started_at:type_name -> google.protobuf.Timestamp
+	17, // 24: drover.agent.v1.RunFinished.finished_at:type_name -> google.protobuf.Timestamp
+	17, // 25: drover.agent.v1.RunFinished.scheduled_at:type_name -> google.protobuf.Timestamp
+	4,  // 26: drover.agent.v1.Agent.AgentStream:input_type -> drover.agent.v1.AgentMessage
+	5,  // 27: drover.agent.v1.Agent.AgentStream:output_type -> drover.agent.v1.ServerMessage
+	27, // [27:28] is the sub-list for method output_type
+	26, // [26:27] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
