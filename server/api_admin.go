@@ -803,7 +803,7 @@ func runJSON(r *Run) RunJSON {
 	return RunJSON{ID: r.ID, AgentID: r.AgentID, Pipe: r.Pipe, PipeVersion: r.PipeVersion, Trigger: r.Trigger, Status: r.Status,
 		ExitCode: r.ExitCode, Signal: r.Signal, Error: r.Error, RequestID: r.RequestID, Reason: r.Reason, Attempts: r.Attempts, WrittenBy: r.WrittenBy,
 		ScheduledAt: optTime(r.ScheduledAt),
-		StartedAt: optTime(r.StartedAt), FinishedAt: optTime(r.FinishedAt), DurationMS: r.DurationMS, LogChunks: r.LogChunks,
+		StartedAt:   optTime(r.StartedAt), FinishedAt: optTime(r.FinishedAt), DurationMS: r.DurationMS, LogChunks: r.LogChunks,
 		LogBytes: r.LogBytes, LogTruncated: r.LogTruncated, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
 }
 

@@ -314,9 +314,9 @@ type RunFilter struct {
 	// ScheduledSince and ScheduledUntil select by the fire time served.
 	ScheduledSince time.Time
 	ScheduledUntil time.Time
-	BeforeAt  time.Time
-	BeforeID  string
-	Limit     int
+	BeforeAt       time.Time
+	BeforeID       string
+	Limit          int
 }
 
 // APIToken is an operator API token: only a hash of its secret is stored.
@@ -440,7 +440,6 @@ var runStatusNames = []string{StatusPending, StatusRunning, StatusSucceeded, Sta
 // ReasonLost is the reason of a run the server settled because its agent no
 // longer runs it.
 const ReasonLost = "lost"
-
 
 // truncationMarker is stored as a system log chunk in place of the first
 // chunk that would take a run's log over the cap; later chunks are dropped.
