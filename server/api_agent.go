@@ -56,6 +56,27 @@ type RenewResponse struct {
 	CertExpiresAt time.Time `json:"cert_expires_at"`
 }
 
+// MachineIDHeader, on an agent's HTTPS request, names the host's machine
+// id. When it is present and the agent is bound to another machine, the
+// request is refused with identity_conflict, as a stream would be.
+const MachineIDHeader = "X-Drover-Machine-Id"
+
+// checkRequestMachine applies MachineIDHeader.
+func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
+	mid := r.Header.Get(MachineIDHeader)
+	if mid == "" {
+		return nil
+	}
+	if !validMachineID(mid) {
+		return newError(ErrInvalidRequest, MachineIDHeader+" must be 32 hex digits")
+	}
+	bound, err := s.boundMachine(r.Context(), agentID)
+	if err != nil || bound == "" || bound == strings.ToLower(mid) {
+		return err
+	}
+	return s.identityConflict(r.Context(), agentID, strings.ToLower(mid), sourceIP(r))
+}
+
 // SecretsResponse is the answer to GET /api/v1/agents/self/secrets.
 type SecretsResponse struct {
 	Secrets map[string]string `json:"secrets"`
@@ -164,6 +185,9 @@ func (s *Server) grpcPublicAddr(r *http.Request) string {
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	var req RenewRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
@@ -188,6 +212,9 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 }
 
 func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	m, err := s.store.GetManifest(r.Context(), agentID)
 	if err != nil {
 		s.metrics.manifestErr.Inc()
@@ -231,6 +258,9 @@ func (s *Server) handleSelfTrust(w http.ResponseWriter, r *http.Request, agentID
 }
 
 func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	digest := r.PathValue("digest")
 	if !manifest.ValidDigest(digest) {
 		return newError(ErrNotFound, "payload not found")
@@ -305,6 +335,9 @@ func (s *Server) acquireFetch(agentID string) (func(), error) {
 }
 
 func (s *Server) handleSelfSecrets(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	m, err := s.store.GetManifest(r.Context(), agentID)
 	if err != nil {
 		return err

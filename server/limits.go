@@ -136,6 +136,8 @@ type agentMem struct {
 
 	audited map[string]time.Time // refusal reason -> last audit
 
+	machineID string // the bound machine id, once known (it never changes)
+
 	pending int // streams of this identity not yet past Hello
 	fetches int // payload downloads in progress
 }

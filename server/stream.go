@@ -425,11 +425,10 @@ func (s *Server) checkMachine(ctx context.Context, agentID, machineID, source st
 		return newError(ErrInvalidRequest, "hello.machine_id must be 32 hex digits")
 	}
 	machineID = strings.ToLower(machineID)
-	a, err := s.store.GetAgent(ctx, agentID)
+	bound, err := s.boundMachine(ctx, agentID)
 	if err != nil {
 		return err
 	}
-	bound := a.MachineID
 	if bound == "" {
 		if machineID == "" {
 			return nil // nothing to bind yet
@@ -437,6 +436,10 @@ func (s *Server) checkMachine(ctx context.Context, agentID, machineID, source st
 		if bound, err = s.store.BindMachine(ctx, agentID, machineID, s.clock.Now()); err != nil {
 			return err
 		}
+		am := s.agentMem(agentID)
+		am.mu.Lock()
+		am.machineID = bound
+		am.mu.Unlock()
 		if bound == machineID {
 			s.log.Info("agent bound to its machine", "agent", agentID, "machine_id", machineID)
 			return nil
@@ -445,6 +448,32 @@ func (s *Server) checkMachine(ctx context.Context, agentID, machineID, source st
 	if bound == machineID {
 		return nil
 	}
+	return s.identityConflict(ctx, agentID, machineID, source)
+}
+
+// boundMachine returns the machine id bound to the agent ("" for none yet),
+// from memory once known.
+func (s *Server) boundMachine(ctx context.Context, agentID string) (string, error) {
+	am := s.agentMem(agentID)
+	am.mu.Lock()
+	bound := am.machineID
+	am.mu.Unlock()
+	if bound != "" {
+		return bound, nil
+	}
+	a, err := s.store.GetAgent(ctx, agentID)
+	if err != nil {
+		return "", err
+	}
+	am.mu.Lock()
+	am.machineID = a.MachineID
+	am.mu.Unlock()
+	return a.MachineID, nil
+}
+
+// identityConflict counts, records and audits a refusal of another machine
+// presenting the agent's certificate, and returns the error to answer.
+func (s *Server) identityConflict(ctx context.Context, agentID, machineID, source string) error {
 	now := s.clock.Now()
 	s.metrics.identityConflicts.Inc()
 	shown := machineID

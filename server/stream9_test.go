@@ -283,6 +283,13 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	if len(al.Entries) == 0 || al.Entries[0].Target != "agent/"+a.id {
 		t.Fatalf("audit: %+v", al.Entries)
 	}
+	// HTTPS requests that name another machine are refused too.
+	if r, err := cl.get("/api/v1/agents/self/secrets", MachineIDHeader, machineB); err != nil || r.code != 409 || !strings.Contains(string(r.body), "identity_conflict") {
+		t.Fatalf("secrets for another machine: %v %v", r, err)
+	}
+	if r, err := cl.get("/api/v1/agents/self/manifest", MachineIDHeader, strings.ToUpper(machineA)); err != nil || r.code != 200 {
+		t.Fatalf("manifest for the bound machine: %v %v", r, err)
+	}
 	// The real agent's stream still works, and RunNow reaches it alone.
 	sendAll(t, real, 2, finished("r2", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
 	var rr RunPipeResponse
