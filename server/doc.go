@@ -259,9 +259,11 @@
 // heartbeat after the records before it). Then each run of that agent still
 // pending or running on the server, not in running_run_ids, and started
 // before the heartbeat's sent_at (its created_at before the heartbeat's
-// arrival when it never reported a start) is settled: failed, reason
-// "lost", written_by "server". A later RunFinished replaces it. Only the
-// live stream settles.
+// arrival when it never reported a start) gets a strike; one it lists has
+// its strikes cleared; at two strikes in a row it is settled: failed, reason
+// "lost", written_by "server" (two, so that one heartbeat built while the
+// agent could not read its scheduler settles nothing). A later RunFinished
+// replaces it. Only the live stream settles.
 //
 // A run's log is capped (runs.max_log_bytes,
 // 1 MiB): the first chunk over the cap is stored as a truncation marker and

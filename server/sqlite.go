@@ -865,14 +865,19 @@ const (
 			reason=excluded.reason, attempts=CASE WHEN excluded.attempts<>0 THEN excluded.attempts ELSE runs.attempts END,
 			written_by=excluded.written_by, updated_at=excluded.updated_at
 		WHERE runs.agent_id=excluded.agent_id`
-	// sqlSettle settles an agent's unfinished runs that started before the
-	// heartbeat (started_at on the agent's clock, else created_at on the
-	// server's) and that the heartbeat does not list.
-	sqlSettle = `UPDATE runs SET status='failed', reason='lost', written_by='server', finished_at=?, updated_at=?,
-			error='the agent no longer runs it and every record it had was committed: its end was never reported'
+	// A drained heartbeat clears the strikes of the unfinished runs it
+	// lists, adds one to those it does not list that started before it
+	// (started_at on the agent's clock, else created_at on the server's),
+	// and settles those with lostStrikes strikes.
+	sqlListed = `UPDATE runs SET unlisted=0
+		WHERE agent_id=? AND status IN ('pending','running') AND unlisted<>0 AND id IN (SELECT value FROM json_each(?))`
+	sqlUnlisted = `UPDATE runs SET unlisted=unlisted+1
 		WHERE agent_id=? AND status IN ('pending','running')
 			AND ((started_at<>0 AND started_at<?) OR (started_at=0 AND created_at<?))
-			AND id NOT IN (SELECT value FROM json_each(?))
+			AND id NOT IN (SELECT value FROM json_each(?))`
+	sqlSettle = `UPDATE runs SET status='failed', reason='lost', written_by='server', finished_at=?, updated_at=?, unlisted=0,
+			error='the agent no longer runs it and every record it had was committed: its end was never reported'
+		WHERE agent_id=? AND status IN ('pending','running') AND unlisted>=?
 		RETURNING id`
 	sqlRunPlaceholder = `INSERT INTO runs(id, agent_id, status, created_at, updated_at) VALUES(?,?,'running',?,?) ON CONFLICT(id) DO NOTHING`
 	sqlChunk          = `INSERT INTO log_chunks(run_id, seq, stream, data, at) VALUES(?,?,?,?,?) ON CONFLICT(run_id, seq) DO NOTHING`
@@ -1010,6 +1015,11 @@ func (t *ingestTx) chunk(r *Record, runs map[string]*runLog, lim IngestLimits) e
 	return nil
 }
 
+// lostStrikes is how many drained heartbeats in a row must leave a run out
+// before it is settled lost: one heartbeat built while the agent could not
+// read its scheduler's state must not settle runs that are alive.
+const lostStrikes = 2
+
 func (t *ingestTx) settle(r *Record) error {
 	st := r.Settle
 	sent := st.SentAt
@@ -1020,7 +1030,14 @@ func (t *ingestTx) settle(r *Record) error {
 	for id := range st.Running {
 		running = append(running, id)
 	}
-	rows, err := t.tx.QueryContext(t.ctx, sqlSettle, ns(r.Received), ns(r.Received), r.AgentID, ns(sent), ns(r.Received), jsonText(running))
+	listed := jsonText(running)
+	if _, err := t.exec(sqlListed, r.AgentID, listed); err != nil {
+		return err
+	}
+	if _, err := t.exec(sqlUnlisted, r.AgentID, ns(sent), ns(r.Received), listed); err != nil {
+		return err
+	}
+	rows, err := t.tx.QueryContext(t.ctx, sqlSettle, ns(r.Received), ns(r.Received), r.AgentID, lostStrikes)
 	if err != nil {
 		return err
 	}

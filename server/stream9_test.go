@@ -179,9 +179,10 @@ func TestRunRecordFieldsAndFilters(t *testing.T) {
 }
 
 // A run left running by an agent whose heartbeats no longer list it is
-// settled failed, reason lost, once the agent's outbox is drained — not
-// while records wait, not while it is listed, not when it started after
-// the heartbeat. A later real RunFinished replaces it; a cancel of it is 409.
+// settled failed, reason lost, once the agent's outbox is drained and two
+// such heartbeats in a row left it out — not while records wait, not while
+// it is listed, not when it started after the heartbeat. A later real
+// RunFinished replaces it; a cancel of it is 409.
 func TestLostRunSettledAfterDrain(t *testing.T) {
 	ts := startServer(t)
 	a := ts.jobAgent()
@@ -207,12 +208,17 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 		return r
 	}
 	barrier(heartbeat(2, time.Now())) // records still wait in the outbox: nothing is settled
+	barrier(heartbeat(2, time.Now()))
 	barrier(heartbeat(0, time.Now(), "r-lost", "r-alive"))
 	barrier(heartbeat(0, t0.Add(-time.Second), "r-alive")) // sent before r-lost started
+	barrier(heartbeat(0, t0.Add(-time.Second), "r-alive"))
+	barrier(heartbeat(0, time.Now(), "r-alive"))           // one strike
+	barrier(heartbeat(0, time.Now(), "r-lost", "r-alive")) // listed again: strikes cleared
+	barrier(heartbeat(0, time.Now(), "r-alive"))           // one strike
 	if r := status("r-lost"); r.Status != StatusRunning {
 		t.Fatalf("settled too early: %+v", r)
 	}
-	barrier(heartbeat(0, time.Now(), "r-alive"))
+	barrier(heartbeat(0, time.Now(), "r-alive")) // the second in a row
 	r := status("r-lost")
 	if r.Status != StatusFailed || r.Reason != ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
 		t.Fatalf("not settled lost: %+v", r)

@@ -5,6 +5,8 @@
 ALTER TABLE runs ADD COLUMN reason TEXT NOT NULL DEFAULT '';
 ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN written_by TEXT NOT NULL DEFAULT '';
+-- How many drained heartbeats in a row did not list this unfinished run.
+ALTER TABLE runs ADD COLUMN unlisted INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX runs_reason ON runs(reason) WHERE reason <> '';
 CREATE INDEX runs_scheduled ON runs(scheduled_at) WHERE scheduled_at <> 0;
 CREATE INDEX runs_agent_status ON runs(agent_id, status);
