@@ -218,7 +218,14 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 	if r := status("r-lost"); r.Status != StatusRunning {
 		t.Fatalf("settled too early: %+v", r)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, follower := ts.openSSE(ctx, ts.admin, "r-lost", "")
+	defer resp.Body.Close()
 	barrier(heartbeat(0, time.Now(), "r-alive")) // the second in a row
+	if ev := nextEvent(t, follower, 10*time.Second); ev.event != "end" || !strings.Contains(ev.data, `"reason":"lost"`) {
+		t.Fatalf("live-log follower of the lost run: %+v", ev)
+	}
 	r := status("r-lost")
 	if r.Status != StatusFailed || r.Reason != ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
 		t.Fatalf("not settled lost: %+v", r)
