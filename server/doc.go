@@ -97,6 +97,9 @@
 // Payloads are streamed from the store in slices; at most
 // agents.payload_fetches_per_agent (2) per agent and agents.payload_fetches
 // (32) in all run at once, beyond which the answer is 429 with Retry-After.
+// A slow download holds one 256 KiB slice, not the payload (each slice is
+// read with substr, which SQLite computes from the whole value only for the
+// query's duration; the read pool runs at most 4 queries at once).
 //
 // # Operator API (Authorization: Bearer <API token>)
 //
