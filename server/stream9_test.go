@@ -241,7 +241,7 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 	if len(list.Runs) != 1 || list.Runs[0].ID != "r-lost" {
 		t.Errorf("reason=lost: %+v", list.Runs)
 	}
-	if c := ts.do("POST", "/api/v1/runs/r-lost/cancel", ts.admin, nil); c.code != 409 || c.errorCode() != "conflict" || !strings.Contains(string(c.body), "failed") {
+	if c := ts.do("POST", "/api/v1/runs/r-lost/cancel", ts.admin, nil); c.code != 409 || c.errorCode() != "conflict" || !strings.Contains(string(c.body), "has ended (failed, reason lost)") {
 		t.Fatalf("cancel of a settled run: %d %s", c.code, c.body)
 	}
 	// The real end arrives after all: it replaces the settlement.
