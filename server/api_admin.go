@@ -558,6 +558,20 @@ type AgentJSON struct {
 	ManifestError  string            `json:"manifest_error,omitempty"`
 	StatusAt       *time.Time        `json:"status_at,omitempty"`
 	Pipes          []PipeStatus      `json:"pipes"` // per pipe: apply_error, next_fire_times
+	// ManifestExpired: the manifest in force on the host has expired (its
+	// pipes keep running; the agent retries hard).
+	ManifestExpired   bool       `json:"manifest_expired"`
+	ManifestExpiresAt *time.Time `json:"manifest_expires_at,omitempty"`
+	// MachineID is the host identity the agent is bound to;
+	// ReportedHostname what its last Hello said (Hostname is the one
+	// checked at enrollment).
+	MachineID        string `json:"machine_id,omitempty"`
+	ReportedHostname string `json:"reported_hostname,omitempty"`
+	// IdentityConflicts counts streams refused because another machine
+	// presented this agent's certificate.
+	IdentityConflicts       int64      `json:"identity_conflicts"`
+	IdentityConflictAt      *time.Time `json:"identity_conflict_at,omitempty"`
+	IdentityConflictMachine string     `json:"identity_conflict_machine,omitempty"`
 }
 
 // ManifestInfo describes the manifest published to an agent.
@@ -587,6 +601,8 @@ func (s *Server) agentJSON(a *Agent) AgentJSON {
 		Online: s.isOnline(a), LastSeenAt: optTime(a.LastSeenAt), Backend: a.Backend, Scope: a.Scope, SystemdVersion: a.SystemdVersion,
 		AcceptedSerial: a.AcceptedSerial, AppliedSerial: a.AppliedSerial, ManifestState: a.ManifestState, ManifestError: a.ManifestError,
 		StatusAt: optTime(a.StatusAt), Pipes: pipes,
+		ManifestExpired: a.ManifestExpired, ManifestExpiresAt: optTime(a.ManifestExpiresAt), MachineID: a.MachineID, ReportedHostname: a.ReportedHostname,
+		IdentityConflicts: a.IdentityConflicts, IdentityConflictAt: optTime(a.IdentityConflictAt), IdentityConflictMachine: a.IdentityConflictMachine,
 	}
 	return out
 }
@@ -748,6 +764,7 @@ func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	s.hub.close(id, errDeleted)
+	s.forgetAgent(id)
 	s.log.Info("agent deleted", "agent", id)
 	setAudit(r, "agent/"+id, before, nil)
 	w.WriteHeader(http.StatusNoContent)
@@ -768,6 +785,9 @@ type RunJSON struct {
 	Signal       string     `json:"signal,omitempty"`
 	Error        string     `json:"error,omitempty"`
 	RequestID    string     `json:"request_id,omitempty"`
+	Reason       string     `json:"reason,omitempty"`     // why, when not succeeded: "exit 1", "systemd: 203/EXEC", "lost"
+	Attempts     uint32     `json:"attempts"`             // attempts made (0: not reported)
+	WrittenBy    string     `json:"written_by,omitempty"` // runner, daemon, or server (settled lost)
 	ScheduledAt  *time.Time `json:"scheduled_at,omitempty"`
 	StartedAt    *time.Time `json:"started_at,omitempty"`
 	FinishedAt   *time.Time `json:"finished_at,omitempty"`
@@ -781,8 +801,9 @@ type RunJSON struct {
 
 func runJSON(r *Run) RunJSON {
 	return RunJSON{ID: r.ID, AgentID: r.AgentID, Pipe: r.Pipe, PipeVersion: r.PipeVersion, Trigger: r.Trigger, Status: r.Status,
-		ExitCode: r.ExitCode, Signal: r.Signal, Error: r.Error, RequestID: r.RequestID, ScheduledAt: optTime(r.ScheduledAt),
-		StartedAt: optTime(r.StartedAt), FinishedAt: optTime(r.FinishedAt), DurationMS: r.DurationMS, LogChunks: r.LogChunks,
+		ExitCode: r.ExitCode, Signal: r.Signal, Error: r.Error, RequestID: r.RequestID, Reason: r.Reason, Attempts: r.Attempts, WrittenBy: r.WrittenBy,
+		ScheduledAt: optTime(r.ScheduledAt),
+		StartedAt:   optTime(r.StartedAt), FinishedAt: optTime(r.FinishedAt), DurationMS: r.DurationMS, LogChunks: r.LogChunks,
 		LogBytes: r.LogBytes, LogTruncated: r.LogTruncated, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
 }
 
@@ -798,16 +819,8 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	f := RunFilter{Pipe: q.Get("pipe"), Agent: q.Get("agent"), Status: q.Get("status"), RequestID: q.Get("request_id"), Limit: pg.limit + 1}
-	switch f.Status {
-	case "", StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped:
-	default:
-		return newError(ErrInvalidRequest, "invalid status", Detail{Field: "status", Message: "not a run status (pending, running, succeeded, failed, timed_out, canceled, skipped)"})
-	}
-	if f.Since, err = queryTime(r, "since"); err != nil {
-		return err
-	}
-	if f.Until, err = queryTime(r, "until"); err != nil {
+	f := RunFilter{Pipe: q.Get("pipe"), Agent: q.Get("agent"), Status: q.Get("status"), RequestID: q.Get("request_id"), Reason: q.Get("reason"), Limit: pg.limit + 1}
+	if err := checkRunFilter(r, &f); err != nil {
 		return err
 	}
 	if pg.cursor != "" {

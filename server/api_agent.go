@@ -29,6 +29,9 @@ type EnrollRequest struct {
 	Arch         string `json:"arch"`
 	AgentVersion string `json:"agent_version"`
 	CSR          string `json:"csr"`
+	// MachineID, optional, is the host's /etc/machine-id (32 hex digits):
+	// the identity is bound to it at once, else at its first stream.
+	MachineID string `json:"machine_id,omitempty"`
 }
 
 // EnrollResponse is the answer to a successful enrollment.
@@ -51,6 +54,27 @@ type RenewResponse struct {
 	Certificate   string    `json:"certificate"`
 	CABundle      string    `json:"ca_bundle"`
 	CertExpiresAt time.Time `json:"cert_expires_at"`
+}
+
+// MachineIDHeader, on an agent's HTTPS request, names the host's machine
+// id. When it is present and the agent is bound to another machine, the
+// request is refused with identity_conflict, as a stream would be.
+const MachineIDHeader = "X-Drover-Machine-Id"
+
+// checkRequestMachine applies MachineIDHeader.
+func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
+	mid := r.Header.Get(MachineIDHeader)
+	if mid == "" {
+		return nil
+	}
+	if !validMachineID(mid) {
+		return newError(ErrInvalidRequest, MachineIDHeader+" must be 32 hex digits")
+	}
+	bound, err := s.boundMachine(r.Context(), agentID)
+	if err != nil || bound == "" || bound == strings.ToLower(mid) {
+		return err
+	}
+	return s.identityConflict(r.Context(), agentID, strings.ToLower(mid), sourceIP(r))
 }
 
 // SecretsResponse is the answer to GET /api/v1/agents/self/secrets.
@@ -87,6 +111,9 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	if req.CSR == "" {
 		details = append(details, Detail{Field: "csr", Message: "required"})
 	}
+	if req.MachineID != "" && !validMachineID(req.MachineID) {
+		details = append(details, Detail{Field: "machine_id", Message: "must be 32 hex digits (/etc/machine-id)"})
+	}
 	if len(details) > 0 {
 		return newError(ErrInvalidRequest, "the enrollment request has invalid fields", details...)
 	}
@@ -116,7 +143,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		name = req.Hostname
 	}
 	a := &Agent{ID: id, Name: name, Hostname: req.Hostname, OS: req.OS, Arch: req.Arch, AgentVersion: req.AgentVersion,
-		Tags: tok.Tags, CreatedAt: now, CertSerial: serial, CertExpiresAt: notAfter}
+		Tags: tok.Tags, CreatedAt: now, CertSerial: serial, CertExpiresAt: notAfter, MachineID: strings.ToLower(req.MachineID)}
 	if err := s.store.EnrollAgent(r.Context(), tok.ID, now, a); err != nil {
 		switch {
 		case errors.Is(err, ErrTokenUsed):
@@ -130,7 +157,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
 	setAuditActor(r, &principal{ID: "enrollment-token/" + tok.ID, Name: "enrollment token", Role: rolePublic})
-	setAudit(r, "agent/"+id, nil, map[string]any{"id": id, "name": name, "hostname": req.Hostname, "tags": tok.Tags, "cert_serial": serial})
+	setAudit(r, "agent/"+id, nil, map[string]any{"id": id, "name": name, "hostname": req.Hostname, "tags": tok.Tags, "cert_serial": serial, "machine_id": a.MachineID})
 	if _, err := s.compiler.compile(r.Context(), []string{id}); err != nil {
 		return err
 	}
@@ -158,6 +185,9 @@ func (s *Server) grpcPublicAddr(r *http.Request) string {
 }
 
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	var req RenewRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
@@ -182,6 +212,9 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 }
 
 func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	m, err := s.store.GetManifest(r.Context(), agentID)
 	if err != nil {
 		s.metrics.manifestErr.Inc()
@@ -225,6 +258,9 @@ func (s *Server) handleSelfTrust(w http.ResponseWriter, r *http.Request, agentID
 }
 
 func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	digest := r.PathValue("digest")
 	if !manifest.ValidDigest(digest) {
 		return newError(ErrNotFound, "payload not found")
@@ -236,21 +272,72 @@ func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agent
 	if !slices.Contains(m.Payloads, digest) {
 		return newError(ErrNotFound, "payload not found")
 	}
-	b, err := s.store.GetPayload(r.Context(), digest)
+	release, err := s.acquireFetch(agentID)
+	if err != nil {
+		w.Header().Set("Retry-After", "5")
+		return err
+	}
+	defer release()
+	size, err := s.store.PayloadSize(r.Context(), digest)
 	if err != nil {
 		return err
 	}
 	h := w.Header()
 	h.Set("Content-Type", BundleMediaType)
-	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Content-Length", strconv.FormatInt(size, 10))
 	h.Set("ETag", `"`+digest+`"`)
 	h.Set("Cache-Control", "private, max-age=31536000, immutable")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(b)
+	// Streamed in slices: a fetch holds one buffer, whatever the size.
+	buf := make([]byte, payloadSlice)
+	for off := int64(0); off < size; {
+		n, err := s.store.ReadPayload(r.Context(), digest, off, buf[:min(int64(len(buf)), size-off)])
+		if err != nil || n == 0 {
+			s.log.Warn("streaming a payload failed", "agent", agentID, "digest", digest, "err", err)
+			return nil // the short body tells the agent; the digest check catches the rest
+		}
+		if _, err := w.Write(buf[:n]); err != nil {
+			return nil
+		}
+		off += int64(n)
+	}
 	return nil
 }
 
+// payloadSlice is how much of a payload one read takes from the store.
+const payloadSlice = 256 << 10
+
+// acquireFetch takes a payload-download slot for the agent: at most
+// agents.payload_fetches_per_agent for it and agents.payload_fetches in all.
+func (s *Server) acquireFetch(agentID string) (func(), error) {
+	am := s.agentMem(agentID)
+	am.mu.Lock()
+	if am.fetches >= s.cfg.Agents.PayloadFetchesPerAgent {
+		am.mu.Unlock()
+		s.metrics.refused.WithLabelValues("payload_fetches").Inc()
+		return nil, newError(ErrRateLimited, "this agent is already downloading as many payloads as it may; retry shortly")
+	}
+	am.fetches++
+	am.mu.Unlock()
+	undo := func() {
+		am.mu.Lock()
+		am.fetches--
+		am.mu.Unlock()
+	}
+	select {
+	case s.payloadSem <- struct{}{}:
+	default:
+		undo()
+		s.metrics.refused.WithLabelValues("payload_fetches").Inc()
+		return nil, newError(ErrRateLimited, "the server is serving as many payload downloads as it may; retry shortly")
+	}
+	return func() { <-s.payloadSem; undo() }, nil
+}
+
 func (s *Server) handleSelfSecrets(w http.ResponseWriter, r *http.Request, agentID string) error {
+	if err := s.checkRequestMachine(r, agentID); err != nil {
+		return err
+	}
 	m, err := s.store.GetManifest(r.Context(), agentID)
 	if err != nil {
 		return err

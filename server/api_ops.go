@@ -721,7 +721,11 @@ func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if run.Status != StatusPending && run.Status != StatusRunning {
-		return newError(ErrConflict, fmt.Sprintf("run %s is %s, not running", run.ID, run.Status))
+		why := run.Status
+		if run.Reason != "" {
+			why += ", reason " + run.Reason
+		}
+		return newError(ErrConflict, fmt.Sprintf("run %s has ended (%s): there is nothing to cancel", run.ID, why))
 	}
 	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_CancelRun{CancelRun: &agentpb.CancelRun{RunId: run.ID}}}
 	if !s.hub.send(run.AgentID, msg) {

@@ -462,7 +462,7 @@ func TestAPIEndpoints(t *testing.T) {
 		defer st.mu.Unlock()
 		return slices.Equal(st.cancels, []string{"r2"})
 	})
-	if r := ts.as(op, 409, "POST", "/api/v1/runs/r1/cancel", nil, nil); !strings.Contains(string(r.body), "run r1 is failed, not running") {
+	if r := ts.as(op, 409, "POST", "/api/v1/runs/r1/cancel", nil, nil); !strings.Contains(string(r.body), "run r1 has ended (failed): there is nothing to cancel") {
 		t.Fatalf("cancel of a finished run: %s", r.body)
 	}
 	ts.as(op, 404, "POST", "/api/v1/runs/nope/cancel", nil, nil)

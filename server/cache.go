@@ -24,6 +24,9 @@ type cachedStore struct {
 	gen       atomic.Uint64
 	certs     map[string]*AgentCert
 	manifests map[string]*StoredManifest
+	// onPromote, if set, is called after a renewal's certificate became
+	// the agent's current one.
+	onPromote func(id, serial string)
 }
 
 func newCachedStore(s Store) *cachedStore {
@@ -78,8 +81,14 @@ func (c *cachedStore) SetNextCert(ctx context.Context, id, serial string, expire
 }
 
 func (c *cachedStore) PromoteCert(ctx context.Context, id, serial string) error {
-	defer c.invalidate(id)
-	return c.Store.PromoteCert(ctx, id, serial)
+	err := c.Store.PromoteCert(ctx, id, serial)
+	c.invalidate(id)
+	if err == nil && c.onPromote != nil {
+		if ac, err := c.Store.AgentCert(ctx, id); err == nil && ac.Serial == serial {
+			c.onPromote(id, serial)
+		}
+	}
+	return err
 }
 
 func (c *cachedStore) RevokeAgent(ctx context.Context, id string, now time.Time) error {

@@ -60,6 +60,9 @@ type Config struct {
 	Signing    SigningConfig    `yaml:"signing"`
 	Store      StoreConfig      `yaml:"store"`
 	Runs       RunsConfig       `yaml:"runs"`
+	// Agents bounds what one agent may make the server store and serve
+	// (limits.go).
+	Agents AgentLimits `yaml:"agents"`
 	// InternalAgent runs a drover-agent for the server's own host as a
 	// child process, enrolled through the ordinary token path.
 	InternalAgent InternalAgentConfig `yaml:"internal_agent"`
@@ -196,6 +199,7 @@ func DefaultConfig() Config {
 			RetentionPerPipe:  1000,
 			RetentionInterval: time.Hour,
 		},
+		Agents: DefaultAgentLimits(),
 	}
 }
 
@@ -414,6 +418,7 @@ func (c *Config) Validate() error {
 	atLeast("http.max_body_bytes", c.HTTP.MaxBodyBytes, 4096)
 	atLeast("http.max_concurrent", int64(c.HTTP.MaxConcurrent), 1)
 	atLeast("grpc.max_streams", int64(c.GRPC.MaxStreams), 1)
+	c.Agents.validate(atLeast)
 	atLeast("grpc.max_recv_bytes", int64(c.GRPC.MaxRecvBytes), 64<<10)
 	atLeast("enrollment.rate_per_minute", int64(c.Enrollment.RatePerMinute), 1)
 	atLeast("enrollment.burst", int64(c.Enrollment.Burst), 1)

@@ -62,7 +62,9 @@
 // Enrollment (TLS, no client certificate; rate-limited per source address):
 //
 //	POST /api/v1/agents/enroll
-//	  {"token","hostname","os","arch","agent_version","csr"}
+//	  {"token","hostname","os","arch","agent_version","csr","machine_id"?}
+//	  machine_id (optional, 32 hex digits: /etc/machine-id) binds the identity to the
+//	  host at once; without it the first Hello that carries one binds it.
 //	  token: drv1.<id>.<secret>.<ca-pin>, ca-pin = lowercase hex sha256 of the CA
 //	  certificate's SubjectPublicKeyInfo DER (the server's TLS chain carries the CA
 //	  so the agent can check the pin before sending anything). csr: PEM
@@ -89,6 +91,15 @@
 //	     current manifest, else 404; Content-Type application/vnd.drover.bundle.v1+gzip
 //	GET  /api/v1/agents/self/secrets      {"secrets":{"NAME":"value"}} for the names the
 //	     pipes of its current manifest reference (Cache-Control: no-store)
+//
+// An agent request carrying X-Drover-Machine-Id that names another machine
+// than the one bound to the identity is refused with 409 identity_conflict.
+// Payloads are streamed from the store in slices; at most
+// agents.payload_fetches_per_agent (2) per agent and agents.payload_fetches
+// (32) in all run at once, beyond which the answer is 429 with Retry-After.
+// A slow download holds one 256 KiB slice, not the payload (each slice is
+// read with substr, which SQLite computes from the whole value only for the
+// query's duration; the read pool runs at most 4 queries at once).
 //
 // # Operator API (Authorization: Bearer <API token>)
 //
@@ -215,7 +226,49 @@
 // before its RunStarted works; a run belongs to the agent that reported it
 // first), log chunks by (run id, chunk seq); a replay never duplicates. A
 // malformed record (say, an empty run id) is acknowledged but not stored, so
-// it is not resent forever. A run's log is capped (runs.max_log_bytes,
+// it is not resent forever.
+//
+// Identity: the Hello must come within agents.hello_timeout (10 s) and carry
+// the machine id bound to the identity (at enrollment, or bound now by this
+// first Hello); another machine is refused with PERMISSION_DENIED
+// "identity_conflict: ..." — counted, audited, shown on the agent — and the
+// live stream stays. A stream that passes replaces the agent's live one
+// (one per identity; the old one ends with UNAVAILABLE after acknowledging
+// what it committed). At most agents.pending_streams (4) streams of one
+// identity may be waiting for their Hello. When a renewal's certificate is
+// first used, a stream opened with the retired one is closed
+// (UNAUTHENTICATED), as revocation closes streams (PERMISSION_DENIED).
+//
+// Validation (toRecord): run ids are 1-128 of [A-Za-z0-9._:-]; RunStarted and
+// RunFinished must name a pipe of the agent's current or previous manifest;
+// ManifestStatus keeps only such pipes (at most 10,000 listed) with
+// bounded errors; a Heartbeat lists at most agents.max_running_ids (4096)
+// ids. Failing records are acknowledged and dropped, counted in
+// drover_agent_records_refused_total{reason="invalid|unknown_pipe|too_large"}
+// and audited (agent.record_refused) at most once a minute per agent and
+// reason. Text fields are bounded and every control character, ANSI escape
+// or bidi override in them is stored as a visible \xNN or \uNNNN escape;
+// signals other than SIGNAME are stored as "invalid". The Hello's hostname
+// is stored as reported_hostname; the hostname checked at enrollment stays.
+//
+// Quotas (agents.*): run records per agent and per pipe, and log bytes per
+// agent, are token buckets. A record over quota waits for its token before
+// it is stored (the stream backs up; nothing is dropped, so a long outbox
+// replay after an outage still lands whole), counted in
+// drover_agent_records_throttled_total{reason}.
+//
+// Lost runs: a Heartbeat with outbox_records 0 says every record the agent
+// had is acknowledged, hence committed (records are committed in order, the
+// heartbeat after the records before it). Then each run of that agent still
+// pending or running on the server, not in running_run_ids, and started
+// before the heartbeat's sent_at (its created_at before the heartbeat's
+// arrival when it never reported a start) gets a strike; one it lists has
+// its strikes cleared; at two strikes in a row it is settled: failed, reason
+// "lost", written_by "server" (two, so that one heartbeat built while the
+// agent could not read its scheduler settles nothing). A later RunFinished
+// replaces it. Only the live stream settles.
+//
+// A run's log is capped (runs.max_log_bytes,
 // 1 MiB): the first chunk over the cap is stored as a truncation marker and
 // later ones are dropped. Retention prunes runs older than
 // runs.retention_age and beyond runs.retention_per_pipe per pipe. On

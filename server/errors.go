@@ -28,6 +28,7 @@ var (
 	ErrNotFound         = errors.New("not found")
 	ErrMethodNotAllowed = errors.New("method not allowed")
 	ErrConflict         = errors.New("conflict")
+	ErrIdentityConflict = errors.New("identity conflict")
 	ErrTooLarge         = errors.New("request too large")
 	ErrUnsupportedMedia = errors.New("unsupported media type")
 	ErrRateLimited      = errors.New("rate limited")
@@ -58,6 +59,7 @@ var errorKinds = []errorKind{
 	{ErrPermissionDenied, "permission_denied", http.StatusForbidden, codes.PermissionDenied},
 	{ErrNotFound, "not_found", http.StatusNotFound, codes.NotFound},
 	{ErrMethodNotAllowed, "method_not_allowed", http.StatusMethodNotAllowed, codes.Unimplemented},
+	{ErrIdentityConflict, "identity_conflict", http.StatusConflict, codes.PermissionDenied},
 	{ErrConflict, "conflict", http.StatusConflict, codes.Aborted},
 	{ErrTooLarge, "too_large", http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
 	{ErrUnsupportedMedia, "unsupported_media_type", http.StatusUnsupportedMediaType, codes.InvalidArgument},

@@ -285,6 +285,9 @@ func pinnedTLS(pin string) *tls.Config {
 	}
 }
 
+// enrollMachineID, when set, is the machine_id enroll sends.
+var enrollMachineID string
+
 // enroll runs the agent side of enrollment against base.
 func enroll(base, token, hostname string) (*testAgent, error) {
 	parts := strings.Split(token, ".")
@@ -297,7 +300,7 @@ func enroll(base, token, hostname string) (*testAgent, error) {
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: pinnedTLS(parts[3])}}
 	defer client.CloseIdleConnections()
-	body, _ := json.Marshal(EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "test", CSR: newCSR(key)})
+	body, _ := json.Marshal(EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "test", CSR: newCSR(key), MachineID: enrollMachineID})
 	resp, err := client.Post(base+"/api/v1/agents/enroll", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return nil, err

@@ -8,17 +8,19 @@ import (
 	agentpb "github.com/drover/drover/proto"
 )
 
-// hub tracks the live telemetry streams, one or more per agent, so that the
-// server can push SyncNow and RunNow, and close an agent's streams when it
-// is revoked.
+// hub tracks the live telemetry streams, at most one per agent, so that the
+// server can push SyncNow and RunNow, and close an agent's stream when it
+// is revoked, deleted, or its certificate retired. A new stream of the same
+// identity (and machine) replaces the old one, which is closed.
 type hub struct {
 	mu    sync.Mutex
-	conns map[string]map[*streamConn]struct{}
+	conns map[string]*streamConn
 }
 
 // streamConn is one live AgentStream.
 type streamConn struct {
 	agentID string
+	serial  string // of the client certificate the stream was opened with
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 	// out carries commands to the stream's sender; when it is full a
@@ -34,59 +36,81 @@ type streamConn struct {
 	draining atomic.Bool
 }
 
-func newHub() *hub { return &hub{conns: map[string]map[*streamConn]struct{}{}} }
+func newHub() *hub { return &hub{conns: map[string]*streamConn{}} }
 
+// add makes c the agent's live stream and closes the one it replaces.
 func (h *hub) add(c *streamConn) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	set := h.conns[c.agentID]
-	if set == nil {
-		set = map[*streamConn]struct{}{}
-		h.conns[c.agentID] = set
+	if old := h.conns[c.agentID]; old != nil && old != c {
+		old.cancel(errReplaced)
 	}
-	set[c] = struct{}{}
+	h.conns[c.agentID] = c
 }
 
+// remove forgets c unless a newer stream replaced it.
 func (h *hub) remove(c *streamConn) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if set := h.conns[c.agentID]; set != nil {
-		delete(set, c)
-		if len(set) == 0 {
-			delete(h.conns, c.agentID)
-		}
+	if h.conns[c.agentID] == c {
+		delete(h.conns, c.agentID)
 	}
+}
+
+// current reports whether c is its agent's live stream.
+func (h *hub) current(c *streamConn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conns[c.agentID] == c
 }
 
 // online reports whether the agent has a live stream.
 func (h *hub) online(agentID string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.conns[agentID]) > 0
+	return h.conns[agentID] != nil
 }
 
-// send queues msg on every live stream of the agent and reports whether
-// there was one.
+// count is the number of live streams (one per agent).
+func (h *hub) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.conns)
+}
+
+// send queues msg on the agent's live stream and reports whether there was
+// one with room for it.
 func (h *hub) send(agentID string, msg *agentpb.ServerMessage) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	sent := false
-	for c := range h.conns[agentID] {
-		select {
-		case c.out <- msg:
-			sent = true
-		default:
-		}
+	c := h.conns[agentID]
+	if c == nil {
+		return false
 	}
-	return sent
+	select {
+	case c.out <- msg:
+		return true
+	default:
+		return false
+	}
 }
 
-// close ends every live stream of the agent with cause.
+// close ends the agent's live stream with cause.
 func (h *hub) close(agentID string, cause error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for c := range h.conns[agentID] {
+	if c := h.conns[agentID]; c != nil {
 		c.cancel(cause)
+	}
+}
+
+// retire ends the agent's live stream unless it was opened with the
+// certificate serial now current (a renewal was promoted).
+func (h *hub) retire(agentID, serial string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.conns[agentID]; c != nil && c.serial != serial {
+		c.cancel(errRetired)
 	}
 }
 
@@ -94,10 +118,8 @@ func (h *hub) close(agentID string, cause error) {
 func (h *hub) closeAll(cause error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, set := range h.conns {
-		for c := range set {
-			c.cancel(cause)
-		}
+	for _, c := range h.conns {
+		c.cancel(cause)
 	}
 }
 

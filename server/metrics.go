@@ -34,6 +34,17 @@ import (
 //	drover_runs_finished_total{status}                      counter: RunFinished records (a replay
 //	                                                        seen recently is not counted twice)
 //	drover_run_duration_seconds{pipe}                       histogram of finished runs' durations
+//	                                                        (pipe: only pipes of the agent's manifest)
+//	drover_runs_lost_total                                  counter: runs settled failed, reason lost
+//	drover_agent_records_refused_total{reason}              counter: agent records acknowledged and
+//	                                                        dropped (invalid, unknown_pipe, too_large)
+//	                                                        and streams refused (pending_streams)
+//	drover_agent_records_throttled_total{reason}            counter: records that waited for a quota
+//	                                                        (run_records, pipe_run_records, log_bytes)
+//	drover_identity_conflicts_total                         counter: streams refused because another
+//	                                                        machine presented an agent's certificate
+//	drover_agents_manifest_expired                          gauge, at scrape: agents whose manifest in
+//	                                                        force has expired (they keep running it)
 //	drover_api_requests_total{route,code}                   counter: API requests by route pattern
 //	drover_api_request_duration_seconds{route}              histogram
 //	drover_audit_write_failures_total                       counter
@@ -49,6 +60,9 @@ type metrics struct {
 	apiRequests                           *prometheus.CounterVec
 	apiDuration                           *prometheus.HistogramVec
 	auditFailures                         prometheus.Counter
+	runsLost                              prometheus.Counter
+	refused, throttled                    *prometheus.CounterVec
+	identityConflicts                     prometheus.Counter
 
 	mu       sync.Mutex
 	finished map[string]struct{} // recently counted run ids
@@ -72,8 +86,19 @@ func newMetrics(s *Server) *metrics {
 	m.apiDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "drover_api_request_duration_seconds", Help: "API request duration by route.",
 		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10}}, []string{"route"})
 	m.auditFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_audit_write_failures_total", Help: "Audit entries that could not be written."})
+	m.runsLost = prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_runs_lost_total", Help: "Runs settled failed with reason lost: their agent no longer ran them once its records were drained."})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_refused_total", Help: "Agent records acknowledged and dropped, and agent streams refused, by reason."}, []string{"reason"})
+	m.throttled = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_throttled_total", Help: "Agent records that waited for a quota, by quota."}, []string{"reason"})
+	m.identityConflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_identity_conflicts_total", Help: "Streams refused because another machine presented an agent's certificate."})
+	for _, r := range []string{refusedInvalid, refusedUnknownPipe, refusedTooLarge, "pending_streams", "payload_fetches"} {
+		m.refused.WithLabelValues(r)
+	}
+	for _, r := range []string{"run_records", "pipe_run_records", "log_bytes"} {
+		m.throttled.WithLabelValues(r)
+	}
 	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
 		func() float64 { return float64(s.streams.streams.Load()) })
+	m.reg.MustRegister(m.runsLost, m.refused, m.throttled, m.identityConflicts)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -100,6 +125,8 @@ func (m *metrics) committed(recs []*Record, now time.Time) {
 		case r.RunFinished != nil:
 			typ = "run_finished"
 			m.runFinished(r.AgentID, r.RunFinished)
+		case r.Settle != nil:
+			m.runsLost.Add(float64(len(r.Settle.Settled)))
 		}
 		m.records.WithLabelValues(typ).Inc()
 		m.ackLatency.Observe(max(0, now.Sub(r.Received).Seconds()))
@@ -138,12 +165,14 @@ var (
 	descAgents      = prometheus.NewDesc("drover_agents", "Agents by state.", []string{"state"}, nil)
 	descApplyErrors = prometheus.NewDesc("drover_agent_apply_errors", "Current apply errors: pipes whose last apply failed, agents whose last manifest failed.", []string{"kind"}, nil)
 	descRuns        = prometheus.NewDesc("drover_runs", "Stored runs by status.", []string{"status"}, nil)
+	descExpired     = prometheus.NewDesc("drover_agents_manifest_expired", "Agents whose manifest in force has expired (its pipes keep running).", nil, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descAgents
 	ch <- descApplyErrors
 	ch <- descRuns
+	ch <- descExpired
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -151,7 +180,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if agents, err := s.store.ListAgents(ctx); err == nil {
-		var online, offline, revoked, pipeErrs, manifestErrs float64
+		var online, offline, revoked, pipeErrs, manifestErrs, expired float64
 		for _, a := range agents {
 			switch {
 			case !a.RevokedAt.IsZero():
@@ -165,6 +194,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if a.ManifestError != "" {
 				manifestErrs++
 			}
+			if a.ManifestExpired {
+				expired++
+			}
 			for _, p := range a.Pipes {
 				if p.ApplyError != "" {
 					pipeErrs++
@@ -176,11 +208,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, revoked, "revoked")
 		ch <- prometheus.MustNewConstMetric(descApplyErrors, prometheus.GaugeValue, pipeErrs, "pipe")
 		ch <- prometheus.MustNewConstMetric(descApplyErrors, prometheus.GaugeValue, manifestErrs, "manifest")
+		ch <- prometheus.MustNewConstMetric(descExpired, prometheus.GaugeValue, expired)
 	} else {
 		s.log.Warn("metrics: listing agents", "err", err)
 	}
 	if counts, err := s.store.RunCounts(ctx); err == nil {
-		for _, st := range []string{StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped} {
+		for _, st := range runStatusNames {
 			ch <- prometheus.MustNewConstMetric(descRuns, prometheus.GaugeValue, float64(counts[st]), st)
 		}
 	} else {

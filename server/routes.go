@@ -138,8 +138,11 @@ func (s *Server) routeTable() []route {
 		// Runs.
 		{method: "GET", path: "/api/v1/runs", role: roleViewer, summary: "List runs, newest first",
 			query: withPage(param{name: "pipe", typ: "string"}, param{name: "agent", typ: "string"},
-				param{name: "status", typ: "string", desc: "pending, running, succeeded, failed, timed_out, canceled or skipped"},
-				param{name: "request_id", typ: "string", desc: "runs started by one run-now request"}, since, until),
+				param{name: "status", typ: "string", desc: "pending, running, succeeded, failed, timed_out, canceled, skipped or missed"},
+				param{name: "request_id", typ: "string", desc: "runs started by one run-now request"},
+				param{name: "reason", typ: "string", desc: "why runs ended, exactly: e.g. lost, oom-kill, \"systemd: 203/EXEC\""}, since, until,
+				param{name: "scheduled_since", typ: "string", desc: "RFC 3339: runs serving a fire time at or after it"},
+				param{name: "scheduled_until", typ: "string", desc: "RFC 3339: runs serving a fire time before it"}),
 			status: 200, resp: RunList{}, h: s.handleListRuns},
 		{method: "GET", path: "/api/v1/runs/{id}", role: roleViewer, summary: "Get a run", status: 200, resp: RunJSON{}, h: s.handleGetRun},
 		{method: "GET", path: "/api/v1/runs/{id}/logs", role: roleViewer,

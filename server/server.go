@@ -65,6 +65,10 @@ type Server struct {
 	enrollLimiter  *rateLimiter
 	enrollRequests atomic.Int64
 
+	agentsMu    sync.Mutex
+	agentStates map[string]*agentMem // per-agent quotas and manifest pipes (limits.go)
+	payloadSem  chan struct{}        // bounds payload downloads in all
+
 	httpLn  net.Listener
 	grpcLn  net.Listener
 	httpSrv *http.Server
@@ -90,7 +94,8 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	}
 	s := &Server{cfg: cfg, log: logger, clock: clock, hub: newHub(),
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
-		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, maxLogStreams), quit: make(chan struct{})}
+		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, maxLogStreams), quit: make(chan struct{}),
+		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches)}
 	defer func() {
 		if err != nil {
 			s.release()
@@ -136,7 +141,11 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	if err != nil {
 		return nil, err
 	}
-	s.store = newCachedStore(st)
+	cs := newCachedStore(st)
+	// A promoted renewal retires the previous certificate: a stream opened
+	// with it is closed, as revocation closes streams.
+	cs.onPromote = func(id, serial string) { s.hub.retire(id, serial) }
+	s.store = cs
 	s.auth = newAuthenticator(s.store, clock)
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err

@@ -199,9 +199,9 @@ func (s *SQLiteStore) EnrollAgent(ctx context.Context, tokenID string, now time.
 			}
 			return ErrTokenExpired
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at)
-			VALUES(?,?,?,?,?,?,?,?,?,?,?)`,
-			a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt))
+		_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
+			VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`,
+			a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
 		if err != nil {
 			return fmt.Errorf("enroll: %w", err)
 		}
@@ -212,14 +212,16 @@ func (s *SQLiteStore) EnrollAgent(ctx context.Context, tokenID string, now time.
 // ---- agents
 
 const agentColumns = `id, name, hostname, os, arch, agent_version, tags, created_at, cert_serial, cert_expires_at, revoked_at, last_seen_at,
-	backend, scope, systemd_version, accepted_serial, accepted_digest, applied_serial, manifest_state, manifest_error, pipe_status, status_at`
+	backend, scope, systemd_version, accepted_serial, accepted_digest, applied_serial, manifest_state, manifest_error, pipe_status, status_at,
+	manifest_expired, manifest_expires_at, machine_id, reported_hostname, identity_conflicts, identity_conflict_at, identity_conflict_machine`
 
 func scanAgent(row interface{ Scan(...any) error }) (*Agent, error) {
 	var a Agent
 	var tags, pipes string
-	var created, certExp, revoked, seen, statusAt int64
+	var created, certExp, revoked, seen, statusAt, expiresAt, conflictAt int64
 	err := row.Scan(&a.ID, &a.Name, &a.Hostname, &a.OS, &a.Arch, &a.AgentVersion, &tags, &created, &a.CertSerial, &certExp, &revoked, &seen,
-		&a.Backend, &a.Scope, &a.SystemdVersion, &a.AcceptedSerial, &a.AcceptedDigest, &a.AppliedSerial, &a.ManifestState, &a.ManifestError, &pipes, &statusAt)
+		&a.Backend, &a.Scope, &a.SystemdVersion, &a.AcceptedSerial, &a.AcceptedDigest, &a.AppliedSerial, &a.ManifestState, &a.ManifestError, &pipes, &statusAt,
+		&a.ManifestExpired, &expiresAt, &a.MachineID, &a.ReportedHostname, &a.IdentityConflicts, &conflictAt, &a.IdentityConflictMachine)
 	if err != nil {
 		return nil, err
 	}
@@ -230,6 +232,7 @@ func scanAgent(row interface{ Scan(...any) error }) (*Agent, error) {
 		return nil, err
 	}
 	a.CreatedAt, a.CertExpiresAt, a.RevokedAt, a.LastSeenAt, a.StatusAt = fromNS(created), fromNS(certExp), fromNS(revoked), fromNS(seen), fromNS(statusAt)
+	a.ManifestExpiresAt, a.IdentityConflictAt = fromNS(expiresAt), fromNS(conflictAt)
 	return &a, nil
 }
 
@@ -323,6 +326,30 @@ func (s *SQLiteStore) RevokeAgent(ctx context.Context, id string, now time.Time)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		return notFound("agent")
+	}
+	return nil
+}
+
+func (s *SQLiteStore) BindMachine(ctx context.Context, id, machineID string, now time.Time) (string, error) {
+	if _, err := s.w.ExecContext(ctx, `UPDATE agents SET machine_id=?, updated_at=? WHERE id=? AND machine_id=''`, machineID, ns(now), id); err != nil {
+		return "", fmt.Errorf("bind machine: %w", err)
+	}
+	var bound string
+	err := s.w.QueryRowContext(ctx, `SELECT machine_id FROM agents WHERE id=?`, id).Scan(&bound)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", notFound("agent")
+	}
+	if err != nil {
+		return "", fmt.Errorf("bind machine: %w", err)
+	}
+	return bound, nil
+}
+
+func (s *SQLiteStore) NoteIdentityConflict(ctx context.Context, id, machineID string, now time.Time) error {
+	_, err := s.w.ExecContext(ctx, `UPDATE agents SET identity_conflicts=identity_conflicts+1, identity_conflict_at=?, identity_conflict_machine=? WHERE id=?`,
+		ns(now), machineID, id)
+	if err != nil {
+		return fmt.Errorf("note identity conflict: %w", err)
 	}
 	return nil
 }
@@ -423,6 +450,32 @@ func (s *SQLiteStore) DeletePipe(ctx context.Context, name string, now time.Time
 		return notFound("pipe")
 	}
 	return nil
+}
+
+func (s *SQLiteStore) PayloadSize(ctx context.Context, digest string) (int64, error) {
+	var n int64
+	err := s.r.QueryRowContext(ctx, `SELECT size FROM payloads WHERE digest=?`, digest).Scan(&n)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, notFound("payload")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("payload size: %w", err)
+	}
+	return n, nil
+}
+
+// ReadPayload reads a slice of the payload blob with substr, so that a
+// fetch holds one buffer, not the whole payload.
+func (s *SQLiteStore) ReadPayload(ctx context.Context, digest string, offset int64, buf []byte) (int, error) {
+	var b []byte
+	err := s.r.QueryRowContext(ctx, `SELECT substr(data, ?, ?) FROM payloads WHERE digest=?`, offset+1, len(buf), digest).Scan(&b)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, notFound("payload")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read payload: %w", err)
+	}
+	return copy(buf, b), nil
 }
 
 func (s *SQLiteStore) GetPayload(ctx context.Context, digest string) ([]byte, error) {
@@ -664,14 +717,14 @@ func (s *SQLiteStore) GetSecrets(ctx context.Context, names []string) (map[strin
 // ---- runs and logs
 
 const runColumns = `id, agent_id, pipe, pipe_version, trigger, status, exit_code, signal, error, request_id, scheduled_at, started_at, finished_at,
-	duration_ms, log_chunks, log_bytes, log_truncated, created_at, updated_at`
+	duration_ms, log_chunks, log_bytes, log_truncated, created_at, updated_at, reason, attempts, written_by`
 
 func scanRun(row interface{ Scan(...any) error }) (*Run, error) {
 	var r Run
 	var sched, started, finished, created, updated int64
 	var truncated int
 	if err := row.Scan(&r.ID, &r.AgentID, &r.Pipe, &r.PipeVersion, &r.Trigger, &r.Status, &r.ExitCode, &r.Signal, &r.Error, &r.RequestID,
-		&sched, &started, &finished, &r.DurationMS, &r.LogChunks, &r.LogBytes, &truncated, &created, &updated); err != nil {
+		&sched, &started, &finished, &r.DurationMS, &r.LogChunks, &r.LogBytes, &truncated, &created, &updated, &r.Reason, &r.Attempts, &r.WrittenBy); err != nil {
 		return nil, err
 	}
 	r.ScheduledAt, r.StartedAt, r.FinishedAt, r.CreatedAt, r.UpdatedAt = fromNS(sched), fromNS(started), fromNS(finished), fromNS(created), fromNS(updated)
@@ -777,12 +830,15 @@ func (t *ingestTx) exec(query string, args ...any) (sql.Result, error) {
 }
 
 const (
-	sqlHello = `UPDATE agents SET agent_version=?, os=?, arch=?, hostname=?, backend=?, scope=?, systemd_version=?,
+	// A Hello's hostname is kept as reported_hostname: the hostname checked
+	// at enrollment is not the agent's to change.
+	sqlHello = `UPDATE agents SET agent_version=?, os=?, arch=?, reported_hostname=?, backend=?, scope=?, systemd_version=?,
 		accepted_serial=?, accepted_digest=?, updated_at=? WHERE id=?`
-	sqlStatus = `UPDATE agents SET applied_serial=?, manifest_state=?, manifest_error=?, pipe_status=?, status_seq=?, status_at=?, updated_at=?
+	sqlStatus = `UPDATE agents SET applied_serial=?, manifest_state=?, manifest_error=?, pipe_status=?, status_seq=?, status_at=?, updated_at=?,
+		manifest_expired=?, manifest_expires_at=?
 		WHERE id=? AND status_seq<?`
-	sqlRunStarted = `INSERT INTO runs(id, agent_id, pipe, pipe_version, trigger, status, started_at, scheduled_at, request_id, created_at, updated_at)
-		VALUES(?,?,?,?,?,'running',?,?,?,?,?)
+	sqlRunStarted = `INSERT INTO runs(id, agent_id, pipe, pipe_version, trigger, status, started_at, scheduled_at, request_id, attempts, created_at, updated_at)
+		VALUES(?,?,?,?,?,'running',?,?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET
 			pipe=CASE WHEN runs.pipe='' THEN excluded.pipe ELSE runs.pipe END,
 			pipe_version=CASE WHEN runs.pipe_version=0 THEN excluded.pipe_version ELSE runs.pipe_version END,
@@ -790,12 +846,13 @@ const (
 			started_at=CASE WHEN runs.started_at=0 THEN excluded.started_at ELSE runs.started_at END,
 			scheduled_at=CASE WHEN runs.scheduled_at=0 THEN excluded.scheduled_at ELSE runs.scheduled_at END,
 			request_id=CASE WHEN runs.request_id='' THEN excluded.request_id ELSE runs.request_id END,
+			attempts=CASE WHEN runs.status IN ('pending','running') AND excluded.attempts>runs.attempts THEN excluded.attempts ELSE runs.attempts END,
 			status=CASE WHEN runs.status IN ('pending','running') THEN 'running' ELSE runs.status END,
 			updated_at=excluded.updated_at
 		WHERE runs.agent_id=excluded.agent_id`
 	sqlRunFinished = `INSERT INTO runs(id, agent_id, pipe, pipe_version, trigger, status, exit_code, signal, error, request_id, scheduled_at,
-			started_at, finished_at, duration_ms, log_chunks, created_at, updated_at)
-		VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+			started_at, finished_at, duration_ms, log_chunks, reason, attempts, written_by, created_at, updated_at)
+		VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET
 			pipe=CASE WHEN excluded.pipe<>'' THEN excluded.pipe ELSE runs.pipe END,
 			pipe_version=CASE WHEN excluded.pipe_version<>0 THEN excluded.pipe_version ELSE runs.pipe_version END,
@@ -805,8 +862,23 @@ const (
 			scheduled_at=CASE WHEN excluded.scheduled_at<>0 THEN excluded.scheduled_at ELSE runs.scheduled_at END,
 			started_at=CASE WHEN excluded.started_at<>0 THEN excluded.started_at ELSE runs.started_at END,
 			finished_at=excluded.finished_at, duration_ms=excluded.duration_ms, log_chunks=excluded.log_chunks,
-			updated_at=excluded.updated_at
+			reason=excluded.reason, attempts=CASE WHEN excluded.attempts<>0 THEN excluded.attempts ELSE runs.attempts END,
+			written_by=excluded.written_by, updated_at=excluded.updated_at
 		WHERE runs.agent_id=excluded.agent_id`
+	// A drained heartbeat clears the strikes of the unfinished runs it
+	// lists, adds one to those it does not list that started before it
+	// (started_at on the agent's clock, else created_at on the server's),
+	// and settles those with lostStrikes strikes.
+	sqlListed = `UPDATE runs SET unlisted=0
+		WHERE agent_id=? AND status IN ('pending','running') AND unlisted<>0 AND id IN (SELECT value FROM json_each(?))`
+	sqlUnlisted = `UPDATE runs SET unlisted=unlisted+1
+		WHERE agent_id=? AND status IN ('pending','running')
+			AND ((started_at<>0 AND started_at<?) OR (started_at=0 AND created_at<?))
+			AND id NOT IN (SELECT value FROM json_each(?))`
+	sqlSettle = `UPDATE runs SET status='failed', reason='lost', written_by='server', finished_at=?, updated_at=?, unlisted=0,
+			error='the agent no longer runs it and every record it had was committed: its end was never reported'
+		WHERE agent_id=? AND status IN ('pending','running') AND unlisted>=?
+		RETURNING id`
 	sqlRunPlaceholder = `INSERT INTO runs(id, agent_id, status, created_at, updated_at) VALUES(?,?,'running',?,?) ON CONFLICT(id) DO NOTHING`
 	sqlChunk          = `INSERT INTO log_chunks(run_id, seq, stream, data, at) VALUES(?,?,?,?,?) ON CONFLICT(run_id, seq) DO NOTHING`
 	sqlRunLog         = `UPDATE runs SET log_bytes=?, log_truncated=?, updated_at=? WHERE id=?`
@@ -868,16 +940,19 @@ func (t *ingestTx) apply(recs []*Record, lim IngestLimits) error {
 			if at.IsZero() {
 				at = now
 			}
-			_, err = t.exec(sqlStatus, st.AppliedSerial, st.State, st.Error, jsonText(nonNilPipes(st.Pipes)), r.Seq, ns(at), ns(now), r.AgentID, r.Seq)
+			_, err = t.exec(sqlStatus, st.AppliedSerial, st.State, st.Error, jsonText(nonNilPipes(st.Pipes)), r.Seq, ns(at), ns(now),
+				st.Expired, ns(st.ExpiresAt), r.AgentID, r.Seq)
 		case r.RunStarted != nil:
 			x := r.RunStarted
-			_, err = t.exec(sqlRunStarted, x.ID, r.AgentID, x.Pipe, x.PipeVersion, x.Trigger, ns(x.StartedAt), ns(x.ScheduledAt), x.RequestID, ns(now), ns(now))
+			_, err = t.exec(sqlRunStarted, x.ID, r.AgentID, x.Pipe, x.PipeVersion, x.Trigger, ns(x.StartedAt), ns(x.ScheduledAt), x.RequestID, x.Attempts, ns(now), ns(now))
 		case r.RunFinished != nil:
 			x := r.RunFinished
 			_, err = t.exec(sqlRunFinished, x.ID, r.AgentID, x.Pipe, x.PipeVersion, x.Trigger, x.Status, x.ExitCode, x.Signal, x.Error, x.RequestID,
-				ns(x.ScheduledAt), ns(x.StartedAt), ns(x.FinishedAt), x.DurationMS, x.LogChunks, ns(now), ns(now))
+				ns(x.ScheduledAt), ns(x.StartedAt), ns(x.FinishedAt), x.DurationMS, x.LogChunks, x.Reason, x.Attempts, x.WrittenBy, ns(now), ns(now))
 		case r.Chunk != nil:
 			err = t.chunk(r, runs, lim)
+		case r.Settle != nil:
+			err = t.settle(r)
 		}
 		if err != nil {
 			return err
@@ -938,6 +1013,44 @@ func (t *ingestTx) chunk(r *Record, runs map[string]*runLog, lim IngestLimits) e
 		rl.dirty, rl.at = true, r.Received
 	}
 	return nil
+}
+
+// lostStrikes is how many drained heartbeats in a row must leave a run out
+// before it is settled lost: one heartbeat built while the agent could not
+// read its scheduler's state must not settle runs that are alive.
+const lostStrikes = 2
+
+func (t *ingestTx) settle(r *Record) error {
+	st := r.Settle
+	sent := st.SentAt
+	if sent.IsZero() {
+		sent = r.Received
+	}
+	running := make([]string, 0, len(st.Running))
+	for id := range st.Running {
+		running = append(running, id)
+	}
+	listed := jsonText(running)
+	if _, err := t.exec(sqlListed, r.AgentID, listed); err != nil {
+		return err
+	}
+	if _, err := t.exec(sqlUnlisted, r.AgentID, ns(sent), ns(r.Received), listed); err != nil {
+		return err
+	}
+	rows, err := t.tx.QueryContext(t.ctx, sqlSettle, ns(r.Received), ns(r.Received), r.AgentID, lostStrikes)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	st.Settled = st.Settled[:0]
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		st.Settled = append(st.Settled, id)
+	}
+	return rows.Err()
 }
 
 func nonNilPipes(p []PipeStatus) []PipeStatus {

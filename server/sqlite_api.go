@@ -119,6 +119,15 @@ func (s *SQLiteStore) listRuns(ctx context.Context, f RunFilter) ([]*Run, error)
 	if f.RequestID != "" {
 		add(`request_id=?`, f.RequestID)
 	}
+	if f.Reason != "" {
+		add(`reason=?`, f.Reason)
+	}
+	if !f.ScheduledSince.IsZero() {
+		add(`scheduled_at>=?`, ns(f.ScheduledSince))
+	}
+	if !f.ScheduledUntil.IsZero() {
+		add(`scheduled_at<? AND scheduled_at<>0`, ns(f.ScheduledUntil))
+	}
 	if !f.Since.IsZero() {
 		add(`created_at>=?`, ns(f.Since))
 	}

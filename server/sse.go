@@ -67,21 +67,25 @@ func (l *logWatchers) notify(recs []*Record) {
 		return
 	}
 	for _, r := range recs {
-		var id string
+		var ids []string
 		switch {
 		case r.Chunk != nil:
-			id = r.Chunk.RunID
+			ids = []string{r.Chunk.RunID}
 		case r.RunFinished != nil:
-			id = r.RunFinished.ID
+			ids = []string{r.RunFinished.ID}
 		case r.RunStarted != nil:
-			id = r.RunStarted.ID
+			ids = []string{r.RunStarted.ID}
+		case r.Settle != nil:
+			ids = r.Settle.Settled // runs settled lost have ended
 		default:
 			continue
 		}
-		for ch := range l.m[id] {
-			select {
-			case ch <- struct{}{}:
-			default:
+		for _, id := range ids {
+			for ch := range l.m[id] {
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}

@@ -107,7 +107,7 @@ func nextEvent(t *testing.T, ch <-chan sseEvent, timeout time.Duration) sseEvent
 func TestLiveLogsSSE(t *testing.T) {
 	ts := startServer(t, func(c *Config) { c.HTTP.WriteTimeout, c.HTTP.ReadTimeout = time.Second, time.Second })
 	viewer, _ := ts.apiToken("tail", "viewer", "")
-	a := ts.enrollAgent(nil)
+	a := ts.jobAgent()
 	st, err := a.openStream("")
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,11 @@ type agentStore interface {
 	PromoteCert(ctx context.Context, id, serial string) error
 	SetAgentTags(ctx context.Context, id string, tags map[string]string, now time.Time) error
 	RevokeAgent(ctx context.Context, id string, now time.Time) error
+	// BindMachine binds machineID to the agent unless one is bound; it
+	// returns the machine id bound after the call.
+	BindMachine(ctx context.Context, id, machineID string, now time.Time) (string, error)
+	// NoteIdentityConflict counts a refused stream from another machine.
+	NoteIdentityConflict(ctx context.Context, id, machineID string, now time.Time) error
 	// DeleteAgent removes the agent and its manifest (its runs stay).
 	DeleteAgent(ctx context.Context, id string) error
 }
@@ -69,6 +74,10 @@ type pipeStore interface {
 	ListPipeVersions(ctx context.Context, name string) ([]*PipeVersion, error)
 	DeletePipe(ctx context.Context, name string, now time.Time) error
 	GetPayload(ctx context.Context, digest string) ([]byte, error)
+	// PayloadSize returns a stored payload's size; ReadPayload reads up to
+	// len(buf) bytes of it at offset (the payload is streamed, not loaded).
+	PayloadSize(ctx context.Context, digest string) (int64, error)
+	ReadPayload(ctx context.Context, digest string, offset int64, buf []byte) (int, error)
 	// GetPipeVersion returns one version of a pipe, deleted or not.
 	GetPipeVersion(ctx context.Context, name string, version uint64) (*PipeVersion, error)
 	// PipeState returns a pipe's current version and whether it is
@@ -181,6 +190,21 @@ type Agent struct {
 	ManifestError string
 	Pipes         []PipeStatus
 	StatusAt      time.Time
+	// ManifestExpired and ManifestExpiresAt come from the last
+	// ManifestStatus: the manifest in force on the host has expired.
+	ManifestExpired   bool
+	ManifestExpiresAt time.Time
+
+	// MachineID is the host identity bound to the agent at enrollment or at
+	// its first stream; ReportedHostname is what its Hello last said (the
+	// enrollment-checked Hostname does not change).
+	MachineID        string
+	ReportedHostname string
+	// IdentityConflicts counts streams refused because another machine
+	// presented this agent's certificate; the last one's time and machine.
+	IdentityConflicts       int64
+	IdentityConflictAt      time.Time
+	IdentityConflictMachine string
 }
 
 // AgentCert is the certificate state of an agent.
@@ -197,6 +221,10 @@ type PipeStatus struct {
 	ApplyError    string      `json:"apply_error,omitempty"`
 	NextFireTimes []time.Time `json:"next_fire_times,omitempty"`
 	DriftRestored bool        `json:"drift_restored,omitempty"`
+	// ElapseMismatch: the scheduler's next elapse disagrees with the
+	// evaluator's; DropInsRemoved: drop-ins found beside the units.
+	ElapseMismatch string   `json:"elapse_mismatch,omitempty"`
+	DropInsRemoved []string `json:"drop_ins_removed,omitempty"`
 }
 
 // PipeVersion is one immutable version of a pipe.
@@ -258,6 +286,9 @@ type Run struct {
 	Signal       string
 	Error        string
 	RequestID    string
+	Reason       string // why, when not succeeded: "exit 1", "systemd: 203/EXEC", "lost", ...
+	Attempts     uint32
+	WrittenBy    string // "runner", "daemon" or "server" (settled lost)
 	ScheduledAt  time.Time
 	StartedAt    time.Time
 	FinishedAt   time.Time
@@ -277,11 +308,15 @@ type RunFilter struct {
 	Agent     string
 	Status    string
 	RequestID string
+	Reason    string
 	Since     time.Time // created at or after
 	Until     time.Time // created before
-	BeforeAt  time.Time
-	BeforeID  string
-	Limit     int
+	// ScheduledSince and ScheduledUntil select by the fire time served.
+	ScheduledSince time.Time
+	ScheduledUntil time.Time
+	BeforeAt       time.Time
+	BeforeID       string
+	Limit          int
 }
 
 // APIToken is an operator API token: only a hash of its secret is stored.
@@ -344,6 +379,17 @@ type Record struct {
 	RunStarted  *Run
 	RunFinished *Run
 	Chunk       *LogChunk
+	// Settle, set on a heartbeat of an agent whose outbox was drained,
+	// settles the agent's runs it no longer runs as failed, reason lost.
+	Settle *SettleRecord
+}
+
+// SettleRecord is what a drained agent's heartbeat says about its runs.
+type SettleRecord struct {
+	Running map[string]bool // run ids the agent still runs
+	SentAt  time.Time       // the heartbeat's time (agent clock): runs started before it
+	// Settled is filled by ApplyRecords with the ids it settled.
+	Settled []string
 }
 
 // HelloRecord is what a Hello updates on the agent row.
@@ -357,6 +403,7 @@ type HelloRecord struct {
 	SystemdVersion string
 	ManifestSerial uint64
 	ManifestDigest string
+	MachineID      string
 }
 
 // StatusRecord is what a ManifestStatus updates on the agent row.
@@ -366,6 +413,8 @@ type StatusRecord struct {
 	AppliedSerial uint64
 	Pipes         []PipeStatus
 	At            time.Time
+	Expired       bool
+	ExpiresAt     time.Time
 }
 
 // IngestLimits bound what ingestion stores per run.
@@ -382,7 +431,15 @@ const (
 	StatusTimedOut  = "timed_out"
 	StatusCanceled  = "canceled"
 	StatusSkipped   = "skipped"
+	StatusMissed    = "missed"
 )
+
+// runStatusNames lists every run status, in the order metrics show them.
+var runStatusNames = []string{StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped, StatusMissed}
+
+// ReasonLost is the reason of a run the server settled because its agent no
+// longer runs it.
+const ReasonLost = "lost"
 
 // truncationMarker is stored as a system log chunk in place of the first
 // chunk that would take a run's log over the cap; later chunks are dropped.

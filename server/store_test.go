@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // A database made by an earlier schema version is migrated in place.
@@ -21,7 +22,9 @@ func TestMigrationsUpgradeExistingDatabase(t *testing.T) {
 	}
 	if _, err := db.Exec(string(v1) + `; PRAGMA user_version = 1;
 		INSERT INTO manifests(agent_id, serial, content_hash, digest, envelope, issued_at, expires_at, key_list_version)
-		VALUES('agt-1', 3, 'h', 'sha256:x', x'7b7d', 1, 2, 1)`); err != nil {
+		VALUES('agt-1', 3, 'h', 'sha256:x', x'7b7d', 1, 2, 1);
+		INSERT INTO agents(id, hostname, created_at, updated_at, cert_serial) VALUES('agt-1', 'h1', 1, 1, 's1');
+		INSERT INTO runs(id, agent_id, pipe, status, created_at, updated_at) VALUES('run-1', 'agt-1', 'job', 'running', 1, 1)`); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
@@ -40,6 +43,17 @@ func TestMigrationsUpgradeExistingDatabase(t *testing.T) {
 	files, _ := fs.Glob(migrations, "migrations/*.sql")
 	if v != len(files) || v < 3 {
 		t.Fatalf("user_version %d, want %d (the last migration)", v, len(files))
+	}
+	// 0004: old runs and agents read with the new fields empty, and
+	// binding works.
+	if r, err := st.GetRun(t.Context(), "run-1"); err != nil || r.Reason != "" || r.Attempts != 0 || r.Status != StatusRunning {
+		t.Fatalf("old run after migrating: %+v %v", r, err)
+	}
+	if mid, err := st.BindMachine(t.Context(), "agt-1", machineA, time.Now()); err != nil || mid != machineA {
+		t.Fatalf("bind on a migrated agent: %q %v", mid, err)
+	}
+	if a, err := st.GetAgent(t.Context(), "agt-1"); err != nil || a.MachineID != machineA || a.Hostname != "h1" || a.ManifestExpired {
+		t.Fatalf("old agent after migrating: %+v %v", a, err)
 	}
 	// 0003: API tokens and the audit log work on the migrated database.
 	if err := st.AddAudit(t.Context(), &AuditEntry{ActorID: "a", ActorName: "a", Role: "admin", Action: "x", Target: "y"}); err != nil {

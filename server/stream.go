@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 )
 
@@ -23,6 +26,8 @@ import (
 var (
 	errDraining = newError(ErrUnavailable, "the server is shutting down")
 	errRevoked  = newError(ErrAgentRevoked, "the agent was revoked")
+	errReplaced = newError(ErrUnavailable, "a newer stream of this agent replaced this one")
+	errRetired  = newError(ErrCertRefused, "the certificate was superseded by a renewal")
 )
 
 // drainWait bounds how long a draining stream waits for its records in
@@ -130,14 +135,17 @@ type streamService struct {
 }
 
 // AgentStream serves one agent's stream. The agent is the one named by the
-// verified client certificate; no message field can change that.
+// verified client certificate; no message field can change that. The first
+// message must be a Hello, within the hello timeout: its machine id must be
+// the one bound to the identity (identity_conflict otherwise), and the
+// stream then replaces the agent's live one.
 func (g *streamService) AgentStream(stream agentpb.Agent_AgentStreamServer) error {
 	s := g.s
 	if s.stopping.Load() {
 		return grpcError(errDraining)
 	}
 	ctx := stream.Context()
-	agentID, err := s.authPeer(ctx)
+	agentID, serial, err := s.authPeer(ctx)
 	if err != nil {
 		return grpcError(err)
 	}
@@ -146,17 +154,42 @@ func (g *streamService) AgentStream(stream agentpb.Agent_AgentStreamServer) erro
 		return status.Error(codes.ResourceExhausted, "too many streams")
 	}
 	defer g.streams.Add(-1)
+	ast := s.agentMem(agentID)
+	ast.mu.Lock()
+	if ast.pending >= s.cfg.Agents.PendingStreams {
+		ast.mu.Unlock()
+		s.refused(agentID, "pending_streams", "", nil)
+		return status.Error(codes.ResourceExhausted, "too many streams of this agent are opening at once")
+	}
+	ast.pending++
+	ast.mu.Unlock()
+	first, err := recvHello(stream, s.cfg.Agents.HelloTimeout)
+	ast.mu.Lock()
+	ast.pending--
+	ast.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	log := s.log.With("agent", agentID)
+	// The certificate may have been revoked or retired while the Hello
+	// was on its way.
+	if _, err := s.checkAgentCertSerial(ctx, agentID, serial); err != nil {
+		return grpcError(err)
+	}
+	if err := s.checkMachine(ctx, agentID, first.GetHello().GetMachineId(), peerAddr(ctx)); err != nil {
+		log.Warn("stream refused", "err", err)
+		return grpcError(err)
+	}
 
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	conn := &streamConn{agentID: agentID, ctx: cctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 16), kick: make(chan struct{}, 1)}
+	conn := &streamConn{agentID: agentID, serial: serial, ctx: cctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 16), kick: make(chan struct{}, 1)}
 	s.hub.add(conn)
 	defer s.hub.remove(conn)
-	log := s.log.With("agent", agentID)
 	log.Debug("stream opened")
 
 	recvDone := make(chan error, 1)
-	go func() { recvDone <- g.recvLoop(conn, stream, log) }()
+	go func() { recvDone <- g.recvLoop(conn, stream, first, log) }()
 
 	var lastAck uint64
 	sendAck := func() error {
@@ -211,13 +244,42 @@ func (g *streamService) AgentStream(stream agentpb.Agent_AgentStreamServer) erro
 	}
 }
 
+// recvHello reads the stream's first message, which must be a Hello sent
+// within timeout.
+func recvHello(stream agentpb.Agent_AgentStreamServer, timeout time.Duration) (*agentpb.AgentMessage, error) {
+	type res struct {
+		m   *agentpb.AgentMessage
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		m, err := stream.Recv()
+		ch <- res{m, err}
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, r.err
+		}
+		if r.m.GetHello() == nil {
+			return nil, status.Error(codes.InvalidArgument, "the first message must be Hello")
+		}
+		return r.m, nil
+	case <-t.C:
+		// Returning ends the stream, which ends the Recv above.
+		return nil, status.Errorf(codes.DeadlineExceeded, "no Hello within %s", timeout)
+	}
+}
+
 // ended returns how a stream whose context was cancelled ends: drained on
-// shutdown, with the cause's code on revocation or a store failure, quietly
-// when the agent went away.
+// shutdown or replacement, with the cause's code on revocation, retirement
+// or a store failure, quietly when the agent went away.
 func (g *streamService) ended(cctx context.Context, finish func(error) error) error {
 	cause := context.Cause(cctx)
 	switch {
-	case errors.Is(cause, errDraining):
+	case errors.Is(cause, errDraining), errors.Is(cause, errReplaced):
 		return finish(grpcError(cause))
 	case errors.Is(cause, context.Canceled), errors.Is(cause, context.DeadlineExceeded):
 		return nil
@@ -225,24 +287,22 @@ func (g *streamService) ended(cctx context.Context, finish func(error) error) er
 	return grpcError(cause)
 }
 
-// recvLoop reads the agent's messages and hands records to the ingester.
-// It returns io.EOF when the agent closes its side.
-func (g *streamService) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStreamServer, log *slog.Logger) error {
+// recvLoop hands the Hello and then every message the agent sends to the
+// ingester, after validating it and waiting for the agent's quotas. It
+// returns io.EOF when the agent closes its side.
+func (g *streamService) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStreamServer, first *agentpb.AgentMessage, log *slog.Logger) error {
 	s := g.s
 	var lastSeq uint64
-	first := true
+	ast := s.agentMem(conn.agentID)
+	msg := first
 	for {
-		msg, err := stream.Recv()
-		if err != nil {
-			return err
+		if msg == nil {
+			var err error
+			if msg, err = stream.Recv(); err != nil {
+				return err
+			}
 		}
 		now := s.clock.Now()
-		if first {
-			if msg.GetHello() == nil {
-				return status.Error(codes.InvalidArgument, "the first message must be Hello")
-			}
-			first = false
-		}
 		durable := false
 		switch msg.GetBody().(type) {
 		case *agentpb.AgentMessage_ManifestStatus, *agentpb.AgentMessage_RunStarted, *agentpb.AgentMessage_LogChunk, *agentpb.AgentMessage_RunFinished:
@@ -260,15 +320,23 @@ func (g *streamService) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStr
 		} else {
 			seq = 0
 		}
-		rec, verr := s.toRecord(conn.agentID, msg, now)
+		rules := recordRules{maxChunk: s.cfg.Runs.MaxChunkBytes, maxRunning: s.cfg.Agents.MaxRunningIDs, pipeKnown: s.pipeSet(conn.ctx, conn.agentID)}
+		rec, reason, verr := toRecord(conn.agentID, msg, now, rules)
 		if verr != nil {
-			log.Warn("refused an invalid record", "seq", seq, "err", verr)
-			s.metrics.records.WithLabelValues("invalid").Inc()
+			// Acknowledged and dropped, so that the agent's outbox does not
+			// resend it for ever; counted and audited.
+			s.refused(conn.agentID, reason, peerAddr(conn.ctx), verr)
 			rec = nil
+		} else if err := s.throttle(conn.ctx, ast, rec); err != nil {
+			return err
+		}
+		if rec != nil && rec.Settle != nil && !s.hub.current(conn) {
+			rec.Settle = nil // a replaced stream speaks for nothing
 		}
 		conn.inflight.Add(1)
 		if conn.draining.Load() {
 			conn.inflight.Add(-1)
+			msg = nil
 			continue // not acknowledged: the agent resends it
 		}
 		select {
@@ -280,7 +348,169 @@ func (g *streamService) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStr
 		if h := msg.GetHello(); h != nil {
 			s.syncIfBehind(conn, h.GetManifestSerial())
 		}
+		msg = nil
 	}
+}
+
+// throttle waits until the agent's quotas allow rec: run records per agent
+// and per pipe, log bytes per agent. Waiting holds the stream (the agent's
+// sends back up); nothing is dropped.
+func (s *Server) throttle(ctx context.Context, ast *agentMem, rec *Record) error {
+	var d time.Duration
+	var reason string
+	take := func(b *tokenBucket, n float64, why string) {
+		if w := b.reserve(n); w > d {
+			d, reason = w, why
+		}
+	}
+	run := func(id, pipe string) {
+		ast.noteRun(id)
+		take(ast.runs, 1, "run_records")
+		if pipe != "" {
+			take(ast.pipeBucket(pipe, s.cfg.Agents), 1, "pipe_run_records")
+		}
+	}
+	switch {
+	case rec.RunStarted != nil:
+		run(rec.RunStarted.ID, rec.RunStarted.Pipe)
+	case rec.RunFinished != nil:
+		run(rec.RunFinished.ID, rec.RunFinished.Pipe)
+	case rec.Chunk != nil:
+		if ast.noteRun(rec.Chunk.RunID) {
+			take(ast.runs, 1, "run_records") // a chunk of an unknown run makes a run row
+		}
+		take(ast.logBytes, float64(len(rec.Chunk.Data)), "log_bytes")
+	default:
+		return nil
+	}
+	if d > 0 {
+		s.metrics.throttled.WithLabelValues(reason).Inc()
+	}
+	return wait(ctx, d)
+}
+
+// refused counts (and at most once a minute per agent and reason, audits)
+// a record or stream refused from an agent.
+func (s *Server) refused(agentID, reason, source string, err error) {
+	s.metrics.refused.WithLabelValues(reason).Inc()
+	now := s.clock.Now()
+	if !s.agentMem(agentID).shouldAudit(reason, now, time.Minute) {
+		s.log.Debug("refused an agent record", "agent", agentID, "reason", reason, "err", err)
+		return
+	}
+	s.log.Warn("refused an agent record (logged and audited at most once a minute per reason)", "agent", agentID, "reason", reason, "err", err)
+	e := &AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: agentID, Role: roleAgent.String(),
+		Action: "agent.record_refused", Target: "agent/" + agentID + "#" + reason, Source: source}
+	if reason == "pending_streams" {
+		e.Action = "agent.stream_refused"
+	}
+	s.audit(e)
+}
+
+// audit writes an entry outside an HTTP request.
+func (s *Server) audit(e *AuditEntry) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.store.AddAudit(ctx, e); err != nil {
+		s.log.Error("writing the audit log failed", "action", e.Action, "target", e.Target, "err", err)
+		s.metrics.auditFailures.Inc()
+	}
+}
+
+// checkMachine binds machineID to the agent on first use (when enrollment
+// did not) and refuses a stream from another machine: identity_conflict,
+// counted on the agent and in metrics, audited.
+func (s *Server) checkMachine(ctx context.Context, agentID, machineID, source string) error {
+	if machineID != "" && !validMachineID(machineID) {
+		return newError(ErrInvalidRequest, "hello.machine_id must be 32 hex digits")
+	}
+	machineID = strings.ToLower(machineID)
+	bound, err := s.boundMachine(ctx, agentID)
+	if err != nil {
+		return err
+	}
+	if bound == "" {
+		if machineID == "" {
+			return nil // nothing to bind yet
+		}
+		if bound, err = s.store.BindMachine(ctx, agentID, machineID, s.clock.Now()); err != nil {
+			return err
+		}
+		am := s.agentMem(agentID)
+		am.mu.Lock()
+		am.machineID = bound
+		am.mu.Unlock()
+		if bound == machineID {
+			s.log.Info("agent bound to its machine", "agent", agentID, "machine_id", machineID)
+			return nil
+		}
+	}
+	if bound == machineID {
+		return nil
+	}
+	return s.identityConflict(ctx, agentID, machineID, source)
+}
+
+// boundMachine returns the machine id bound to the agent ("" for none yet),
+// from memory once known.
+func (s *Server) boundMachine(ctx context.Context, agentID string) (string, error) {
+	am := s.agentMem(agentID)
+	am.mu.Lock()
+	bound := am.machineID
+	am.mu.Unlock()
+	if bound != "" {
+		return bound, nil
+	}
+	a, err := s.store.GetAgent(ctx, agentID)
+	if err != nil {
+		return "", err
+	}
+	am.mu.Lock()
+	am.machineID = a.MachineID
+	am.mu.Unlock()
+	return a.MachineID, nil
+}
+
+// identityConflict counts, records and audits a refusal of another machine
+// presenting the agent's certificate, and returns the error to answer.
+func (s *Server) identityConflict(ctx context.Context, agentID, machineID, source string) error {
+	now := s.clock.Now()
+	s.metrics.identityConflicts.Inc()
+	shown := machineID
+	if shown == "" {
+		shown = "(none)"
+	}
+	if err := s.store.NoteIdentityConflict(ctx, agentID, shown, now); err != nil {
+		s.log.Error("recording an identity conflict", "agent", agentID, "err", err)
+	}
+	if s.agentMem(agentID).shouldAudit("identity_conflict", now, 10*time.Second) {
+		s.audit(&AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: "machine " + shown, Role: roleAgent.String(),
+			Action: "agent.identity_conflict", Target: "agent/" + agentID, Source: source})
+	}
+	return newError(ErrIdentityConflict, fmt.Sprintf("identity_conflict: agent %s is bound to another machine; machine %s presented its certificate", agentID, shown))
+}
+
+// validMachineID: 32 hex digits, as /etc/machine-id holds.
+func validMachineID(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+			return host
+		}
+		return p.Addr.String()
+	}
+	return ""
 }
 
 // syncIfBehind sends SyncNow when the agent's last accepted manifest is
@@ -297,29 +527,83 @@ func (s *Server) syncIfBehind(conn *streamConn, accepted uint64) {
 }
 
 // authPeer identifies the agent behind a gRPC stream by its verified client
-// certificate.
-func (s *Server) authPeer(ctx context.Context) (string, error) {
+// certificate, and returns the certificate's serial.
+func (s *Server) authPeer(ctx context.Context) (string, string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", newError(ErrUnauthenticated, "no peer")
+		return "", "", newError(ErrUnauthenticated, "no peer")
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.PeerCertificates) == 0 {
-		return "", newError(ErrUnauthenticated, "a client certificate is required")
+		return "", "", newError(ErrUnauthenticated, "a client certificate is required")
 	}
-	return s.checkAgentCert(ctx, ti.State.PeerCertificates[0])
+	cert := ti.State.PeerCertificates[0]
+	id, err := s.checkAgentCert(ctx, cert)
+	if err != nil {
+		return "", "", err
+	}
+	return id, serialHex(cert.SerialNumber), nil
+}
+
+// checkAgentCertSerial re-checks, without promoting anything, that serial
+// is still the agent's current certificate and the agent not revoked.
+func (s *Server) checkAgentCertSerial(ctx context.Context, id, serial string) (string, error) {
+	ac, err := s.store.AgentCert(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return "", newError(ErrCertRefused, "the certificate names an unknown agent")
+	}
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case ac.Revoked:
+		return "", errRevoked
+	case serial == ac.Serial, serial == ac.NextSerial:
+		return id, nil
+	}
+	return "", errRetired
 }
 
 // Limits on strings in records.
 const (
-	maxIDLen    = 128
-	maxTextLen  = 4096
-	maxPipeInfo = 64
+	maxIDLen     = 128
+	maxTextLen   = 4096
+	maxReasonLen = 256
+	maxPipeInfo  = 64
+	maxPipeError = 1024
+	maxFireTimes = 16
+	maxDropIns   = 32
 )
 
-func cleanText(s string, n int) string {
-	if !utf8.ValidString(s) {
-		s = string([]rune(s)) // replaces invalid bytes with U+FFFD
+// cleanText makes agent text safe to store and show: valid UTF-8, at most n
+// bytes, and every control character (C0 but newline and tab when
+// multiline, DEL, C1), bidirectional override and line separator written as
+// a visible \xNN or \uNNNN escape, so that no NUL, ANSI escape sequence or
+// forged line reaches the database, a terminal or a page raw.
+func cleanText(s string, n int, multiline bool) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || unsafeRune(r, multiline) {
+			clean = false
+			break
+		}
+	}
+	if !clean {
+		var b strings.Builder
+		for _, r := range s { // invalid bytes arrive as U+FFFD
+			switch {
+			case !unsafeRune(r, multiline):
+				b.WriteRune(r)
+			case r < 0x100:
+				fmt.Fprintf(&b, "\\x%02x", r)
+			default:
+				fmt.Fprintf(&b, "\\u%04x", r)
+			}
+			if b.Len() > n {
+				break
+			}
+		}
+		s = b.String()
 	}
 	if len(s) > n {
 		s = s[:n]
@@ -330,11 +614,78 @@ func cleanText(s string, n int) string {
 	return s
 }
 
+func unsafeRune(r rune, multiline bool) bool {
+	switch {
+	case r == '\n' || r == '\t':
+		return !multiline
+	case r < 0x20, r == 0x7f, r >= 0x80 && r < 0xa0:
+		return true
+	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x2028, r == 0x2029, r == 0x200e, r == 0x200f:
+		return true
+	}
+	return false
+}
+
+// validRunID: 1-128 of letters, digits and . _ : - (UUIDs, systemd
+// invocation ids, request ids).
 func validRunID(id string) error {
-	if id == "" || len(id) > maxIDLen || !utf8.ValidString(id) {
-		return fmt.Errorf("run_id must be 1-%d bytes of UTF-8", maxIDLen)
+	if !validToken(id, maxIDLen) {
+		return fmt.Errorf("run_id must be 1-%d letters, digits, '.', '_', ':' or '-'", maxIDLen)
 	}
 	return nil
+}
+
+func validToken(id string, n int) bool {
+	if id == "" || len(id) > n {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// cleanSignal keeps a signal name such as SIGKILL (or a number); anything
+// else is stored as "invalid".
+func cleanSignal(sig string) string {
+	if sig == "" {
+		return ""
+	}
+	if len(sig) > 16 {
+		return "invalid"
+	}
+	for i := 0; i < len(sig); i++ {
+		c := sig[i]
+		if !('A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '+' || c == '-') {
+			return "invalid"
+		}
+	}
+	return sig
+}
+
+func cleanRequestID(id string) string {
+	if validToken(id, maxIDLen) {
+		return id
+	}
+	return ""
+}
+
+func cleanWrittenBy(w string) string {
+	switch w {
+	case "runner", "daemon":
+		return w
+	}
+	return ""
+}
+
+func cleanDigest(d string) string {
+	if manifest.ValidDigest(d) {
+		return d
+	}
+	return ""
 }
 
 func ts(t *timestamppb.Timestamp) time.Time {
@@ -353,6 +704,8 @@ var runStatuses = map[agentpb.RunStatus]string{
 	agentpb.RunStatus_RUN_STATUS_CANCELED:  StatusCanceled,
 	agentpb.RunStatus_RUN_STATUS_SKIPPED:   StatusSkipped,
 }
+
+// MISSED is written by the server only: an agent cannot report it.
 
 var triggers = map[agentpb.Trigger]string{
 	agentpb.Trigger_TRIGGER_SCHEDULE: "schedule",
@@ -373,33 +726,91 @@ var manifestStates = map[agentpb.ManifestStatus_State]string{
 	agentpb.ManifestStatus_STATE_APPLY_FAILED: "apply_failed",
 }
 
-// toRecord converts and checks one agent message.
-func (s *Server) toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time) (*Record, error) {
+// recordRules are what toRecord checks a message against.
+type recordRules struct {
+	maxChunk   int
+	maxRunning int
+	// pipeKnown reports whether the agent's manifest names a pipe.
+	pipeKnown func(string) bool
+}
+
+// Reasons for which an agent record is refused (the reason label of
+// drover_agent_records_refused_total).
+const (
+	refusedInvalid     = "invalid"
+	refusedUnknownPipe = "unknown_pipe"
+	refusedTooLarge    = "too_large"
+)
+
+// toRecord converts and checks one agent message. Identifiers (run ids,
+// pipe names) must be valid, and pipes named by the agent's manifest, or
+// the record is refused with a reason; text is bounded and escaped
+// (cleanText); enumerations outside their sets are refused or dropped.
+func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules recordRules) (*Record, string, error) {
 	r := &Record{AgentID: agentID, Received: now, Seq: msg.GetSeq()}
+	pipe := func(name string) error {
+		if !manifest.ValidName(name) {
+			return fmt.Errorf("pipe %q is not a valid pipe name", cleanText(name, maxPipeInfo, false))
+		}
+		if rules.pipeKnown == nil || !rules.pipeKnown(name) {
+			return fmt.Errorf("pipe %s is not in this agent's manifest", name)
+		}
+		return nil
+	}
 	switch b := msg.GetBody().(type) {
 	case *agentpb.AgentMessage_Hello:
 		h := b.Hello
 		r.Hello = &HelloRecord{
-			AgentVersion: cleanText(h.GetAgentVersion(), maxPipeInfo), OS: cleanText(h.GetOs(), maxPipeInfo), Arch: cleanText(h.GetArch(), maxPipeInfo),
-			Hostname: cleanText(h.GetHostname(), 255), Backend: cleanText(h.GetBackend(), maxPipeInfo), Scope: cleanText(h.GetScope(), maxPipeInfo),
-			SystemdVersion: cleanText(h.GetSystemdVersion(), maxPipeInfo), ManifestSerial: h.GetManifestSerial(), ManifestDigest: cleanText(h.GetManifestDigest(), 128),
+			AgentVersion: cleanText(h.GetAgentVersion(), maxPipeInfo, false), OS: cleanText(h.GetOs(), maxPipeInfo, false), Arch: cleanText(h.GetArch(), maxPipeInfo, false),
+			Hostname: cleanText(h.GetHostname(), 253, false), Backend: cleanText(h.GetBackend(), maxPipeInfo, false), Scope: cleanText(h.GetScope(), maxPipeInfo, false),
+			SystemdVersion: cleanText(h.GetSystemdVersion(), maxPipeInfo, false), ManifestSerial: h.GetManifestSerial(), ManifestDigest: cleanDigest(h.GetManifestDigest()),
+			MachineID: strings.ToLower(h.GetMachineId()),
 		}
 	case *agentpb.AgentMessage_Heartbeat:
-		// a sign of life: only last_seen changes
+		hb := b.Heartbeat
+		ids := hb.GetRunningRunIds()
+		if len(ids) > rules.maxRunning {
+			return nil, refusedTooLarge, fmt.Errorf("heartbeat lists %d running runs, at most %d", len(ids), rules.maxRunning)
+		}
+		if hb.GetOutboxRecords() == 0 {
+			// Every record the agent had is acknowledged, so committed:
+			// its running list is the whole truth.
+			st := &SettleRecord{Running: make(map[string]bool, len(ids)), SentAt: ts(hb.GetSentAt())}
+			for _, id := range ids {
+				if err := validRunID(id); err != nil {
+					return nil, refusedInvalid, fmt.Errorf("running_run_ids: %w", err)
+				}
+				st.Running[id] = true
+			}
+			r.Settle = st
+		}
 	case *agentpb.AgentMessage_ManifestStatus:
 		m := b.ManifestStatus
-		st := &StatusRecord{State: manifestStates[m.GetState()],
-			Error: cleanText(m.GetError(), maxTextLen), AppliedSerial: m.GetAppliedSerial(), At: ts(m.GetAt())}
-		if len(m.GetPipes()) > 10000 {
-			return nil, errors.New("too many pipes in ManifestStatus")
+		if len(m.GetPipes()) > maxManifestPipes {
+			return nil, refusedTooLarge, fmt.Errorf("ManifestStatus lists %d pipes, at most %d", len(m.GetPipes()), maxManifestPipes)
+		}
+		st := &StatusRecord{State: manifestStates[m.GetState()], Error: cleanText(m.GetError(), maxTextLen, true), AppliedSerial: m.GetAppliedSerial(),
+			At: ts(m.GetAt()), Expired: m.GetManifestExpired(), ExpiresAt: ts(m.GetExpiresAt())}
+		if st.State == "" {
+			return nil, refusedInvalid, fmt.Errorf("ManifestStatus with state %v", m.GetState())
 		}
 		for _, p := range m.GetPipes() {
-			ps := PipeStatus{Name: cleanText(p.GetName(), maxPipeInfo), Version: p.GetVersion(), ApplyError: cleanText(p.GetApplyError(), maxTextLen), DriftRestored: p.GetDriftRestored()}
+			if pipe(p.GetName()) != nil {
+				continue // only the manifest's pipes are shown: bounded by it
+			}
+			ps := PipeStatus{Name: p.GetName(), Version: p.GetVersion(), ApplyError: cleanText(p.GetApplyError(), maxPipeError, true), DriftRestored: p.GetDriftRestored(),
+				ElapseMismatch: cleanText(p.GetElapseMismatch(), maxReasonLen, false)}
 			for i, t := range p.GetNextFireTimes() {
-				if i == 16 {
+				if i == maxFireTimes {
 					break
 				}
 				ps.NextFireTimes = append(ps.NextFireTimes, ts(t))
+			}
+			for i, d := range p.GetDropInsRemoved() {
+				if i == maxDropIns {
+					break
+				}
+				ps.DropInsRemoved = append(ps.DropInsRemoved, cleanText(d, maxReasonLen, false))
 			}
 			st.Pipes = append(st.Pipes, ps)
 		}
@@ -407,36 +818,45 @@ func (s *Server) toRecord(agentID string, msg *agentpb.AgentMessage, now time.Ti
 	case *agentpb.AgentMessage_RunStarted:
 		x := b.RunStarted
 		if err := validRunID(x.GetRunId()); err != nil {
-			return nil, err
+			return nil, refusedInvalid, err
 		}
-		r.RunStarted = &Run{ID: x.GetRunId(), Pipe: cleanText(x.GetPipe(), maxPipeInfo), PipeVersion: x.GetPipeVersion(), Trigger: triggers[x.GetTrigger()],
-			StartedAt: ts(x.GetStartedAt()), ScheduledAt: ts(x.GetScheduledAt()), RequestID: cleanText(x.GetRequestId(), maxIDLen)}
+		if err := pipe(x.GetPipe()); err != nil {
+			return nil, refusedUnknownPipe, err
+		}
+		r.RunStarted = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: triggers[x.GetTrigger()],
+			StartedAt: ts(x.GetStartedAt()), ScheduledAt: ts(x.GetScheduledAt()), RequestID: cleanRequestID(x.GetRequestId()), Attempts: x.GetAttempt()}
 	case *agentpb.AgentMessage_RunFinished:
 		x := b.RunFinished
 		if err := validRunID(x.GetRunId()); err != nil {
-			return nil, err
+			return nil, refusedInvalid, err
+		}
+		if err := pipe(x.GetPipe()); err != nil {
+			return nil, refusedUnknownPipe, err
 		}
 		st, ok := runStatuses[x.GetStatus()]
 		if !ok {
-			return nil, fmt.Errorf("RunFinished with status %v", x.GetStatus())
+			return nil, refusedInvalid, fmt.Errorf("RunFinished with status %v", x.GetStatus())
 		}
-		r.RunFinished = &Run{ID: x.GetRunId(), Pipe: cleanText(x.GetPipe(), maxPipeInfo), PipeVersion: x.GetPipeVersion(), Trigger: triggers[x.GetTrigger()],
-			Status: st, ExitCode: int(x.GetExitCode()), Signal: cleanText(x.GetSignal(), 32), StartedAt: ts(x.GetStartedAt()), FinishedAt: ts(x.GetFinishedAt()),
-			DurationMS: x.GetDurationMs(), Error: cleanText(x.GetError(), maxTextLen), LogChunks: x.GetLogChunks(), ScheduledAt: ts(x.GetScheduledAt()),
-			RequestID: cleanText(x.GetRequestId(), maxIDLen)}
+		r.RunFinished = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: triggers[x.GetTrigger()],
+			Status: st, ExitCode: int(x.GetExitCode()), Signal: cleanSignal(x.GetSignal()), StartedAt: ts(x.GetStartedAt()), FinishedAt: ts(x.GetFinishedAt()),
+			DurationMS: max(0, x.GetDurationMs()), Error: cleanText(x.GetError(), maxTextLen, true), LogChunks: x.GetLogChunks(), ScheduledAt: ts(x.GetScheduledAt()),
+			RequestID: cleanRequestID(x.GetRequestId()), Reason: cleanText(x.GetReason(), maxReasonLen, false), Attempts: x.GetAttempts(),
+			WrittenBy: cleanWrittenBy(x.GetWrittenBy())}
 	case *agentpb.AgentMessage_LogChunk:
 		x := b.LogChunk
 		if err := validRunID(x.GetRunId()); err != nil {
-			return nil, err
+			return nil, refusedInvalid, err
 		}
-		if len(x.GetData()) > s.cfg.Runs.MaxChunkBytes {
-			return nil, fmt.Errorf("log chunk of %d bytes, at most %d", len(x.GetData()), s.cfg.Runs.MaxChunkBytes)
+		if len(x.GetData()) > rules.maxChunk {
+			return nil, refusedTooLarge, fmt.Errorf("log chunk of %d bytes, at most %d", len(x.GetData()), rules.maxChunk)
 		}
 		stream := logStreams[x.GetStream()]
 		if stream == "" {
 			stream = "stdout"
 		}
 		r.Chunk = &LogChunk{RunID: x.GetRunId(), Seq: x.GetChunkSeq(), Stream: stream, Data: x.GetData(), At: ts(x.GetAt())}
+	default:
+		return nil, refusedInvalid, errors.New("unknown message")
 	}
-	return r, nil
+	return r, "", nil
 }

@@ -45,8 +45,12 @@ func expectedLog(id string, perRun int) string {
 }
 
 func TestStreamReplayExactlyOnce(t *testing.T) {
-	ts := startServer(t)
-	a := ts.enrollAgent(nil)
+	// Quotas high enough not to slow the replays (they are tested apart).
+	ts := startServer(t, func(c *Config) {
+		c.Agents.RunRecordsPerSecond, c.Agents.RunRecordsBurst = 1e6, 1e6
+		c.Agents.PipeRunRecordsPerSecond, c.Agents.PipeRunRecordsBurst = 1e6, 1e6
+	})
+	a := ts.jobAgent()
 	const total, perRun, drops = 10000, 8, 20
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -161,7 +165,7 @@ func sendAll(t *testing.T, st *testStream, first uint64, msgs ...*agentpb.AgentM
 
 func TestRunUpsertsAndLogCap(t *testing.T) {
 	ts := startServer(t, func(c *Config) { c.Runs.MaxLogBytes = 1024 })
-	a := ts.enrollAgent(nil)
+	a := ts.jobAgent()
 	st, err := a.openStream("")
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +203,7 @@ func TestRunUpsertsAndLogCap(t *testing.T) {
 	}
 
 	// Another agent cannot touch this agent's run.
-	b := ts.enrollAgent(nil)
+	b := ts.jobAgent()
 	stb, err := b.openStream("")
 	if err != nil {
 		t.Fatal(err)

@@ -127,10 +127,10 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			switch a.output {
-			case "", "table", "json", "yaml":
+			case "", "table", "wide", "json", "yaml":
 				return nil
 			}
-			return usagef("-o %q: use table, json or yaml", a.output)
+			return usagef("-o %q: use table, wide, json or yaml", a.output)
 		},
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
@@ -139,7 +139,7 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 	pf.StringVar(&a.token, "token", "", "API bearer token (env DROVER_TOKEN); prefer the environment or login")
 	pf.StringVar(&a.ca, "ca", "", "PEM file with the CA that signed the server's certificate, e.g. the server's ca.crt (env DROVER_CA)")
 	pf.StringVar(&a.config, "config", "", "config file (default $XDG_CONFIG_HOME/drover/config.yaml)")
-	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), json or yaml")
+	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), wide (a table with more columns), json or yaml")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		newScheduleCmd(a),
@@ -198,8 +198,11 @@ func (a *app) warnf(format string, args ...any) {
 
 // format is the chosen output format ("table" when unset).
 func (a *app) format() string {
-	if a.output == "" {
+	if a.output == "" || a.output == "wide" {
 		return "table"
 	}
 	return a.output
 }
+
+// wide reports whether -o wide asked for a table with more columns.
+func (a *app) wide() bool { return a.output == "wide" }

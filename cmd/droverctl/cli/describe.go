@@ -239,6 +239,18 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 	kv.add("ID", ag.ID)
 	kv.add("Name", ag.Name)
 	kv.add("Hostname", ag.Hostname)
+	if ag.ReportedHostname != "" && ag.ReportedHostname != ag.Hostname {
+		kv.add("Reported hostname", ag.ReportedHostname)
+	}
+	machine := ag.MachineID
+	if machine == "" {
+		machine = "(not bound yet: bound at the first stream that reports one)"
+	}
+	kv.add("Machine", machine)
+	if ag.IdentityConflicts > 0 {
+		kv.add("Identity conflicts", fmt.Sprintf("%d refused streams from another machine; last %s from machine %s",
+			ag.IdentityConflicts, fmtTime(ag.IdentityConflictAt), ag.IdentityConflictMachine))
+	}
 	kv.add("Status", ag.state())
 	kv.add("Last seen", fmtTime(ag.LastSeenAt))
 	kv.add("Tags", fmtTags(ag.Tags))
@@ -264,6 +276,9 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 	kv.add("Accepted serial", itoa(int(ag.AcceptedSerial)))
 	kv.add("Applied serial", itoa(int(ag.AppliedSerial)))
 	kv.add("Manifest state", ag.ManifestState)
+	if ag.ManifestExpired {
+		kv.add("Manifest expired", "the manifest in force on the host expired "+fmtTime(ag.ManifestExpiresAt)+"; its pipes keep running")
+	}
 	if ag.ManifestError != "" {
 		kv.add("Manifest error", ag.ManifestError)
 	}
@@ -312,6 +327,11 @@ func (a *app) describeRun(ctx context.Context, c *client, id string) error {
 		kv.add("Duration", fmtDuration(r.DurationMS))
 	}
 	kv.add("Exit", r.exit())
+	kv.add("Reason", r.Reason)
+	if r.Attempts > 0 {
+		kv.add("Attempts", itoa(int(r.Attempts)))
+	}
+	kv.add("Written by", r.WrittenBy)
 	if r.Error != "" {
 		kv.add("Error", r.Error)
 	}

@@ -36,6 +36,11 @@ type listOpts struct {
 	since  string
 	until  string
 	limit  int
+	// reason, scheduledSince and scheduledUntil select runs by why they
+	// ended and by the fire time they serve.
+	reason         string
+	scheduledSince string
+	scheduledUntil string
 }
 
 func (a *app) newGetCmd() *cobra.Command {
@@ -47,12 +52,15 @@ func (a *app) newGetCmd() *cobra.Command {
 
   get pipes [NAME...] [--tag k=v] [--agent ID]   pipes (targeting the tag or agent)
   get agents [ID...] [--tag k=v] [--status S]    agents (carrying the tags; online, offline, revoked)
-  get runs [ID...] [--pipe P] [--agent ID] [--status S] [--since T] [--until T] [--limit N]
+  get runs [ID...] [--pipe P] [--agent ID] [--status S] [--reason R] [--since T] [--until T]
+           [--scheduled-since T] [--scheduled-until T] [--limit N]
   get tokens                                     enrollment tokens (never their secrets)
   get secrets                                    secret names (values are write-only)
   get api-tokens                                 operator API tokens and their roles
 
---since and --until take an RFC 3339 time or a duration before now (2h).`,
+--since, --until, --scheduled-since and --scheduled-until take an RFC 3339 time or a
+duration before now (2h). -o wide adds columns: runs get REASON, SCHEDULED, ATTEMPTS and
+WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLICTS.`,
 		Args:      cobra.ArbitraryArgs,
 		ValidArgs: []string{"pipes", "agents", "runs", "tokens", "secrets", "api-tokens"},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -73,7 +81,10 @@ func (a *app) newGetCmd() *cobra.Command {
 	f.StringArrayVar(&o.tags, "tag", nil, "k=v: pipes targeting the tag, agents carrying it (repeatable)")
 	f.StringVar(&o.agent, "agent", "", "pipes reaching, or runs on, this agent id")
 	f.StringVar(&o.pipe, "pipe", "", "runs of this pipe")
-	f.StringVar(&o.status, "status", "", "runs with this status (pending, running, succeeded, failed, timed_out, canceled, skipped); agents: online, offline or revoked")
+	f.StringVar(&o.status, "status", "", "runs with this status (pending, running, succeeded, failed, timed_out, canceled, skipped, missed); agents: online, offline or revoked")
+	f.StringVar(&o.reason, "reason", "", "runs that ended for this reason, exactly (e.g. lost, oom-kill, \"systemd: 203/EXEC\")")
+	f.StringVar(&o.scheduledSince, "scheduled-since", "", "runs serving a fire time at or after this time")
+	f.StringVar(&o.scheduledUntil, "scheduled-until", "", "runs serving a fire time before this time")
 	f.StringVar(&o.since, "since", "", "runs recorded at or after this time (RFC 3339, or a duration before now)")
 	f.StringVar(&o.until, "until", "", "runs recorded before this time (RFC 3339, or a duration before now)")
 	f.IntVar(&o.limit, "limit", 100, "at most this many runs (1-1000)")
@@ -85,12 +96,12 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 	allowed := map[string][]string{
 		"pipes":  {"tag", "agent"},
 		"agents": {"tag", "status"},
-		"runs":   {"agent", "pipe", "status", "since", "until", "limit"},
+		"runs":   {"agent", "pipe", "status", "since", "until", "limit", "reason", "scheduled-since", "scheduled-until"},
 	}[kind]
 	var bad error
 	cmd.Flags().Visit(func(f *pflag.Flag) {
 		switch f.Name {
-		case "tag", "agent", "pipe", "status", "since", "until", "limit":
+		case "tag", "agent", "pipe", "status", "since", "until", "limit", "reason", "scheduled-since", "scheduled-until":
 			for _, ok := range allowed {
 				if ok == f.Name {
 					return
@@ -116,9 +127,9 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 			return usagef("--limit %d out of range 1-1000", o.limit)
 		}
 		switch o.status {
-		case "", "pending", "running", "succeeded", "failed", "timed_out", "canceled", "skipped":
+		case "", "pending", "running", "succeeded", "failed", "timed_out", "canceled", "skipped", "missed":
 		default:
-			return usagef("--status %q is not a run status (pending, running, succeeded, failed, timed_out, canceled, skipped)", o.status)
+			return usagef("--status %q is not a run status (pending, running, succeeded, failed, timed_out, canceled, skipped, missed)", o.status)
 		}
 	}
 	_, err := parseTags(o.tags)
@@ -377,7 +388,11 @@ func (a *app) agentsTable(items []json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	t := newTable(a.stdout(), "ID", "NAME", "HOSTNAME", "STATUS", "LAST SEEN", "SERIAL", "TAGS", "BACKEND", "VERSION", "ERRORS")
+	cols := []string{"ID", "NAME", "HOSTNAME", "STATUS", "LAST SEEN", "SERIAL", "TAGS", "BACKEND", "VERSION", "ERRORS"}
+	if a.wide() {
+		cols = append(cols, "MACHINE", "REPORTED HOSTNAME", "MANIFEST", "CONFLICTS")
+	}
+	t := newTable(a.stdout(), cols...)
 	for _, ag := range agents {
 		serial := ""
 		if ag.AppliedSerial > 0 || ag.AcceptedSerial > 0 {
@@ -387,7 +402,15 @@ func (a *app) agentsTable(items []json.RawMessage) error {
 		if backend != "" && ag.Scope != "" {
 			backend += "/" + ag.Scope
 		}
-		t.row(ag.ID, ag.Name, ag.Hostname, ag.state(), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(ag.applyErrors()))
+		row := []string{ag.ID, ag.Name, ag.Hostname, ag.state(), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(ag.applyErrors())}
+		if a.wide() {
+			manifest := "ok"
+			if ag.ManifestExpired {
+				manifest = "expired"
+			}
+			row = append(row, ag.MachineID, ag.ReportedHostname, manifest, itoa(int(ag.IdentityConflicts)))
+		}
+		t.row(row...)
 	}
 	return t.flush()
 }
@@ -418,9 +441,18 @@ func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) 
 		return err
 	}
 	q := url.Values{}
-	for k, v := range map[string]string{"pipe": o.pipe, "agent": o.agent, "status": o.status} {
+	for k, v := range map[string]string{"pipe": o.pipe, "agent": o.agent, "status": o.status, "reason": o.reason} {
 		if v != "" {
 			q.Set(k, v)
+		}
+	}
+	for name, v := range map[string]string{"scheduled-since": o.scheduledSince, "scheduled-until": o.scheduledUntil} {
+		at, err := a.parseWhen(name, v)
+		if err != nil {
+			return err
+		}
+		if !at.IsZero() {
+			q.Set(strings.ReplaceAll(name, "-", "_"), at.UTC().Format(time.RFC3339))
 		}
 	}
 	if !since.IsZero() {
@@ -456,13 +488,25 @@ func (a *app) runsTable(items []json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	t := newTable(a.stdout(), "ID", "PIPE", "VERSION", "AGENT", "STATUS", "TRIGGER", "STARTED", "DURATION", "EXIT")
+	cols := []string{"ID", "PIPE", "VERSION", "AGENT", "STATUS", "TRIGGER", "STARTED", "DURATION", "EXIT"}
+	if a.wide() {
+		cols = append(cols, "REASON", "SCHEDULED", "ATTEMPTS", "WRITTEN BY")
+	}
+	t := newTable(a.stdout(), cols...)
 	for _, r := range runs {
 		dur := ""
 		if r.FinishedAt != nil || r.DurationMS > 0 {
 			dur = fmtDuration(r.DurationMS)
 		}
-		t.row(r.ID, r.Pipe, itoa(int(r.PipeVersion)), r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), dur, r.exit())
+		row := []string{r.ID, r.Pipe, itoa(int(r.PipeVersion)), r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), dur, r.exit()}
+		if a.wide() {
+			attempts := ""
+			if r.Attempts > 0 {
+				attempts = itoa(int(r.Attempts))
+			}
+			row = append(row, r.Reason, fmtTime(r.ScheduledAt), attempts, r.WrittenBy)
+		}
+		t.row(row...)
 	}
 	return t.flush()
 }

@@ -392,10 +392,14 @@ func (fa *fakeAgent) logChunks(id string, from uint64, at time.Time, data ...str
 
 // runFinished reports a run's end.
 func (fa *fakeAgent) runFinished(id, pipe string, version uint64, status agentpb.RunStatus, exit int32, started time.Time, dur time.Duration, chunks uint64) {
+	reason := ""
+	if exit != 0 {
+		reason = fmt.Sprintf("exit %d", exit) // as the runner words it
+	}
 	fa.send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{
 		RunId: id, Pipe: pipe, PipeVersion: version, Trigger: agentpb.Trigger_TRIGGER_SCHEDULE, Status: status, ExitCode: exit,
 		StartedAt: timestamppb.New(started), FinishedAt: timestamppb.New(started.Add(dur)), DurationMs: dur.Milliseconds(),
-		LogChunks: chunks, ScheduledAt: timestamppb.New(started)}}})
+		LogChunks: chunks, ScheduledAt: timestamppb.New(started), Reason: reason, Attempts: 1, WrittenBy: "runner"}}})
 }
 
 // manifestApplied reports that the agent applied pipes at the given versions.

@@ -73,6 +73,13 @@ type agentObj struct {
 		NextFireTimes []time.Time `json:"next_fire_times"`
 		DriftRestored bool        `json:"drift_restored"`
 	} `json:"pipes"`
+	ManifestExpired         bool       `json:"manifest_expired"`
+	ManifestExpiresAt       *time.Time `json:"manifest_expires_at"`
+	MachineID               string     `json:"machine_id"`
+	ReportedHostname        string     `json:"reported_hostname"`
+	IdentityConflicts       int64      `json:"identity_conflicts"`
+	IdentityConflictAt      *time.Time `json:"identity_conflict_at"`
+	IdentityConflictMachine string     `json:"identity_conflict_machine"`
 }
 
 func (a *agentObj) state() string {
@@ -110,6 +117,9 @@ type runObj struct {
 	Signal       string     `json:"signal"`
 	Error        string     `json:"error"`
 	RequestID    string     `json:"request_id"`
+	Reason       string     `json:"reason"`
+	Attempts     uint32     `json:"attempts"`
+	WrittenBy    string     `json:"written_by"`
 	ScheduledAt  *time.Time `json:"scheduled_at"`
 	StartedAt    *time.Time `json:"started_at"`
 	FinishedAt   *time.Time `json:"finished_at"`
@@ -124,7 +134,7 @@ type runObj struct {
 // terminal reports whether the run has ended.
 func (r *runObj) terminal() bool {
 	switch r.Status {
-	case "succeeded", "failed", "timed_out", "canceled", "skipped":
+	case "succeeded", "failed", "timed_out", "canceled", "skipped", "missed":
 		return true
 	}
 	return false

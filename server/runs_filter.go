@@ -1,0 +1,47 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// checkRunFilter validates the query parameters of GET /api/v1/runs that
+// RunFilter does not parse itself: status (one of the run statuses), reason
+// (at most 256 printable characters), since/until and
+// scheduled_since/scheduled_until (RFC 3339, since before until). Every
+// problem is reported with its parameter.
+func checkRunFilter(r *http.Request, f *RunFilter) error {
+	var details []Detail
+	if f.Status != "" && !slices.Contains(runStatusNames, f.Status) {
+		details = append(details, Detail{Field: "status", Message: "not a run status (" + strings.Join(runStatusNames, ", ") + ")"})
+	}
+	if len(f.Reason) > maxReasonLen || cleanText(f.Reason, maxReasonLen, false) != f.Reason {
+		details = append(details, Detail{Field: "reason", Message: "at most 256 printable characters"})
+	}
+	times := []struct {
+		name string
+		dst  *time.Time
+	}{{"since", &f.Since}, {"until", &f.Until}, {"scheduled_since", &f.ScheduledSince}, {"scheduled_until", &f.ScheduledUntil}}
+	for _, t := range times {
+		v, err := queryTime(r, t.name)
+		var ae *apiError
+		if errors.As(err, &ae) {
+			details = append(details, ae.details...)
+			continue
+		}
+		*t.dst = v
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		details = append(details, Detail{Field: "until", Message: "must be after since"})
+	}
+	if !f.ScheduledSince.IsZero() && !f.ScheduledUntil.IsZero() && !f.ScheduledSince.Before(f.ScheduledUntil) {
+		details = append(details, Detail{Field: "scheduled_until", Message: "must be after scheduled_since"})
+	}
+	if len(details) > 0 {
+		return newError(ErrInvalidRequest, "invalid run filter", details...)
+	}
+	return nil
+}
