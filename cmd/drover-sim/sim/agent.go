@@ -24,8 +24,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/drover/drover/manifest"
-	"github.com/drover/drover/signing"
 	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/signing"
 )
 
 // Bounds of one simulated agent.

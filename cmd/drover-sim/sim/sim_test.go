@@ -130,7 +130,11 @@ func TestFleetAgainstRealServer(t *testing.T) {
 	if len(agents) != 150 {
 		t.Fatalf("the server lists %d agents of the fleet", len(agents))
 	}
-	for _, a := range agents {
+	for _, listed := range agents {
+		var a server.AgentJSON
+		if err := adm.call(ctx, "GET", "/api/v1/agents/"+listed.ID, nil, &a); err != nil {
+			t.Fatal(err)
+		}
 		if a.ManifestState != "applied" || a.Manifest == nil || a.AppliedSerial != a.Manifest.Serial {
 			t.Fatalf("agent %s on the server: state %q, applied serial %d, manifest %+v", a.ID, a.ManifestState, a.AppliedSerial, a.Manifest)
 		}

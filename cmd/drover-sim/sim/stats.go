@@ -214,11 +214,11 @@ func (c *Counters) add(o Counters) {
 // by kind, and the per-agent latencies of the current change.
 type Stats struct {
 	Counters
-	Poll    Hist             `json:"poll"`    // manifest GET, answer received
-	Enroll  Hist             `json:"enroll"`  // one enrollment request
-	Ingest  Hist             `json:"ingest"`  // durable record queued -> acknowledged
+	Poll    Hist             `json:"poll"`   // manifest GET, answer received
+	Enroll  Hist             `json:"enroll"` // one enrollment request
+	Ingest  Hist             `json:"ingest"` // durable record queued -> acknowledged
 	Errors  map[string]int64 `json:"errors,omitempty"`
-	Change  uint64           `json:"change,omitempty"` // the change the samples below belong to
+	Change  uint64           `json:"change,omitempty"`     // the change the samples below belong to
 	Fetched []int64          `json:"fetched_at,omitempty"` // unix ns, one per agent
 	Applied []int64          `json:"applied_at,omitempty"`
 }

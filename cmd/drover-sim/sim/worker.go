@@ -78,17 +78,17 @@ type worker struct {
 	admin  *admin
 	change atomic.Pointer[changeTarget]
 
-	runCtx       context.Context // polls and runs
-	stopRuns     context.CancelFunc
-	streamCtx    context.Context // streams, which outlive runs to drain the outboxes
-	stopStreams  context.CancelFunc
-	wg           sync.WaitGroup
-	mu           sync.Mutex
-	agents       []*simAgent
-	started      int // agents attempted
-	growing      sync.Mutex
-	outMu        sync.Mutex
-	out          *json.Encoder
+	runCtx      context.Context // polls and runs
+	stopRuns    context.CancelFunc
+	streamCtx   context.Context // streams, which outlive runs to drain the outboxes
+	stopStreams context.CancelFunc
+	wg          sync.WaitGroup
+	mu          sync.Mutex
+	agents      []*simAgent
+	started     int // agents attempted
+	growing     sync.Mutex
+	outMu       sync.Mutex
+	out         *json.Encoder
 }
 
 // runWorker serves the parent's commands on in until "stop" or EOF.
