@@ -104,6 +104,8 @@ type simAgent struct {
 	outbox     []*outRec
 	runN       int
 	changeSeen uint64
+
+	appliedOnce bool // an applied status was acknowledged
 }
 
 func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, error) {
@@ -198,6 +200,13 @@ func (a *simAgent) ack(seq uint64) {
 		case recStatus:
 			if r.msg.GetManifestStatus().GetState() == agentpb.ManifestStatus_STATE_APPLIED {
 				c.statusesApplied.Add(1)
+				a.mu.Lock()
+				first := !a.appliedOnce
+				a.appliedOnce = true
+				a.mu.Unlock()
+				if first {
+					c.agentsApplied.Add(1)
+				}
 			}
 		}
 		if r.onAck != nil {

@@ -603,7 +603,7 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	// Settle: every agent connected and its manifest applied and acknowledged.
 	settle := time.Now()
 	deadline := settle.Add(cfg.Settle)
-	for s.Connected < s.Enrolled || s.StatusesApplied < s.Enrolled {
+	for s.Connected < s.Enrolled || s.AgentsApplied < s.Enrolled {
 		if time.Now().After(deadline) {
 			break
 		}

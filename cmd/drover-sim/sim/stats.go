@@ -168,13 +168,14 @@ type Counters struct {
 	LogChunksAcked  int64 `json:"log_chunks_acked"`
 	LogBytesAcked   int64 `json:"log_bytes_acked"`
 	StatusesApplied int64 `json:"statuses_applied_acked"`
+	AgentsApplied   int64 `json:"agents_applied"` // agents whose first applied status was acknowledged
 }
 
 // counters is Counters updated with atomics.
 type counters struct {
 	agents, enrolled, connected, polls, polls200, polls304, verified, payloads, payloadBytes,
 	syncNows, heartbeats, streamsOpened, recordsSent, recordsAcked, runsFinished, runsAcked,
-	logChunksAcked, logBytesAcked, statusesApplied atomic.Int64
+	logChunksAcked, logBytesAcked, statusesApplied, agentsApplied atomic.Int64
 }
 
 func (c *counters) snapshot() Counters {
@@ -185,6 +186,7 @@ func (c *counters) snapshot() Counters {
 		Heartbeats: c.heartbeats.Load(), StreamsOpened: c.streamsOpened.Load(), RecordsSent: c.recordsSent.Load(),
 		RecordsAcked: c.recordsAcked.Load(), RunsFinished: c.runsFinished.Load(), RunsAcked: c.runsAcked.Load(),
 		LogChunksAcked: c.logChunksAcked.Load(), LogBytesAcked: c.logBytesAcked.Load(), StatusesApplied: c.statusesApplied.Load(),
+		AgentsApplied: c.agentsApplied.Load(),
 	}
 }
 
@@ -208,6 +210,7 @@ func (c *Counters) add(o Counters) {
 	c.LogChunksAcked += o.LogChunksAcked
 	c.LogBytesAcked += o.LogBytesAcked
 	c.StatusesApplied += o.StatusesApplied
+	c.AgentsApplied += o.AgentsApplied
 }
 
 // Stats is what a worker reports: cumulative counters, histograms, errors

@@ -87,6 +87,7 @@ type worker struct {
 	agents      []*simAgent
 	started     int // agents attempted
 	growing     sync.Mutex
+	growWG      sync.WaitGroup
 	outMu       sync.Mutex
 	out         *json.Encoder
 }
@@ -112,7 +113,9 @@ func runWorker(in io.Reader, out io.Writer) error {
 			}
 			w.send(reply{Op: "ready"})
 		case "grow":
+			w.growWG.Add(1)
 			go func(to int) {
+				defer w.growWG.Done()
 				w.grow(to)
 				st := w.rec.snapshot()
 				w.send(reply{Op: "grown", Stats: &st})
@@ -198,11 +201,16 @@ func (w *worker) startAgent(i int) {
 			if err == nil {
 				break
 			}
-			w.rec.fail("enroll", err)
-		} else {
-			w.rec.fail("token", err)
 		}
-		if attempt == 5 || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			return // stopping: not an error of the server
+		}
+		if id == nil && tok == "" {
+			w.rec.fail("token", err)
+		} else {
+			w.rec.fail("enroll", err)
+		}
+		if attempt == 5 {
 			w.rec.failKind("enroll: gave up after retries")
 			return
 		}
@@ -232,8 +240,7 @@ func (w *worker) startAgent(i int) {
 // acknowledged, then closes the streams.
 func (w *worker) stop() {
 	w.stopRuns()
-	w.growing.Lock() // no agent starts after this
-	w.growing.Unlock()
+	w.growWG.Wait() // no agent starts after this
 	deadline := time.Now().Add(max(time.Duration(w.cfg.DrainTimeout), time.Second))
 	for {
 		w.mu.Lock()
