@@ -294,7 +294,9 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 		}
 	}()
 
-	hb := time.NewTimer(jitter(a.w.cfg.Agent.Heartbeat, 0.5))
+	// The first heartbeat comes at a uniformly random point of the interval,
+	// so that the fleet's heartbeat rate is steady from the start.
+	hb := time.NewTimer(time.Duration(rand.Int64N(int64(a.w.cfg.Agent.Heartbeat))) + time.Millisecond)
 	defer hb.Stop()
 	// Every record not yet acknowledged is sent again on a new stream: the
 	// server upserts, so a replay never duplicates.
@@ -384,6 +386,9 @@ func (a *simAgent) poll(ctx context.Context) {
 		return
 	}
 	defer resp.Body.Close()
+	if resp.TLS != nil && resp.TLS.DidResume {
+		rec.c.pollsResumed.Add(1)
+	}
 	switch resp.StatusCode {
 	case http.StatusNotModified:
 		_, _ = io.Copy(io.Discard, resp.Body)

@@ -285,6 +285,7 @@ type StepReport struct {
 	PollsPerSec    float64          `json:"polls_per_second"`
 	Poll           Latency          `json:"poll"`
 	Poll304Share   float64          `json:"poll_304_share"`
+	PollResumed    float64          `json:"poll_tls_resumed_share"`
 	HeartbeatsSec  float64          `json:"heartbeats_per_second"`
 	IngestPerSec   float64          `json:"records_acked_per_second"`
 	LogBytesPerSec float64          `json:"log_bytes_acked_per_second"`
@@ -645,6 +646,7 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.Poll = w1.Poll.sub(w0.Poll).summary()
 	if polls := w1.Polls200 + w1.Polls304 - w0.Polls200 - w0.Polls304; polls > 0 {
 		st.Poll304Share = float64(w1.Polls304-w0.Polls304) / float64(polls)
+		st.PollResumed = float64(w1.PollsResumed-w0.PollsResumed) / float64(polls)
 	}
 	st.HeartbeatsSec = d(w1.Heartbeats, w0.Heartbeats)
 	st.IngestPerSec = d(w1.RecordsAcked, w0.RecordsAcked)
@@ -791,7 +793,7 @@ func printStep(cfg Config, st StepReport) {
 		fmt.Fprintf(w, "  server      pid %d: RSS %s = %s/agent (%s/agent above the empty server); CPU %.1f%% of one core idle (%.2f%% per 1000 agents); %d threads, %d fds\n",
 			s.PID, mib(s.RSSBytes), kib(s.RSSPerAgent), kib(s.RSSDeltaPerAgent), s.CPUPercent, s.CPUPerAgent, s.Threads, s.FDs)
 	}
-	fmt.Fprintf(w, "  polls       %.1f/s, %.0f%% 304: %s\n", st.PollsPerSec, 100*st.Poll304Share, lat(st.Poll))
+	fmt.Fprintf(w, "  polls       %.1f/s, %.0f%% 304, %.0f%% on resumed TLS sessions: %s\n", st.PollsPerSec, 100*st.Poll304Share, 100*st.PollResumed, lat(st.Poll))
 	fmt.Fprintf(w, "  ingest      %.1f records/s acked (%.1f runs/s, %.0f log bytes/s), %.1f heartbeats/s; lag %s\n",
 		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, lat(st.IngestLag))
 	for _, c := range st.Changes {

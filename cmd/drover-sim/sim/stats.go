@@ -155,6 +155,7 @@ type Counters struct {
 	Polls           int64 `json:"polls"`
 	Polls200        int64 `json:"polls_200"`
 	Polls304        int64 `json:"polls_304"`
+	PollsResumed    int64 `json:"polls_tls_resumed"` // polls whose connection's TLS session was resumed
 	Verified        int64 `json:"manifests_verified"`
 	Payloads        int64 `json:"payloads"`
 	PayloadBytes    int64 `json:"payload_bytes"`
@@ -173,7 +174,7 @@ type Counters struct {
 
 // counters is Counters updated with atomics.
 type counters struct {
-	agents, enrolled, connected, polls, polls200, polls304, verified, payloads, payloadBytes,
+	agents, enrolled, connected, polls, polls200, polls304, pollsResumed, verified, payloads, payloadBytes,
 	syncNows, heartbeats, streamsOpened, recordsSent, recordsAcked, runsFinished, runsAcked,
 	logChunksAcked, logBytesAcked, statusesApplied, agentsApplied atomic.Int64
 }
@@ -181,7 +182,7 @@ type counters struct {
 func (c *counters) snapshot() Counters {
 	return Counters{
 		Agents: c.agents.Load(), Enrolled: c.enrolled.Load(), Connected: c.connected.Load(),
-		Polls: c.polls.Load(), Polls200: c.polls200.Load(), Polls304: c.polls304.Load(), Verified: c.verified.Load(),
+		Polls: c.polls.Load(), Polls200: c.polls200.Load(), Polls304: c.polls304.Load(), PollsResumed: c.pollsResumed.Load(), Verified: c.verified.Load(),
 		Payloads: c.payloads.Load(), PayloadBytes: c.payloadBytes.Load(), SyncNows: c.syncNows.Load(),
 		Heartbeats: c.heartbeats.Load(), StreamsOpened: c.streamsOpened.Load(), RecordsSent: c.recordsSent.Load(),
 		RecordsAcked: c.recordsAcked.Load(), RunsFinished: c.runsFinished.Load(), RunsAcked: c.runsAcked.Load(),
@@ -197,6 +198,7 @@ func (c *Counters) add(o Counters) {
 	c.Polls += o.Polls
 	c.Polls200 += o.Polls200
 	c.Polls304 += o.Polls304
+	c.PollsResumed += o.PollsResumed
 	c.Verified += o.Verified
 	c.Payloads += o.Payloads
 	c.PayloadBytes += o.PayloadBytes
