@@ -58,6 +58,7 @@ type Config struct {
 	Agent             AgentParams
 
 	Settle        time.Duration // bound for every agent connected and applied after a step's enrollment
+	Warmup        time.Duration // wait after settling, before the window (negative: one poll interval × (1 + jitter))
 	Window        time.Duration // idle measurement window per step
 	Changes       int           // pipe changes per step (0: none)
 	ChangeTimeout time.Duration // bound for a change to reach every agent
@@ -78,7 +79,7 @@ func DefaultConfig() Config {
 		EnrollConcurrency: 16,
 		Agent: AgentParams{PollInterval: 30 * time.Second, PollJitter: 0.5, Heartbeat: 30 * time.Second,
 			LogChunks: 1, LogBytes: 4096, Verify: true, KeepAlive: true, Timeout: 30 * time.Second},
-		Settle: 5 * time.Minute, Window: 30 * time.Second, Changes: 1, ChangeTimeout: 2 * time.Minute,
+		Settle: 5 * time.Minute, Warmup: -1, Window: 30 * time.Second, Changes: 1, ChangeTimeout: 2 * time.Minute,
 		DrainTimeout: 30 * time.Second, MaxDuration: 2 * time.Hour,
 	}
 }
@@ -116,6 +117,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
 	fs.DurationVar(&cfg.Agent.Timeout, "timeout", cfg.Agent.Timeout, "timeout of one request")
 	fs.DurationVar(&cfg.Settle, "settle", cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
 	fs.DurationVar(&cfg.Window, "window", cfg.Window, "idle measurement window per step")
 	fs.IntVar(&cfg.Changes, "changes", cfg.Changes, "pipe changes timed per step (0: none)")
 	fs.DurationVar(&cfg.ChangeTimeout, "change-timeout", cfg.ChangeTimeout, "bound for a change to reach every agent")
@@ -262,6 +264,7 @@ type ServerFigures struct {
 type ChangeFigures struct {
 	Version       uint64  `json:"version"`
 	PutMS         float64 `json:"put_ms"`
+	SimLag        Latency `json:"simulator_lag"`
 	Fetched       Latency `json:"fetched"` // from the PUT's start to the verified manifest with the new version
 	Applied       Latency `json:"applied"` // to the server's ack of the agent's ManifestStatus
 	NotFetched    int64   `json:"not_fetched"`
@@ -291,6 +294,7 @@ type StepReport struct {
 	LogBytesPerSec float64          `json:"log_bytes_acked_per_second"`
 	RunsPerSec     float64          `json:"runs_acked_per_second"`
 	IngestLag      Latency          `json:"ingest_lag"`
+	SimLag         Latency          `json:"simulator_lag"` // the simulator's own scheduling delay in the window
 	Changes        []ChangeFigures  `json:"changes,omitempty"`
 	Errors         map[string]int64 `json:"errors"` // new in this step
 	LoadAvg        string           `json:"loadavg"`
@@ -616,6 +620,16 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 		}
 	}
 	st.SettleSeconds = time.Since(settle).Seconds()
+	warm := cfg.Warmup
+	if warm < 0 {
+		warm = time.Duration(float64(cfg.Agent.PollInterval) * (1 + cfg.Agent.PollJitter))
+	}
+	if err := sleep(ctx, warm); err != nil {
+		return nil, err
+	}
+	if s, err = f.stats(ctx); err != nil {
+		return nil, err
+	}
 
 	// Idle window.
 	w0 := s
@@ -653,6 +667,7 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.LogBytesPerSec = d(w1.LogBytesAcked, w0.LogBytesAcked)
 	st.RunsPerSec = d(w1.RunsAcked, w0.RunsAcked)
 	st.IngestLag = w1.Ingest.sub(w0.Ingest).summary()
+	st.SimLag = w1.Lag.sub(w0.Lag).summary()
 
 	// Changes: one PUT of the fleet's pipe each, timed from the PUT's start.
 	last := w1
@@ -747,6 +762,7 @@ func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Repor
 	ch.Applied = exactSummary(rel(s.Applied))
 	ch.NotFetched = max(s.Enrolled-int64(len(s.Fetched)), 0)
 	ch.NotApplied = max(s.Enrolled-int64(len(s.Applied)), 0)
+	ch.SimLag = s.Lag.sub(s0.Lag).summary()
 	ch.SyncNows = s.SyncNows - s0.SyncNows
 	ch.PayloadsFetch = s.Payloads - s0.Payloads
 	return ch, s, nil
@@ -796,9 +812,10 @@ func printStep(cfg Config, st StepReport) {
 	fmt.Fprintf(w, "  polls       %.1f/s, %.0f%% 304, %.0f%% on resumed TLS sessions: %s\n", st.PollsPerSec, 100*st.Poll304Share, 100*st.PollResumed, lat(st.Poll))
 	fmt.Fprintf(w, "  ingest      %.1f records/s acked (%.1f runs/s, %.0f log bytes/s), %.1f heartbeats/s; lag %s\n",
 		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, lat(st.IngestLag))
+	fmt.Fprintf(w, "  simulator   own timer lag %s\n", lat(st.SimLag))
 	for _, c := range st.Changes {
-		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches\n",
-			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch)
+		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches; simulator lag meanwhile p99 %s, max %s\n",
+			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch, ms(c.SimLag.P99), ms(c.SimLag.Max))
 	}
 	fmt.Fprintf(w, "  errors      %s\n", errorList(st.Errors))
 }

@@ -80,6 +80,7 @@ func TestFleetAgainstRealServer(t *testing.T) {
 	cfg.Agent.RunEvery = 2 * time.Second
 	cfg.Agent.LogChunks = 2
 	cfg.Agent.LogBytes = 512
+	cfg.Warmup = time.Second
 	cfg.Window = 3 * time.Second
 	cfg.Settle = time.Minute
 	cfg.ChangeTimeout = time.Minute

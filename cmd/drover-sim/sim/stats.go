@@ -222,6 +222,7 @@ type Stats struct {
 	Poll    Hist             `json:"poll"`   // manifest GET, answer received
 	Enroll  Hist             `json:"enroll"` // one enrollment request
 	Ingest  Hist             `json:"ingest"` // durable record queued -> acknowledged
+	Lag     Hist             `json:"lag"`    // how late a worker's 100 ms timer fired: the simulator's own delay
 	Errors  map[string]int64 `json:"errors,omitempty"`
 	Change  uint64           `json:"change,omitempty"`     // the change the samples below belong to
 	Fetched []int64          `json:"fetched_at,omitempty"` // unix ns, one per agent
@@ -238,6 +239,7 @@ type recorder struct {
 	poll   Hist
 	enroll Hist
 	ingest Hist
+	lag    Hist
 	errs   map[string]int64
 
 	change  uint64
@@ -292,7 +294,7 @@ func (r *recorder) startChange(id uint64) {
 func (r *recorder) snapshot() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := Stats{Counters: r.c.snapshot(), Poll: r.poll.clone(), Enroll: r.enroll.clone(), Ingest: r.ingest.clone(),
+	st := Stats{Counters: r.c.snapshot(), Poll: r.poll.clone(), Enroll: r.enroll.clone(), Ingest: r.ingest.clone(), Lag: r.lag.clone(),
 		Errors: map[string]int64{}, Change: r.change,
 		Fetched: append([]int64(nil), r.fetched...), Applied: append([]int64(nil), r.applied...)}
 	for k, v := range r.errs {
@@ -306,6 +308,7 @@ func (s *Stats) merge(o Stats) {
 	s.Poll.merge(o.Poll)
 	s.Enroll.merge(o.Enroll)
 	s.Ingest.merge(o.Ingest)
+	s.Lag.merge(o.Lag)
 	if s.Errors == nil {
 		s.Errors = map[string]int64{}
 	}

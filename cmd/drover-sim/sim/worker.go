@@ -159,7 +159,23 @@ func (w *worker) init(cfg WorkerConfig) error {
 	w.admin = a
 	w.runCtx, w.stopRuns = context.WithCancel(context.Background())
 	w.streamCtx, w.stopStreams = context.WithCancel(context.Background())
+	w.wg.Add(1)
+	go func() { defer w.wg.Done(); w.measureLag(w.runCtx) }()
 	return nil
+}
+
+// measureLag records how late a 100 ms timer fires in this process: when
+// the simulator itself is starved of CPU (it runs at nice 19 beside the
+// server), its latencies include that delay, and this says how much.
+func (w *worker) measureLag(ctx context.Context) {
+	const tick = 100 * time.Millisecond
+	for {
+		start := time.Now()
+		if sleep(ctx, tick) != nil {
+			return
+		}
+		w.rec.observe(&w.rec.lag, time.Since(start)-tick)
+	}
 }
 
 // grow enrolls and starts agents until the worker has tried to members.
