@@ -70,6 +70,9 @@ type reply struct {
 	Op    string `json:"op"` // grown, stats, stopped, error
 	Stats *Stats `json:"stats,omitempty"`
 	Err   string `json:"err,omitempty"`
+	// EnrollFrom and EnrollUntil (unix ns) bound a grow's enrollment phase.
+	EnrollFrom  int64 `json:"enroll_from,omitempty"`
+	EnrollUntil int64 `json:"enroll_until,omitempty"`
 }
 
 type worker struct {
@@ -116,9 +119,9 @@ func runWorker(in io.Reader, out io.Writer) error {
 			w.growWG.Add(1)
 			go func(to int) {
 				defer w.growWG.Done()
-				w.grow(to)
+				from, until := w.grow(to)
 				st := w.rec.snapshot()
-				w.send(reply{Op: "grown", Stats: &st})
+				w.send(reply{Op: "grown", Stats: &st, EnrollFrom: from.UnixNano(), EnrollUntil: until.UnixNano()})
 			}(cmd.To)
 		case "change":
 			if cmd.Change != nil {
@@ -179,25 +182,46 @@ func (w *worker) measureLag(ctx context.Context) {
 }
 
 // grow enrolls and starts agents until the worker has tried to members.
-func (w *worker) grow(to int) {
+func (w *worker) grow(to int) (from, until time.Time) {
 	w.growing.Lock()
 	defer w.growing.Unlock()
+	n := max(to-w.started, 0)
+	// The tokens first, as an operator would hand them out: the
+	// enrollment phase that follows is what the server's rate is timed on.
+	toks := make([]string, n)
+	tags := map[string]string{fleetTag: w.cfg.Fleet}
+	w.parallel(n, func(k int) {
+		tok, err := w.admin.createToken(w.runCtx, tags)
+		if err != nil && w.runCtx.Err() == nil {
+			w.rec.fail("token", err)
+		}
+		toks[k] = tok
+	})
+	from = time.Now()
+	first := w.started
+	w.parallel(n, func(k int) { w.startAgent(w.cfg.First+first+k, toks[k]) })
+	w.started += n
+	return from, time.Now()
+}
+
+// parallel runs f(0..n-1), EnrollConcurrency at a time, until runCtx ends.
+func (w *worker) parallel(n int, f func(int)) {
 	sem := make(chan struct{}, max(w.cfg.EnrollConcurrency, 1))
 	var wg sync.WaitGroup
-	for ; w.started < to && w.runCtx.Err() == nil; w.started++ {
-		i := w.cfg.First + w.started
+	for k := 0; k < n && w.runCtx.Err() == nil; k++ {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			w.startAgent(i)
+			f(k)
 		}()
 	}
 	wg.Wait()
 }
 
-// startAgent enrolls agent i (bounded retries) and starts its loops.
-func (w *worker) startAgent(i int) {
+// startAgent enrolls agent i with tok (bounded retries, each with a new
+// token) and starts its loops.
+func (w *worker) startAgent(i int, tok string) {
 	w.rec.c.agents.Add(1)
 	var src net.IP
 	if w.cfg.SpreadSources {
@@ -209,7 +233,10 @@ func (w *worker) startAgent(i int) {
 	var id *identity
 	bo := 500 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		tok, err := w.admin.createToken(ctx, tags)
+		var err error
+		if tok == "" {
+			tok, err = w.admin.createToken(ctx, tags)
+		}
 		if err == nil {
 			start := time.Now()
 			id, err = enroll(ctx, w.cfg.Server, w.cfg.Host, tok, hostname, src, w.cfg.Agent.Timeout)
@@ -221,11 +248,12 @@ func (w *worker) startAgent(i int) {
 		if ctx.Err() != nil {
 			return // stopping: not an error of the server
 		}
-		if id == nil && tok == "" {
+		if tok == "" {
 			w.rec.fail("token", err)
 		} else {
 			w.rec.fail("enroll", err)
 		}
+		tok = "" // a retry takes a new token: the failed attempt may have used this one
 		if attempt == 5 {
 			w.rec.failKind("enroll: gave up after retries")
 			return
