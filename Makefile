@@ -61,7 +61,7 @@ bench:
 #   make bench-fleet BENCH_AGENTS=1000,5000,10000,19500 \
 #     BENCH_FLEET_FLAGS='--no-verify --run-every 5m --log-bytes 4096 --window 60s'
 BENCH_AGENTS ?= 200
-BENCH_FLEET_FLAGS ?= --window 20s
+BENCH_FLEET_FLAGS ?= --warmup 15s --window 30s
 bench-fleet: build
 	AGENTS='$(BENCH_AGENTS)' SIM_FLAGS='$(BENCH_FLEET_FLAGS)' cmd/drover-sim/bench-fleet.sh
 
