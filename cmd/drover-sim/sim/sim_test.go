@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -204,5 +205,23 @@ func TestHist(t *testing.T) {
 		if b := bucketOf(us); bucketHigh(b) < us || (b > 0 && bucketHigh(b-1) >= us) {
 			t.Fatalf("value %d in bucket %d [.., %d]", us, b, bucketHigh(b))
 		}
+	}
+}
+
+// TestPIDListening finds this process by a port it listens on, as the
+// simulator finds a local server without --server-pid.
+func TestPIDListening(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pid, err := pidListening(ln.Addr().(*net.TCPAddr).Port)
+	if err != nil || pid != os.Getpid() {
+		t.Fatalf("pid %d, %v; want %d", pid, err, os.Getpid())
+	}
+	s, err := readProc(pid)
+	if err != nil || s.rssBytes == 0 || s.threads == 0 || s.fds == 0 {
+		t.Fatalf("readProc: %+v %v", s, err)
 	}
 }
