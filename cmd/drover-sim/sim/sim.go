@@ -26,6 +26,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -138,6 +139,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if worker || os.Getenv(WorkerEnv) == "1" {
+		// Ctrl-C reaches the whole process group: the parent stops the
+		// workers in order (outboxes drained), so they ignore it.
+		signal.Ignore(os.Interrupt)
 		if err := runWorker(os.Stdin, stdout); err != nil {
 			fmt.Fprintln(stderr, "drover-sim worker:", err)
 			return 1
