@@ -300,6 +300,8 @@ type StepReport struct {
 	RunsPerSec     float64          `json:"runs_acked_per_second"`
 	IngestLag      Latency          `json:"ingest_lag"`
 	SimLag         Latency          `json:"simulator_lag"` // the simulator's own scheduling delay in the window
+	SimRSSBytes    int64            `json:"simulator_rss_bytes"`
+	SimCPUPercent  float64          `json:"simulator_cpu_percent_of_one_core"`
 	Changes        []ChangeFigures  `json:"changes,omitempty"`
 	Errors         map[string]int64 `json:"errors"` // new in this step
 	LoadAvg        string           `json:"loadavg"`
@@ -680,6 +682,8 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.RunsPerSec = d(w1.RunsAcked, w0.RunsAcked)
 	st.IngestLag = w1.Ingest.sub(w0.Ingest).summary()
 	st.SimLag = w1.Lag.sub(w0.Lag).summary()
+	st.SimRSSBytes = w1.SimRSS
+	st.SimCPUPercent = float64(w1.SimCPUTicks-w0.SimCPUTicks) / clockTicks / secs * 100
 
 	// Changes: one PUT of the fleet's pipe each, timed from the PUT's start.
 	last := w1
@@ -825,7 +829,7 @@ func printStep(cfg Config, st StepReport) {
 	fmt.Fprintf(w, "  polls       %.1f/s, %.0f%% 304, %.0f%% on resumed TLS sessions: %s\n", st.PollsPerSec, 100*st.Poll304Share, 100*st.PollResumed, lat(st.Poll))
 	fmt.Fprintf(w, "  ingest      %.1f records/s acked (%.1f runs/s, %.0f log bytes/s), %.1f heartbeats/s; lag %s\n",
 		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, lat(st.IngestLag))
-	fmt.Fprintf(w, "  simulator   own timer lag %s\n", lat(st.SimLag))
+	fmt.Fprintf(w, "  simulator   workers RSS %s, CPU %.1f%% of one core; own timer lag %s\n", mib(st.SimRSSBytes), st.SimCPUPercent, lat(st.SimLag))
 	for _, c := range st.Changes {
 		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches; simulator lag meanwhile p99 %s, max %s\n",
 			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch, ms(c.SimLag.P99), ms(c.SimLag.Max))

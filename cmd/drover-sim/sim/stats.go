@@ -169,7 +169,9 @@ type Counters struct {
 	LogChunksAcked  int64 `json:"log_chunks_acked"`
 	LogBytesAcked   int64 `json:"log_bytes_acked"`
 	StatusesApplied int64 `json:"statuses_applied_acked"`
-	AgentsApplied   int64 `json:"agents_applied"` // agents whose first applied status was acknowledged
+	AgentsApplied   int64 `json:"agents_applied"`      // agents whose first applied status was acknowledged
+	SimRSS          int64 `json:"simulator_rss_bytes"` // the workers' own RSS (gauge)
+	SimCPUTicks     int64 `json:"simulator_cpu_ticks"` // the workers' own CPU time, in clock ticks
 }
 
 // counters is Counters updated with atomics.
@@ -213,6 +215,8 @@ func (c *Counters) add(o Counters) {
 	c.LogBytesAcked += o.LogBytesAcked
 	c.StatusesApplied += o.StatusesApplied
 	c.AgentsApplied += o.AgentsApplied
+	c.SimRSS += o.SimRSS
+	c.SimCPUTicks += o.SimCPUTicks
 }
 
 // Stats is what a worker reports: cumulative counters, histograms, errors
@@ -294,12 +298,14 @@ func (r *recorder) startChange(id uint64) {
 func (r *recorder) snapshot() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	self, _ := readProc(os.Getpid())
 	st := Stats{Counters: r.c.snapshot(), Poll: r.poll.clone(), Enroll: r.enroll.clone(), Ingest: r.ingest.clone(), Lag: r.lag.clone(),
 		Errors: map[string]int64{}, Change: r.change,
 		Fetched: append([]int64(nil), r.fetched...), Applied: append([]int64(nil), r.applied...)}
 	for k, v := range r.errs {
 		st.Errors[k] = v
 	}
+	st.SimRSS, st.SimCPUTicks = self.rssBytes, self.cpuTicks
 	return st
 }
 
