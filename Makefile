@@ -11,7 +11,7 @@ FUZZTIME ?= 60s
 TEST_FUZZTIME ?= 3s
 BENCHTIME ?= 1x
 
-.PHONY: all build test unit lint fmt vet staticcheck run proto fuzz bench deps packages clean
+.PHONY: all build test unit lint fmt vet staticcheck run proto fuzz bench bench-fleet deps packages clean
 
 all: build
 
@@ -54,6 +54,16 @@ fuzz:
 
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./...
+
+# A simulated fleet (drover-sim) against a fresh local drover-server: one
+# line per step of BENCH_AGENTS. The issue-17 line (needs the machine to
+# itself; see the README's "Simulated fleet"):
+#   make bench-fleet BENCH_AGENTS=1000,5000,10000,19500 \
+#     BENCH_FLEET_FLAGS='--no-verify --run-every 5m --log-bytes 4096 --window 60s'
+BENCH_AGENTS ?= 200
+BENCH_FLEET_FLAGS ?= --warmup 15s --window 30s
+bench-fleet: build
+	AGENTS='$(BENCH_AGENTS)' SIM_FLAGS='$(BENCH_FLEET_FLAGS)' cmd/drover-sim/bench-fleet.sh
 
 clean:
 	rm -rf $(BIN) dist .run

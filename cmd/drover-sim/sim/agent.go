@@ -1,0 +1,676 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/signing"
+)
+
+// Bounds of one simulated agent.
+const (
+	sendWindow      = 1024     // records sent and not yet acknowledged
+	maxOutbox       = 10000    // records waiting; runs are skipped beyond it
+	maxManifest     = 16 << 20 // envelope bytes
+	maxPayloadBytes = 10 << 20
+	maxBackoff      = 30 * time.Second
+)
+
+// AgentParams shape every simulated agent's behaviour.
+type AgentParams struct {
+	PollInterval time.Duration `json:"poll_interval"`
+	PollJitter   float64       `json:"poll_jitter"` // each interval is PollInterval * (1 ± PollJitter)
+	Heartbeat    time.Duration `json:"heartbeat"`
+	RunEvery     time.Duration `json:"run_every"` // 0: no runs
+	LogChunks    int           `json:"log_chunks"`
+	LogBytes     int           `json:"log_bytes"`
+	Verify       bool          `json:"verify"`
+	KeepAlive    bool          `json:"keep_alive"` // keep the poll connection open between polls
+	Timeout      time.Duration `json:"timeout"`
+}
+
+// recKind says what an outbox record counts as once acknowledged.
+type recKind int
+
+const (
+	recStatus recKind = iota
+	recRunStarted
+	recChunk
+	recRunFinished
+)
+
+type outRec struct {
+	seq    uint64
+	kind   recKind
+	size   int
+	msg    *agentpb.AgentMessage
+	queued time.Time
+	onAck  func()
+}
+
+// manifestPipe is what the simulator keeps of a pipe in a manifest.
+type manifestPipe struct {
+	name    string
+	version uint64
+	digest  string
+	size    int64
+}
+
+// simAgent is one simulated agent: a stream, a poll loop and a run loop.
+type simAgent struct {
+	w         *worker
+	index     int
+	src       net.IP
+	hostname  string
+	machineID string
+	id        *identity
+	host      string // server name for TLS
+	http      *http.Client
+	conn      *grpc.ClientConn
+
+	syncCh chan struct{}
+	wakeCh chan struct{}
+
+	mu         sync.Mutex
+	etag       string
+	serial     uint64
+	digest     string
+	expires    time.Time
+	pipes      []manifestPipe
+	payloads   map[string]bool
+	nextSeq    uint64
+	acked      uint64
+	outbox     []*outRec
+	runN       int
+	changeSeen uint64
+
+	appliedOnce bool // an applied status was acknowledged
+}
+
+func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, error) {
+	host, _, err := net.SplitHostPort(id.grpcAddr)
+	if err != nil {
+		return nil, fmt.Errorf("grpc_addr: %w", err)
+	}
+	p := w.cfg.Agent
+	if !w.cfg.AllowRemote {
+		if err := checkLoopback(context.Background(), id.grpcAddr); err != nil {
+			return nil, fmt.Errorf("grpc_addr: %w", err)
+		}
+	}
+	cert := id.cert
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: w.cfg.Host, RootCAs: id.caPool,
+		Certificates: []tls.Certificate{cert}, ClientSessionCache: tls.NewLRUClientSessionCache(1)}
+	tr := &http.Transport{TLSClientConfig: tlsConf, DialContext: dialer(src, p.Timeout), MaxIdleConnsPerHost: 1,
+		IdleConnTimeout: 90 * time.Second, DisableKeepAlives: !p.KeepAlive, TLSHandshakeTimeout: p.Timeout}
+	mid := sha256.Sum256([]byte(w.cfg.Fleet + "/" + itoa(index)))
+	a := &simAgent{w: w, index: index, src: src, id: id, host: host,
+		hostname: fmt.Sprintf("sim-%s-%d", w.cfg.Fleet, index), machineID: hex.EncodeToString(mid[:16]),
+		http: &http.Client{Timeout: p.Timeout, Transport: tr}, syncCh: make(chan struct{}, 1), wakeCh: make(chan struct{}, 1),
+		payloads: map[string]bool{}}
+	gtls := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host, RootCAs: id.caPool, Certificates: []tls.Certificate{cert}}
+	d := dialer(src, p.Timeout)
+	a.conn, err = grpc.NewClient(id.grpcAddr,
+		grpc.WithTransportCredentials(credentials.NewTLS(gtls)),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d(ctx, "tcp", addr) }),
+		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: max(2*p.Heartbeat, 20*time.Second), Timeout: 20 * time.Second}),
+		grpc.WithUserAgent("drover-sim"),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("grpc client: %w", err)
+	}
+	return a, nil
+}
+
+// jitter returns d * (1 ± f), at least a millisecond.
+func jitter(d time.Duration, f float64) time.Duration {
+	if f <= 0 {
+		return d
+	}
+	return max(time.Duration(float64(d)*(1+f*(2*rand.Float64()-1))), time.Millisecond)
+}
+
+func (a *simAgent) wake() {
+	select {
+	case a.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// queue appends a durable record to the outbox with the next seq.
+func (a *simAgent) queue(kind recKind, size int, msg *agentpb.AgentMessage, onAck func()) {
+	a.mu.Lock()
+	a.nextSeq++
+	msg.Seq = a.nextSeq
+	a.outbox = append(a.outbox, &outRec{seq: a.nextSeq, kind: kind, size: size, msg: msg, queued: time.Now(), onAck: onAck})
+	a.mu.Unlock()
+	a.w.rec.c.recordsSent.Add(1)
+	if kind == recRunFinished {
+		a.w.rec.c.runsFinished.Add(1)
+	}
+	a.wake()
+}
+
+// ack removes the records up to seq from the outbox.
+func (a *simAgent) ack(seq uint64) {
+	a.mu.Lock()
+	n := 0
+	for n < len(a.outbox) && a.outbox[n].seq <= seq {
+		n++
+	}
+	done := a.outbox[:n:n]
+	a.outbox = append([]*outRec(nil), a.outbox[n:]...)
+	if seq > a.acked {
+		a.acked = seq
+	}
+	a.mu.Unlock()
+	c := &a.w.rec.c
+	now := time.Now()
+	for _, r := range done {
+		c.recordsAcked.Add(1)
+		a.w.rec.observe(&a.w.rec.ingest, now.Sub(r.queued))
+		switch r.kind {
+		case recRunFinished:
+			c.runsAcked.Add(1)
+		case recChunk:
+			c.logChunksAcked.Add(1)
+			c.logBytesAcked.Add(int64(r.size))
+		case recStatus:
+			if r.msg.GetManifestStatus().GetState() == agentpb.ManifestStatus_STATE_APPLIED {
+				c.statusesApplied.Add(1)
+				a.mu.Lock()
+				first := !a.appliedOnce
+				a.appliedOnce = true
+				a.mu.Unlock()
+				if first {
+					c.agentsApplied.Add(1)
+				}
+			}
+		}
+		if r.onAck != nil {
+			r.onAck()
+		}
+	}
+	a.wake()
+}
+
+func (a *simAgent) outboxLen() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.outbox)
+}
+
+// streamLoop keeps the stream open until ctx is done, reconnecting with
+// capped, jittered backoff.
+func (a *simAgent) streamLoop(ctx context.Context) {
+	defer a.conn.Close()
+	bo := time.Second
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := a.streamOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		a.w.rec.fail("stream", err)
+		if time.Since(start) > 30*time.Second {
+			bo = time.Second
+		}
+		t := time.NewTimer(jitter(bo, 0.5))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		bo = min(2*bo, maxBackoff)
+	}
+}
+
+func (a *simAgent) hello() *agentpb.AgentMessage {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: &agentpb.Hello{
+		AgentVersion: "drover-sim", Os: "linux", Arch: "amd64", Hostname: a.hostname, Backend: "cron", Scope: "user",
+		ManifestSerial: a.serial, ManifestDigest: a.digest, MachineId: a.machineID}}}
+}
+
+func (a *simAgent) streamOnce(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := agentpb.NewAgentClient(a.conn).AgentStream(sctx)
+	if err != nil {
+		return err
+	}
+	if err := st.Send(a.hello()); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	c := &a.w.rec.c
+	c.streamsOpened.Add(1)
+	c.connected.Add(1)
+	defer c.connected.Add(-1)
+
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			msg, err := st.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			switch b := msg.GetBody().(type) {
+			case *agentpb.ServerMessage_Ack:
+				a.ack(b.Ack.GetSeq())
+			case *agentpb.ServerMessage_SyncNow:
+				c.syncNows.Add(1)
+				select {
+				case a.syncCh <- struct{}{}:
+				default:
+				}
+			case *agentpb.ServerMessage_RunNow:
+				go a.run(agentpb.Trigger_TRIGGER_API, b.RunNow.GetPipe(), b.RunNow.GetRequestId())
+			}
+		}
+	}()
+
+	// The first heartbeat comes at a uniformly random point of the interval,
+	// so that the fleet's heartbeat rate is steady from the start.
+	hb := time.NewTimer(time.Duration(rand.Int64N(int64(a.w.cfg.Agent.Heartbeat))) + time.Millisecond)
+	defer hb.Stop()
+	// Every record not yet acknowledged is sent again on a new stream: the
+	// server upserts, so a replay never duplicates.
+	var sent uint64
+	a.mu.Lock()
+	sent = a.acked
+	a.mu.Unlock()
+	for {
+		a.mu.Lock()
+		var batch []*agentpb.AgentMessage
+		for _, r := range a.outbox {
+			if r.seq > sent && r.seq <= a.acked+sendWindow {
+				batch = append(batch, r.msg)
+			}
+		}
+		a.mu.Unlock()
+		for _, m := range batch {
+			if err := st.Send(m); err != nil {
+				return fmt.Errorf("send: %w", err)
+			}
+			sent = m.GetSeq()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-recvErr:
+			return err
+		case <-a.wakeCh:
+		case <-hb.C:
+			msg := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{
+				SentAt: timestamppb.Now(), OutboxRecords: uint64(a.outboxLen())}}}
+			if err := st.Send(msg); err != nil {
+				return fmt.Errorf("send heartbeat: %w", err)
+			}
+			c.heartbeats.Add(1)
+			hb.Reset(jitter(a.w.cfg.Agent.Heartbeat, 0.1))
+		}
+	}
+}
+
+// pollLoop polls the manifest on a jittered interval and at once on SyncNow.
+func (a *simAgent) pollLoop(ctx context.Context) {
+	p := a.w.cfg.Agent
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(p.PollInterval)) + 1))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.syncCh:
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
+		}
+		a.poll(ctx)
+		t.Reset(jitter(p.PollInterval, p.PollJitter))
+	}
+}
+
+func (a *simAgent) get(ctx context.Context, path, etag string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", a.w.cfg.Server+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if etag != "" {
+		req.Header.Set("If-None-Match", etag)
+	}
+	return a.http.Do(req)
+}
+
+func (a *simAgent) poll(ctx context.Context) {
+	rec := a.w.rec
+	a.mu.Lock()
+	etag := a.etag
+	a.mu.Unlock()
+	start := time.Now()
+	rec.c.polls.Add(1)
+	resp, err := a.get(ctx, "/api/v1/agents/self/manifest", etag)
+	if err != nil {
+		if ctx.Err() == nil {
+			rec.fail("poll", err)
+		}
+		return
+	}
+	defer resp.Body.Close()
+	if resp.TLS != nil && resp.TLS.DidResume {
+		rec.c.pollsResumed.Add(1)
+	}
+	switch resp.StatusCode {
+	case http.StatusNotModified:
+		_, _ = io.Copy(io.Discard, resp.Body)
+		rec.observe(&rec.poll, time.Since(start))
+		rec.c.polls304.Add(1)
+		return
+	case http.StatusOK:
+	default:
+		rec.fail("poll", readError(resp))
+		return
+	}
+	env, err := io.ReadAll(io.LimitReader(resp.Body, maxManifest+1))
+	rec.observe(&rec.poll, time.Since(start))
+	if err != nil {
+		rec.fail("poll", err)
+		return
+	}
+	rec.c.polls200.Add(1)
+	a.accept(ctx, env, resp.Header.Get("ETag"))
+}
+
+// accept verifies (or, with --no-verify, only decodes) a manifest, fetches
+// the payloads it names that the agent does not hold, and reports it applied.
+func (a *simAgent) accept(ctx context.Context, env []byte, etag string) {
+	rec := a.w.rec
+	a.mu.Lock()
+	state := signing.State{AgentID: a.id.agentID, Serial: a.serial, Digest: a.digest}
+	a.mu.Unlock()
+	var m *manifest.Manifest
+	var digest string
+	if a.w.cfg.Agent.Verify {
+		acc, err := signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
+		if err != nil && (errors.Is(err, signing.ErrKeyListStale) || errors.Is(err, signing.ErrUnknownKey) || errors.Is(err, signing.ErrKeyListExpired)) {
+			if terr := a.refreshTrust(ctx); terr != nil {
+				rec.fail("trust", terr)
+			} else {
+				acc, err = signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
+			}
+		}
+		if err != nil {
+			rec.failKind("verify: " + verifyKind(err))
+			a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_REJECTED, 0, "", err.Error(), state.Serial, nil, time.Time{}), nil)
+			return
+		}
+		rec.c.verified.Add(1)
+		if acc.Unchanged {
+			a.mu.Lock()
+			a.etag = etag
+			a.mu.Unlock()
+			return
+		}
+		m, digest = acc.Manifest, acc.Digest
+	} else {
+		var err error
+		m, digest, err = decodeUnverified(env)
+		if err != nil {
+			rec.fail("decode", err)
+			return
+		}
+		if m.Serial <= state.Serial {
+			a.mu.Lock()
+			a.etag = etag
+			a.mu.Unlock()
+			return
+		}
+	}
+	pipes := make([]manifestPipe, 0, len(m.Pipes))
+	for _, p := range m.Pipes {
+		pipes = append(pipes, manifestPipe{name: p.Name, version: p.Version, digest: p.Payload.Digest, size: p.Payload.Size})
+	}
+	for _, p := range pipes {
+		a.mu.Lock()
+		have := a.payloads[p.digest]
+		a.mu.Unlock()
+		if have || p.digest == "" {
+			continue
+		}
+		if err := a.fetchPayload(ctx, p.digest, p.size); err != nil {
+			if ctx.Err() == nil {
+				rec.fail("payload", err)
+			}
+			return // nothing changes; the next poll tries again
+		}
+		a.mu.Lock()
+		a.payloads[p.digest] = true
+		a.mu.Unlock()
+	}
+	var statuses []*agentpb.PipeStatus
+	kept := map[string]bool{}
+	for _, p := range pipes {
+		statuses = append(statuses, &agentpb.PipeStatus{Name: p.name, Version: p.version})
+		kept[p.digest] = true
+	}
+	a.mu.Lock()
+	a.serial, a.digest, a.etag, a.pipes, a.expires = m.Serial, digest, etag, pipes, m.ExpiresAt
+	for d := range a.payloads {
+		if !kept[d] {
+			delete(a.payloads, d)
+		}
+	}
+	var onAck func()
+	if ch := a.w.change.Load(); ch != nil && a.changeSeen != ch.ID && hasVersion(pipes, ch.Pipe, ch.MinVersion) {
+		a.changeSeen = ch.ID
+		rec.changeSample(ch.ID, false)
+		onAck = func() { rec.changeSample(ch.ID, true) }
+	}
+	a.mu.Unlock()
+	a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_APPLIED, m.Serial, digest, "", m.Serial, statuses, m.ExpiresAt), onAck)
+}
+
+func hasVersion(pipes []manifestPipe, name string, v uint64) bool {
+	for _, p := range pipes {
+		if p.name == name && p.version >= v {
+			return true
+		}
+	}
+	return false
+}
+
+func verifyKind(err error) string {
+	for _, e := range []error{signing.ErrTooLarge, signing.ErrKeyListExpired, signing.ErrMalformedEnvelope, signing.ErrPayloadType,
+		signing.ErrUnknownKey, signing.ErrBadSignature, signing.ErrInvalidManifest, signing.ErrWrongAgent, signing.ErrKeyListStale,
+		signing.ErrKeyListMismatch, signing.ErrRollback, signing.ErrSerialConflict, signing.ErrExpired, signing.ErrNotYetValid} {
+		if errors.Is(err, e) {
+			return e.Error()
+		}
+	}
+	return errorKind(err)
+}
+
+func statusMsg(state agentpb.ManifestStatus_State, serial uint64, digest, errText string, applied uint64, pipes []*agentpb.PipeStatus, expires time.Time) *agentpb.AgentMessage {
+	ms := &agentpb.ManifestStatus{Serial: serial, Digest: digest, State: state, Error: errText, Pipes: pipes,
+		At: timestamppb.Now(), AppliedSerial: applied}
+	if !expires.IsZero() {
+		ms.ExpiresAt = timestamppb.New(expires)
+	}
+	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: ms}}
+}
+
+// decodeUnverified reads a manifest out of its DSSE envelope without
+// checking the signature (--no-verify).
+func decodeUnverified(env []byte) (*manifest.Manifest, string, error) {
+	var e struct {
+		PayloadType string `json:"payloadType"`
+		Payload     string `json:"payload"`
+	}
+	if err := json.Unmarshal(env, &e); err != nil {
+		return nil, "", fmt.Errorf("envelope: %w", err)
+	}
+	if e.PayloadType != manifest.PayloadType {
+		return nil, "", fmt.Errorf("envelope: payload type %q", e.PayloadType)
+	}
+	payload, err := base64.StdEncoding.DecodeString(e.Payload)
+	if err != nil {
+		return nil, "", fmt.Errorf("envelope payload: %w", err)
+	}
+	var m manifest.Manifest
+	if err := json.Unmarshal(payload, &m); err != nil {
+		return nil, "", fmt.Errorf("manifest: %w", err)
+	}
+	return &m, signing.Digest(payload), nil
+}
+
+func (a *simAgent) refreshTrust(ctx context.Context) error {
+	resp, err := a.get(ctx, "/api/v1/agents/self/trust", "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return readError(resp)
+	}
+	var tr signing.TrustRoot
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&tr); err != nil {
+		return fmt.Errorf("trust: %w", err)
+	}
+	var kl bytes.Buffer
+	if err := json.Compact(&kl, tr.KeyList); err != nil {
+		return fmt.Errorf("trust: key_list: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.id.trust.UpdateKeyList(kl.Bytes(), time.Now())
+}
+
+// fetchPayload fetches a bundle by digest and checks its size and digest.
+func (a *simAgent) fetchPayload(ctx context.Context, digest string, size int64) error {
+	if size < 0 || size > maxPayloadBytes {
+		return fmt.Errorf("payload %s: size %d out of bounds", digest, size)
+	}
+	resp, err := a.get(ctx, "/api/v1/agents/self/payloads/"+digest, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return readError(resp)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(resp.Body, size+1))
+	if err != nil {
+		return err
+	}
+	if n != size || "sha256:"+hex.EncodeToString(h.Sum(nil)) != digest {
+		return fmt.Errorf("payload %s: %d bytes that do not match the manifest", digest, n)
+	}
+	a.w.rec.c.payloads.Add(1)
+	a.w.rec.c.payloadBytes.Add(n)
+	return nil
+}
+
+// runLoop runs the manifest's pipes in turn, one every RunEvery (jittered).
+func (a *simAgent) runLoop(ctx context.Context) {
+	every := a.w.cfg.Agent.RunEvery
+	if every <= 0 {
+		return
+	}
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(every)) + 1))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.run(agentpb.Trigger_TRIGGER_SCHEDULE, "", "")
+		t.Reset(jitter(every, 0.2))
+	}
+}
+
+// run records one run of pipe (empty: the next pipe of the manifest):
+// RunStarted, LogChunks, RunFinished, each a durable record.
+func (a *simAgent) run(trigger agentpb.Trigger, pipe, requestID string) {
+	p := a.w.cfg.Agent
+	a.mu.Lock()
+	var mp *manifestPipe
+	for i := range a.pipes {
+		if a.pipes[i].name == pipe {
+			mp = &a.pipes[i]
+		}
+	}
+	if pipe == "" && len(a.pipes) > 0 {
+		mp = &a.pipes[a.runN%len(a.pipes)]
+		a.runN++
+	}
+	full := len(a.outbox) > maxOutbox
+	var name string
+	var version uint64
+	if mp != nil {
+		name, version = mp.name, mp.version
+	}
+	a.mu.Unlock()
+	switch {
+	case name == "":
+		return
+	case full:
+		a.w.rec.failKind("run: outbox full, run skipped")
+		return
+	}
+	id := uuid.NewString()
+	start := time.Now()
+	a.queue(recRunStarted, 0, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{
+		RunId: id, Pipe: name, PipeVersion: version, Trigger: trigger, StartedAt: timestamppb.New(start), RequestId: requestID, Attempt: 1}}}, nil)
+	for i := range p.LogChunks {
+		data := logLine(p.LogBytes, i)
+		a.queue(recChunk, len(data), &agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: &agentpb.LogChunk{
+			RunId: id, ChunkSeq: uint64(i), Stream: agentpb.LogStream_LOG_STREAM_STDOUT, Data: data, At: timestamppb.Now()}}}, nil)
+	}
+	end := time.Now()
+	a.queue(recRunFinished, 0, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{
+		RunId: id, Pipe: name, PipeVersion: version, Trigger: trigger, Status: agentpb.RunStatus_RUN_STATUS_SUCCEEDED,
+		StartedAt: timestamppb.New(start), FinishedAt: timestamppb.New(end), DurationMs: end.Sub(start).Milliseconds(),
+		LogChunks: uint64(p.LogChunks), RequestId: requestID, Attempts: 1, WrittenBy: "runner"}}}, nil)
+}
+
+// logLine is n bytes of printable log text ending in a newline.
+func logLine(n, i int) []byte {
+	if n <= 0 {
+		return nil
+	}
+	b := bytes.Repeat([]byte("drover-sim log line "), n/20+1)[:n]
+	copy(b, fmt.Sprintf("chunk %d ", i))
+	b[n-1] = '\n'
+	return b
+}

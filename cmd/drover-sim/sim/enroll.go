@@ -1,0 +1,149 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/drover/drover/signing"
+)
+
+// identity is what one simulated agent holds after enrollment.
+type identity struct {
+	agentID  string
+	grpcAddr string
+	cert     tls.Certificate
+	caPool   *x509.CertPool
+	trust    *signing.TrustRoot
+}
+
+type enrollRequest struct {
+	Token        string `json:"token"`
+	Hostname     string `json:"hostname"`
+	OS           string `json:"os"`
+	Arch         string `json:"arch"`
+	AgentVersion string `json:"agent_version"`
+	CSR          string `json:"csr"`
+}
+
+type enrollResponse struct {
+	AgentID     string            `json:"agent_id"`
+	Certificate string            `json:"certificate"`
+	CABundle    string            `json:"ca_bundle"`
+	TrustRoot   signing.TrustRoot `json:"trust_root"`
+	GRPCAddr    string            `json:"grpc_addr"`
+}
+
+var pinRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// tokenPin returns the CA pin of an enrollment token drv1.<id>.<secret>.<pin>.
+func tokenPin(tok string) (string, error) {
+	parts := strings.Split(strings.TrimSpace(tok), ".")
+	if len(parts) != 4 || parts[0] != "drv1" || !pinRE.MatchString(parts[3]) {
+		return "", errors.New("malformed enrollment token: want drv1.<id>.<secret>.<ca-pin>")
+	}
+	return parts[3], nil
+}
+
+// enroll runs the enrollment protocol once: a fresh ECDSA P-256 key, the
+// server's CA checked against the token's pin in the handshake, the CSR
+// posted, the certificate checked against the key and the CA bundle, the
+// trust root verified.
+func enroll(ctx context.Context, server, host, token, hostname string, src net.IP, timeout time.Duration) (*identity, error) {
+	pin, err := tokenPin(token)
+	if err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("key: %w", err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: hostname}}, key)
+	if err != nil {
+		return nil, fmt.Errorf("csr: %w", err)
+	}
+	body, _ := json.Marshal(enrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim",
+		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))})
+	tr := &http.Transport{TLSClientConfig: pinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Timeout: timeout, Transport: tr}
+	req, err := http.NewRequestWithContext(ctx, "POST", server+"/api/v1/agents/enroll", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, readError(resp)
+	}
+	var out enrollResponse
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("enrollment answer: %w", err)
+	}
+	if _, _, err := net.SplitHostPort(out.GRPCAddr); err != nil || out.AgentID == "" {
+		return nil, fmt.Errorf("enrollment answer: agent_id %q, grpc_addr %q", out.AgentID, out.GRPCAddr)
+	}
+	pool := x509.NewCertPool()
+	pinned := false
+	for rest := []byte(out.CABundle); ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		ca, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("ca_bundle: %w", err)
+		}
+		pool.AddCert(ca)
+		pinned = pinned || spkiPin(ca) == pin
+	}
+	if !pinned {
+		return nil, errors.New("ca_bundle: no CA matches the token's pin")
+	}
+	cert, err := tls.X509KeyPair([]byte(out.Certificate), pemKey(key))
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	cert.Leaf = leaf
+	var kl bytes.Buffer
+	if err := json.Compact(&kl, out.TrustRoot.KeyList); err != nil {
+		return nil, fmt.Errorf("trust_root.key_list: %w", err)
+	}
+	trust, err := signing.NewTrustRoot(out.TrustRoot.RootKeys, kl.Bytes(), time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("trust_root: %w", err)
+	}
+	return &identity{agentID: out.AgentID, grpcAddr: out.GRPCAddr, cert: cert, caPool: pool, trust: trust}, nil
+}
+
+func pemKey(k *ecdsa.PrivateKey) []byte {
+	der, _ := x509.MarshalECPrivateKey(k)
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}

@@ -1,0 +1,220 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// httpError is an answer other than the one expected; code is the API's
+// error code ("rate_limited", "unavailable", ...) when the body has one.
+type httpError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *httpError) Error() string {
+	if e.code != "" {
+		return fmt.Sprintf("http %d %s: %s", e.status, e.code, e.msg)
+	}
+	return fmt.Sprintf("http %d", e.status)
+}
+
+// readError turns a non-2xx answer into an httpError (the body is read up to 64 KiB).
+func readError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(b, &body)
+	return &httpError{status: resp.StatusCode, code: body.Error.Code, msg: body.Error.Message}
+}
+
+// checkLoopback refuses a host:port or host whose addresses are not all
+// loopback. A name is resolved; every address must be loopback.
+func checkLoopback(ctx context.Context, host string) error {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if !ip.IsLoopback() {
+			return fmt.Errorf("%s is not a loopback address (use --allow-remote to load a remote server)", host)
+		}
+		return nil
+	}
+	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", host, err)
+	}
+	for _, ip := range ips {
+		if !ip.IsLoopback() {
+			return fmt.Errorf("%s resolves to %s, not a loopback address (use --allow-remote to load a remote server)", host, ip)
+		}
+	}
+	return nil
+}
+
+// sourceAddr is the loopback source address of agent i when enrollments are
+// spread: perSource agents share one address, so that the server's
+// per-address enrollment limit (a burst of 100 by default) is not what is
+// measured. Addresses come from 127.10.0.0/16 upwards (all of 127/8 is
+// local on Linux), so each also has its own ephemeral port range.
+func sourceAddr(i, perSource int) net.IP {
+	b := i / max(perSource, 1)
+	return net.IPv4(127, byte(10+b/62500), byte(b/250%250+1), byte(b%250+1))
+}
+
+// dialer returns a dial function bound to src (nil: the system's choice).
+func dialer(src net.IP, timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+	if src != nil {
+		d.LocalAddr = &net.TCPAddr{IP: src}
+	}
+	return d.DialContext
+}
+
+// spkiPin is the pin of a certificate: hex sha256 of its SubjectPublicKeyInfo.
+func spkiPin(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(sum[:])
+}
+
+// pinnedTLS checks, in the handshake, that the server's chain holds the CA
+// the token pins and that the leaf verifies under it for host: nothing is
+// sent to a server that fails it.
+func pinnedTLS(host, pin string) *tls.Config {
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         host,
+		InsecureSkipVerify: true, // replaced by VerifyConnection
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			var ca *x509.Certificate
+			for _, c := range cs.PeerCertificates {
+				if spkiPin(c) == pin {
+					ca = c
+					break
+				}
+			}
+			if ca == nil || len(cs.PeerCertificates) == 0 {
+				return errors.New("the server's CA does not match the token's pin")
+			}
+			roots := x509.NewCertPool()
+			roots.AddCert(ca)
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: host}); err != nil {
+				return fmt.Errorf("the server certificate does not verify under the pinned CA: %w", err)
+			}
+			return nil
+		},
+	}
+}
+
+// admin calls the operator API with an API token.
+type admin struct {
+	base   string
+	token  string
+	client *http.Client
+}
+
+func newAdmin(base, token string, caPEM []byte) (*admin, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("ca: no certificate in the CA PEM")
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: u.Hostname(), MinVersion: tls.VersionTLS12},
+		MaxIdleConnsPerHost: 16, IdleConnTimeout: 30 * time.Second}
+	return &admin{base: base, token: token, client: &http.Client{Timeout: 120 * time.Second, Transport: tr}}, nil
+}
+
+// call sends body as JSON and decodes a 2xx answer into out.
+func (a *admin) call(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return readError(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return nil
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
+}
+
+// tokenRequest and tokenResponse are POST /api/v1/enrollment-tokens.
+type tokenRequest struct {
+	TTL  string            `json:"ttl,omitempty"`
+	Tags map[string]string `json:"tags,omitempty"`
+}
+
+type tokenResponse struct {
+	ID    string `json:"id"`
+	Token string `json:"token"`
+}
+
+func (a *admin) createToken(ctx context.Context, tags map[string]string) (string, error) {
+	var out tokenResponse
+	if err := a.call(ctx, "POST", "/api/v1/enrollment-tokens", tokenRequest{TTL: "1h", Tags: tags}, &out); err != nil {
+		return "", fmt.Errorf("create enrollment token: %w", err)
+	}
+	return out.Token, nil
+}
+
+// putPipe creates or updates the fleet's pipe and returns its version.
+func (a *admin) putPipe(ctx context.Context, name, fleet string, step int) (uint64, error) {
+	spec := map[string]any{
+		"schedule": "17 3 * * *",
+		"script":   fmt.Sprintf("echo drover-sim fleet %s step %d", fleet, step),
+		"targets":  map[string]any{"tags": map[string]string{fleetTag: fleet}},
+	}
+	var out struct {
+		Version uint64 `json:"version"`
+	}
+	if err := a.call(ctx, "PUT", "/api/v1/pipes/"+url.PathEscape(name), map[string]any{"spec": spec}, &out); err != nil {
+		return 0, fmt.Errorf("put pipe %s: %w", name, err)
+	}
+	return out.Version, nil
+}

@@ -1,0 +1,869 @@
+// Package sim is drover-sim: N simulated agents against a real
+// drover-server over the real protocol — enrollment with one-time tokens,
+// one mTLS gRPC stream per agent with Hello, heartbeats and acknowledged
+// durable records, manifest polls with If-None-Match and jitter, SyncNow,
+// signature checks, payload fetches, runs with logs — and, at each step of
+// N, what a fleet operator asks of the server: RSS and CPU per agent, poll
+// latency, how long a change takes to reach every agent, ingest and
+// enrollment rates, and every error by kind.
+//
+// The parent process creates the fleet's pipe, starts worker processes
+// (itself, re-executed with the hidden --worker flag) that each hold at
+// most --per-worker agents so that no process runs out of open files, and
+// aggregates their counts. The admin token reaches workers on their stdin.
+package sim
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// fleetTag is the tag every simulated agent carries (its enrollment token
+// sets it); the fleet's pipe targets it.
+const fleetTag = "drover-sim"
+
+// WorkerEnv marks a worker process; the parent sets it with --worker.
+const WorkerEnv = "DROVER_SIM_WORKER"
+
+// Config is one simulation.
+type Config struct {
+	Server     string // https://host:port of the HTTPS API
+	CAPEM      []byte // the server's CA certificate (PEM)
+	AdminToken string // an admin API token (enrollment tokens and the pipe PUTs)
+	Steps      []int  // fleet sizes, ascending
+	Fleet      string // tag value and pipe name suffix; random when empty
+	ServerPID  int    // 0: found by the listening port when the server is local; -1: none
+
+	PerWorker         int
+	PerSource         int
+	SpreadSources     bool
+	EnrollConcurrency int
+	AllowRemote       bool
+	Agent             AgentParams
+
+	Settle        time.Duration // bound for every agent connected and applied after a step's enrollment
+	Warmup        time.Duration // wait after settling, before the window (negative: one poll interval × (1 + jitter))
+	Window        time.Duration // idle measurement window per step
+	Changes       int           // pipe changes per step (0: none)
+	ChangeTimeout time.Duration // bound for a change to reach every agent
+	DrainTimeout  time.Duration // bound for outboxes to empty at the end
+	MaxDuration   time.Duration // the whole run
+
+	JSON   bool
+	Out    io.Writer
+	Errout io.Writer
+	// WorkerExe is the binary run as a worker; empty: this executable.
+	WorkerExe string
+}
+
+// DefaultConfig is the command line's defaults.
+func DefaultConfig() Config {
+	return Config{
+		Server: "https://127.0.0.1:8443", Steps: []int{100}, PerWorker: 4000, PerSource: 50, SpreadSources: true,
+		EnrollConcurrency: 16,
+		Agent: AgentParams{PollInterval: 30 * time.Second, PollJitter: 0.5, Heartbeat: 30 * time.Second,
+			LogChunks: 1, LogBytes: 4096, Verify: true, KeepAlive: true, Timeout: 30 * time.Second},
+		Settle: 5 * time.Minute, Warmup: -1, Window: 30 * time.Second, Changes: 1, ChangeTimeout: 2 * time.Minute,
+		DrainTimeout: 30 * time.Second, MaxDuration: 2 * time.Hour,
+	}
+}
+
+// Main is the command line; it returns the exit code: 0 when the run saw
+// no error, 1 when it saw errors, 2 for a usage or setup error.
+func Main(args []string, stdout, stderr io.Writer) int {
+	cfg := DefaultConfig()
+	cfg.Out, cfg.Errout = stdout, stderr
+	fs := flag.NewFlagSet("drover-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		steps, dataDir, tokenFile, caFile string
+		worker, noVerify, noKeepAlive     bool
+		noSpread                          bool
+	)
+	fs.StringVar(&cfg.Server, "server", cfg.Server, "the server's HTTPS API URL")
+	fs.StringVar(&steps, "agents", "100", "fleet sizes to measure, comma-separated and ascending (e.g. 1000,5000,10000)")
+	fs.StringVar(&dataDir, "server-data-dir", "", "a local server's data dir: admin.token and ca.crt are read from it")
+	fs.StringVar(&tokenFile, "admin-token-file", "", "file holding an admin API token (default <server-data-dir>/admin.token, or $DROVER_SIM_ADMIN_TOKEN)")
+	fs.StringVar(&caFile, "ca-file", "", "the server's CA certificate (default <server-data-dir>/ca.crt)")
+	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "the server's pid for RSS and CPU (default: the local process listening on the server's port; -1: none)")
+	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name: the agents' "+fleetTag+" tag and the pipe sim-<fleet> (default random)")
+	fs.IntVar(&cfg.PerWorker, "per-worker", cfg.PerWorker, "agents per worker process (each agent holds two sockets)")
+	fs.IntVar(&cfg.PerSource, "per-source", cfg.PerSource, "agents per loopback source address")
+	fs.BoolVar(&noSpread, "no-spread", false, "do not bind agents to spread loopback source addresses")
+	fs.IntVar(&cfg.EnrollConcurrency, "enroll-concurrency", cfg.EnrollConcurrency, "enrollments in flight per worker")
+	fs.DurationVar(&cfg.Agent.PollInterval, "poll-interval", cfg.Agent.PollInterval, "manifest poll interval per agent")
+	fs.Float64Var(&cfg.Agent.PollJitter, "poll-jitter", cfg.Agent.PollJitter, "poll interval jitter, a fraction (0.5: interval ±50%)")
+	fs.DurationVar(&cfg.Agent.Heartbeat, "heartbeat", cfg.Agent.Heartbeat, "heartbeat interval per agent")
+	fs.DurationVar(&cfg.Agent.RunEvery, "run-every", 0, "each agent runs a pipe of its manifest this often (0: no runs)")
+	fs.IntVar(&cfg.Agent.LogChunks, "log-chunks", cfg.Agent.LogChunks, "log chunks per run")
+	fs.IntVar(&cfg.Agent.LogBytes, "log-bytes", cfg.Agent.LogBytes, "bytes per log chunk")
+	fs.BoolVar(&noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
+	fs.BoolVar(&noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
+	fs.DurationVar(&cfg.Agent.Timeout, "timeout", cfg.Agent.Timeout, "timeout of one request")
+	fs.DurationVar(&cfg.Settle, "settle", cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
+	fs.DurationVar(&cfg.Window, "window", cfg.Window, "idle measurement window per step")
+	fs.IntVar(&cfg.Changes, "changes", cfg.Changes, "pipe changes timed per step (0: none)")
+	fs.DurationVar(&cfg.ChangeTimeout, "change-timeout", cfg.ChangeTimeout, "bound for a change to reach every agent")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound for the outboxes to be acknowledged at the end")
+	fs.DurationVar(&cfg.MaxDuration, "max-duration", cfg.MaxDuration, "bound for the whole run")
+	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per step and a final one")
+	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a server that is not on a loopback address")
+	fs.BoolVar(&worker, "worker", false, "internal: run as a worker process")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: drover-sim [flags]\n\nRuns simulated agents against a real drover-server and reports what the fleet costs it.\n\nFlags:")
+		fs.VisitAll(func(f *flag.Flag) {
+			if f.Name != "worker" {
+				fmt.Fprintf(stderr, "  --%s\t%s (default %q)\n", f.Name, f.Usage, f.DefValue)
+			}
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if worker || os.Getenv(WorkerEnv) == "1" {
+		// Ctrl-C reaches the whole process group: the parent stops the
+		// workers in order (outboxes drained), so they ignore it.
+		signal.Ignore(os.Interrupt)
+		if err := runWorker(os.Stdin, stdout); err != nil {
+			fmt.Fprintln(stderr, "drover-sim worker:", err)
+			return 1
+		}
+		return 0
+	}
+	cfg.Agent.Verify = !noVerify
+	cfg.Agent.KeepAlive = !noKeepAlive
+	cfg.SpreadSources = !noSpread
+	var err error
+	if cfg.Steps, err = parseSteps(steps); err != nil {
+		fmt.Fprintln(stderr, "drover-sim: --agents:", err)
+		return 2
+	}
+	if tokenFile == "" && dataDir != "" {
+		tokenFile = filepath.Join(dataDir, "admin.token")
+	}
+	if caFile == "" && dataDir != "" {
+		caFile = filepath.Join(dataDir, "ca.crt")
+	}
+	switch {
+	case tokenFile != "":
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "drover-sim: admin token:", err)
+			return 2
+		}
+		cfg.AdminToken = strings.TrimSpace(string(b))
+	default:
+		cfg.AdminToken = os.Getenv("DROVER_SIM_ADMIN_TOKEN")
+	}
+	if caFile != "" {
+		if cfg.CAPEM, err = os.ReadFile(caFile); err != nil {
+			fmt.Fprintln(stderr, "drover-sim: ca:", err)
+			return 2
+		}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "drover-sim:", err)
+		if rep == nil {
+			return 2
+		}
+		return 1
+	}
+	if rep.ErrorCount() > 0 {
+		return 1
+	}
+	return 0
+}
+
+func parseSteps(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 1_000_000 {
+			return nil, fmt.Errorf("%q is not a fleet size (1-1000000)", f)
+		}
+		if len(out) > 0 && n <= out[len(out)-1] {
+			return nil, errors.New("sizes must be ascending")
+		}
+		out = append(out, n)
+	}
+	if len(out) > 64 {
+		return nil, errors.New("at most 64 steps")
+	}
+	return out, nil
+}
+
+func (c *Config) validate() error {
+	var errs []string
+	bad := func(field, msg string) { errs = append(errs, field+": "+msg) }
+	if c.AdminToken == "" {
+		bad("admin_token", "required (--admin-token-file, --server-data-dir or $DROVER_SIM_ADMIN_TOKEN)")
+	}
+	if len(c.CAPEM) == 0 {
+		bad("ca", "required (--ca-file or --server-data-dir)")
+	}
+	if len(c.Steps) == 0 {
+		bad("agents", "at least one fleet size")
+	}
+	if c.PerWorker < 1 || c.PerWorker > 9000 {
+		bad("per_worker", "1-9000 (two sockets per agent under the per-process open-files limit)")
+	}
+	if c.Agent.PollInterval < 100*time.Millisecond || c.Agent.Heartbeat < 100*time.Millisecond {
+		bad("poll_interval/heartbeat", "at least 100ms")
+	}
+	if c.Agent.PollJitter < 0 || c.Agent.PollJitter > 1 {
+		bad("poll_jitter", "0-1")
+	}
+	if c.Agent.LogChunks < 0 || c.Agent.LogChunks > 1000 || c.Agent.LogBytes < 0 || c.Agent.LogBytes > 256<<10 {
+		bad("log_chunks/log_bytes", "0-1000 chunks of 0-256 KiB")
+	}
+	if c.Agent.RunEvery != 0 && c.Agent.RunEvery < 10*time.Millisecond {
+		bad("run_every", "0 or at least 10ms")
+	}
+	if c.Changes < 0 || c.Changes > 100 {
+		bad("changes", "0-100")
+	}
+	if c.MaxDuration <= 0 || c.Settle <= 0 || c.ChangeTimeout <= 0 || c.Agent.Timeout <= 0 {
+		bad("durations", "max_duration, settle, change_timeout and timeout must be positive")
+	}
+	if len(errs) > 0 {
+		return errors.New("invalid configuration: " + strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// ServerFigures are readings of the server process during a step's window.
+type ServerFigures struct {
+	PID              int     `json:"pid"`
+	RSSBytes         int64   `json:"rss_bytes"`
+	RSSPerAgent      int64   `json:"rss_per_agent_bytes"`       // RSS / agents
+	RSSDeltaPerAgent int64   `json:"rss_delta_per_agent_bytes"` // (RSS - RSS before the first agent) / agents
+	CPUPercent       float64 `json:"cpu_percent_of_one_core"`
+	CPUPerAgent      float64 `json:"cpu_percent_per_1000_agents"`
+	Threads          int64   `json:"threads"`
+	FDs              int64   `json:"fds"`
+}
+
+// ChangeFigures time one pipe PUT reaching the fleet.
+type ChangeFigures struct {
+	Version       uint64  `json:"version"`
+	PutMS         float64 `json:"put_ms"`
+	SimLag        Latency `json:"simulator_lag"`
+	Fetched       Latency `json:"fetched"` // from the PUT's start to the verified manifest with the new version
+	Applied       Latency `json:"applied"` // to the server's ack of the agent's ManifestStatus
+	NotFetched    int64   `json:"not_fetched"`
+	NotApplied    int64   `json:"not_applied"`
+	SyncNows      int64   `json:"sync_nows"`
+	PayloadsFetch int64   `json:"payload_fetches"`
+}
+
+// StepReport is what one step measured.
+type StepReport struct {
+	Agents         int              `json:"agents"`
+	Enrolled       int64            `json:"enrolled"`
+	Connected      int64            `json:"connected"`
+	NewAgents      int64            `json:"new_agents"`
+	GrowSeconds    float64          `json:"grow_seconds"`   // tokens created, agents enrolled and started
+	EnrollSeconds  float64          `json:"enroll_seconds"` // the enrollment phase alone (tokens made before)
+	EnrollRate     float64          `json:"enroll_per_second"`
+	Enroll         Latency          `json:"enroll_request"`
+	SettleSeconds  float64          `json:"settle_seconds"`
+	WindowSeconds  float64          `json:"window_seconds"`
+	Server         *ServerFigures   `json:"server,omitempty"`
+	PollsPerSec    float64          `json:"polls_per_second"`
+	Poll           Latency          `json:"poll"`
+	Poll304Share   float64          `json:"poll_304_share"`
+	PollResumed    float64          `json:"poll_tls_resumed_share"`
+	HeartbeatsSec  float64          `json:"heartbeats_per_second"`
+	IngestPerSec   float64          `json:"records_acked_per_second"`
+	LogBytesPerSec float64          `json:"log_bytes_acked_per_second"`
+	RunsPerSec     float64          `json:"runs_acked_per_second"`
+	IngestLag      Latency          `json:"ingest_lag"`
+	SimLag         Latency          `json:"simulator_lag"` // the simulator's own scheduling delay in the window
+	SimRSSBytes    int64            `json:"simulator_rss_bytes"`
+	SimCPUPercent  float64          `json:"simulator_cpu_percent_of_one_core"`
+	Changes        []ChangeFigures  `json:"changes,omitempty"`
+	Errors         map[string]int64 `json:"errors"` // new in this step
+	LoadAvg        string           `json:"loadavg"`
+	Workers        int              `json:"workers"`
+}
+
+// Report is the whole run.
+type Report struct {
+	Fleet   string       `json:"fleet"`
+	Pipe    string       `json:"pipe"`
+	Version uint64       `json:"pipe_version"` // the pipe's last version
+	Steps   []StepReport `json:"steps"`
+	Final   Counters     `json:"final"`
+	// Errors are all errors of the run by kind, including the final drain.
+	Errors  map[string]int64 `json:"errors"`
+	LoadAvg string           `json:"loadavg"`
+}
+
+// ErrorCount is the number of errors of every kind.
+func (r *Report) ErrorCount() int64 {
+	var n int64
+	for _, v := range r.Errors {
+		n += v
+	}
+	return n
+}
+
+// workerProc is one worker process as the parent sees it.
+type workerProc struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	enc     *json.Encoder
+	replies chan reply
+	exited  chan struct{}
+	target  int // agents it holds
+}
+
+func (p *workerProc) send(c command) error {
+	if err := p.enc.Encode(c); err != nil {
+		return fmt.Errorf("worker %d: %w", p.cmd.Process.Pid, err)
+	}
+	return nil
+}
+
+// await returns the worker's next reply with op, within timeout.
+func (p *workerProc) await(ctx context.Context, op string, timeout time.Duration) (reply, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case r, ok := <-p.replies:
+			if !ok {
+				return reply{}, errors.New("a worker exited")
+			}
+			if r.Op == "error" {
+				return r, fmt.Errorf("worker: %s", r.Err)
+			}
+			if r.Op == op {
+				return r, nil
+			}
+		case <-t.C:
+			return reply{}, fmt.Errorf("a worker did not answer %q within %s", op, timeout)
+		case <-ctx.Done():
+			return reply{}, ctx.Err()
+		}
+	}
+}
+
+type fleet struct {
+	cfg     Config
+	wcfg    WorkerConfig
+	workers []*workerProc
+	wg      sync.WaitGroup
+	changes uint64 // changes made so far (their ids)
+}
+
+func (f *fleet) spawn(ctx context.Context, index int) (*workerProc, error) {
+	exe := f.cfg.WorkerExe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
+	cmd := exec.Command(exe, "--worker")
+	cmd.Env = append(os.Environ(), WorkerEnv+"=1")
+	cmd.Stderr = f.cfg.Errout
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	p := &workerProc{cmd: cmd, stdin: stdin, enc: json.NewEncoder(stdin), replies: make(chan reply, 16), exited: make(chan struct{})}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer close(p.replies)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 64<<20)
+		for sc.Scan() {
+			var r reply
+			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				p.replies <- r
+			}
+		}
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	wc := f.wcfg
+	wc.Index, wc.First = index, index*f.cfg.PerWorker
+	if err := p.send(command{Op: "init", Init: &wc}); err != nil {
+		return nil, err
+	}
+	if _, err := p.await(ctx, "ready", 30*time.Second); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// stats merges every worker's cumulative statistics.
+func (f *fleet) stats(ctx context.Context) (Stats, error) {
+	var all Stats
+	for _, p := range f.workers {
+		if err := p.send(command{Op: "stats"}); err != nil {
+			return all, err
+		}
+	}
+	for _, p := range f.workers {
+		r, err := p.await(ctx, "stats", 60*time.Second)
+		if err != nil {
+			return all, err
+		}
+		all.merge(*r.Stats)
+	}
+	return all, nil
+}
+
+// stop ends every worker: polls and runs stop, outboxes drain, streams close.
+func (f *fleet) stop() (Stats, error) {
+	var all Stats
+	var firstErr error
+	for _, p := range f.workers {
+		if err := p.send(command{Op: "stop"}); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	for _, p := range f.workers {
+		r, err := p.await(context.Background(), "stopped", f.cfg.DrainTimeout+30*time.Second)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		all.merge(*r.Stats)
+	}
+	for _, p := range f.workers {
+		_ = p.stdin.Close()
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+		}
+	}
+	f.wg.Wait()
+	return all, firstErr
+}
+
+// Run runs the simulation. The report is returned with an error too when
+// part of the run happened.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.Errout == nil {
+		cfg.Errout = io.Discard
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(cfg.Server)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("server: %q is not an https URL", cfg.Server)
+	}
+	local := checkLoopback(ctx, u.Host) == nil
+	if !cfg.AllowRemote && !local {
+		return nil, checkLoopback(ctx, u.Host)
+	}
+	if cfg.Fleet == "" {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		cfg.Fleet = hex.EncodeToString(b)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.MaxDuration)
+	defer cancel()
+	adm, err := newAdmin(strings.TrimSuffix(cfg.Server, "/"), cfg.AdminToken, cfg.CAPEM)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Fleet: cfg.Fleet, Pipe: "sim-" + cfg.Fleet, Errors: map[string]int64{}}
+	version, err := adm.putPipe(ctx, rep.Pipe, cfg.Fleet, 0)
+	if err != nil {
+		return nil, err
+	}
+	rep.Version = version
+
+	pid := cfg.ServerPID
+	if pid == 0 && local {
+		port, _ := strconv.Atoi(u.Port())
+		if port == 0 {
+			port = 443
+		}
+		if pid, err = pidListening(port); err != nil {
+			fmt.Fprintln(cfg.Errout, "drover-sim: server RSS and CPU not measured:", err)
+			pid = -1
+		}
+	}
+	var base procSample
+	if pid > 0 {
+		if base, err = readProc(pid); err != nil {
+			fmt.Fprintln(cfg.Errout, "drover-sim:", err)
+			pid = -1
+		}
+	}
+
+	f := &fleet{cfg: cfg, wcfg: WorkerConfig{Server: strings.TrimSuffix(cfg.Server, "/"), Host: u.Hostname(), CAPEM: cfg.CAPEM,
+		AdminToken: cfg.AdminToken, Fleet: cfg.Fleet, SpreadSources: cfg.SpreadSources && local, PerSource: cfg.PerSource,
+		EnrollConcurrency: cfg.EnrollConcurrency, AllowRemote: cfg.AllowRemote, Agent: cfg.Agent, DrainTimeout: Duration(cfg.DrainTimeout)}}
+	defer func() {
+		if f.workers != nil {
+			_, _ = f.stop()
+		}
+	}()
+	var prev Stats
+	prevErrs := map[string]int64{}
+	for _, n := range cfg.Steps {
+		st, err := runStep(ctx, cfg, f, adm, rep, n, pid, base, &prev, prevErrs)
+		if st != nil {
+			rep.Steps = append(rep.Steps, *st)
+			printStep(cfg, *st)
+		}
+		if err != nil {
+			return rep, finish(cfg, f, rep, err)
+		}
+	}
+	return rep, finish(cfg, f, rep, nil)
+}
+
+// finish stops the workers and completes the report.
+func finish(cfg Config, f *fleet, rep *Report, runErr error) error {
+	final, err := f.stop()
+	f.workers = nil
+	rep.Final = final.Counters
+	for k, v := range final.Errors {
+		rep.Errors[k] = v
+	}
+	if final.RecordsAcked != final.RecordsSent {
+		rep.Errors["records sent but not acknowledged"] = final.RecordsSent - final.RecordsAcked
+	}
+	rep.LoadAvg = loadAvg()
+	printFinal(cfg, rep)
+	return errors.Join(runErr, err)
+}
+
+func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report, n, pid int, base procSample, prev *Stats, prevErrs map[string]int64) (*StepReport, error) {
+	st := &StepReport{Agents: n}
+	// Grow: workers fill up in order, each to at most PerWorker agents.
+	start := time.Now()
+	need := (n + cfg.PerWorker - 1) / cfg.PerWorker
+	for len(f.workers) < need {
+		p, err := f.spawn(ctx, len(f.workers))
+		if err != nil {
+			return nil, err
+		}
+		f.workers = append(f.workers, p)
+	}
+	var growing []*workerProc
+	for i, p := range f.workers {
+		to := min(cfg.PerWorker, n-i*cfg.PerWorker)
+		if to > p.target {
+			p.target = to
+			if err := p.send(command{Op: "grow", To: to}); err != nil {
+				return nil, err
+			}
+			growing = append(growing, p)
+		}
+	}
+	var from, until int64
+	for _, p := range growing {
+		r, err := p.await(ctx, "grown", cfg.Settle+time.Duration(n)*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		if from == 0 || r.EnrollFrom < from {
+			from = r.EnrollFrom
+		}
+		until = max(until, r.EnrollUntil)
+	}
+	st.GrowSeconds = time.Since(start).Seconds()
+	st.EnrollSeconds = float64(until-from) / 1e9
+	st.Workers = len(f.workers)
+	s, err := f.stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st.NewAgents = s.Enrolled - prev.Enrolled
+	if st.EnrollSeconds > 0 {
+		st.EnrollRate = float64(st.NewAgents) / st.EnrollSeconds
+	}
+	st.Enroll = s.Enroll.sub(prev.Enroll).summary()
+
+	// Settle: every agent connected and its manifest applied and acknowledged.
+	settle := time.Now()
+	deadline := settle.Add(cfg.Settle)
+	for s.Connected < s.Enrolled || s.AgentsApplied < s.Enrolled {
+		if time.Now().After(deadline) {
+			break
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return nil, err
+		}
+		if s, err = f.stats(ctx); err != nil {
+			return nil, err
+		}
+	}
+	st.SettleSeconds = time.Since(settle).Seconds()
+	warm := cfg.Warmup
+	if warm < 0 {
+		warm = time.Duration(float64(cfg.Agent.PollInterval) * (1 + cfg.Agent.PollJitter))
+	}
+	if err := sleep(ctx, warm); err != nil {
+		return nil, err
+	}
+	if s, err = f.stats(ctx); err != nil {
+		return nil, err
+	}
+
+	// Idle window.
+	w0 := s
+	var p0 procSample
+	if pid > 0 {
+		p0, _ = readProc(pid)
+	}
+	if err := sleep(ctx, cfg.Window); err != nil {
+		return nil, err
+	}
+	w1, err := f.stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	secs := cfg.Window.Seconds()
+	st.WindowSeconds = secs
+	if pid > 0 {
+		if p1, err := readProc(pid); err == nil {
+			agents := max(w1.Enrolled, 1)
+			cpu := cpuPercent(p0, p1)
+			st.Server = &ServerFigures{PID: pid, RSSBytes: p1.rssBytes, RSSPerAgent: p1.rssBytes / agents,
+				RSSDeltaPerAgent: (p1.rssBytes - base.rssBytes) / agents, CPUPercent: cpu, CPUPerAgent: cpu * 1000 / float64(agents),
+				Threads: p1.threads, FDs: p1.fds}
+		}
+	}
+	d := func(a, b int64) float64 { return float64(a-b) / secs }
+	st.PollsPerSec = d(w1.Polls, w0.Polls)
+	st.Poll = w1.Poll.sub(w0.Poll).summary()
+	if polls := w1.Polls200 + w1.Polls304 - w0.Polls200 - w0.Polls304; polls > 0 {
+		st.Poll304Share = float64(w1.Polls304-w0.Polls304) / float64(polls)
+		st.PollResumed = float64(w1.PollsResumed-w0.PollsResumed) / float64(polls)
+	}
+	st.HeartbeatsSec = d(w1.Heartbeats, w0.Heartbeats)
+	st.IngestPerSec = d(w1.RecordsAcked, w0.RecordsAcked)
+	st.LogBytesPerSec = d(w1.LogBytesAcked, w0.LogBytesAcked)
+	st.RunsPerSec = d(w1.RunsAcked, w0.RunsAcked)
+	st.IngestLag = w1.Ingest.sub(w0.Ingest).summary()
+	st.SimLag = w1.Lag.sub(w0.Lag).summary()
+	st.SimRSSBytes = w1.SimRSS
+	st.SimCPUPercent = float64(w1.SimCPUTicks-w0.SimCPUTicks) / clockTicks / secs * 100
+
+	// Changes: one PUT of the fleet's pipe each, timed from the PUT's start.
+	last := w1
+	for range cfg.Changes {
+		ch, s, err := runChange(ctx, cfg, f, adm, rep, len(rep.Steps)+1)
+		if err != nil {
+			return st, err
+		}
+		st.Changes = append(st.Changes, *ch)
+		last = s
+	}
+	st.Enrolled, st.Connected = last.Enrolled, last.Connected
+	st.Errors = map[string]int64{}
+	for k, v := range last.Errors {
+		if v > prevErrs[k] {
+			st.Errors[k] = v - prevErrs[k]
+		}
+		prevErrs[k] = v
+	}
+	for _, ch := range st.Changes {
+		if ch.NotFetched > 0 {
+			st.Errors["change: not fetched within the timeout"] += ch.NotFetched
+			rep.Errors["change: not fetched within the timeout"] += ch.NotFetched
+		}
+		if ch.NotApplied > 0 {
+			st.Errors["change: not applied within the timeout"] += ch.NotApplied
+			rep.Errors["change: not applied within the timeout"] += ch.NotApplied
+		}
+	}
+	if last.Enrolled < int64(n) {
+		st.Errors["agents not enrolled"] += int64(n) - last.Enrolled
+		rep.Errors["agents not enrolled"] += int64(n) - last.Enrolled
+	}
+	if last.Connected < last.Enrolled {
+		st.Errors["agents not connected after settling"] += last.Enrolled - last.Connected
+		rep.Errors["agents not connected after settling"] += last.Enrolled - last.Connected
+	}
+	st.LoadAvg = loadAvg()
+	*prev = last
+	return st, nil
+}
+
+func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report, step int) (*ChangeFigures, Stats, error) {
+	f.changes++
+	target := &changeTarget{ID: f.changes, Pipe: rep.Pipe, MinVersion: rep.Version + 1}
+	for _, p := range f.workers {
+		if err := p.send(command{Op: "change", Change: target}); err != nil {
+			return nil, Stats{}, err
+		}
+	}
+	for _, p := range f.workers {
+		if _, err := p.await(ctx, "change", 30*time.Second); err != nil {
+			return nil, Stats{}, err
+		}
+	}
+	s0, err := f.stats(ctx)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	t0 := time.Now()
+	v, err := adm.putPipe(ctx, rep.Pipe, cfg.Fleet, int(f.changes)*1000+step)
+	put := time.Since(t0)
+	if err != nil {
+		return nil, s0, err
+	}
+	if v < target.MinVersion {
+		return nil, s0, fmt.Errorf("put pipe %s: version %d, want at least %d", rep.Pipe, v, target.MinVersion)
+	}
+	rep.Version = v
+	ch := &ChangeFigures{Version: v, PutMS: float64(put.Microseconds()) / 1000}
+	deadline := t0.Add(cfg.ChangeTimeout)
+	var s Stats
+	for {
+		if s, err = f.stats(ctx); err != nil {
+			return nil, s, err
+		}
+		if int64(len(s.Applied)) >= s.Enrolled || time.Now().After(deadline) {
+			break
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return nil, s, err
+		}
+	}
+	rel := func(at []int64) []int64 {
+		out := make([]int64, len(at))
+		for i, a := range at {
+			out[i] = (a - t0.UnixNano()) / 1000
+		}
+		return out
+	}
+	ch.Fetched = exactSummary(rel(s.Fetched))
+	ch.Applied = exactSummary(rel(s.Applied))
+	ch.NotFetched = max(s.Enrolled-int64(len(s.Fetched)), 0)
+	ch.NotApplied = max(s.Enrolled-int64(len(s.Applied)), 0)
+	ch.SimLag = s.Lag.sub(s0.Lag).summary()
+	ch.SyncNows = s.SyncNows - s0.SyncNows
+	ch.PayloadsFetch = s.Payloads - s0.Payloads
+	return ch, s, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func kib(b int64) string { return fmt.Sprintf("%.0f KiB", float64(b)/1024) }
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+func lat(l Latency) string {
+	if l.Count == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("p50 %s, p99 %s, max %s (n=%d)", ms(l.P50), ms(l.P99), ms(l.Max), l.Count)
+}
+
+func ms(v float64) string {
+	if v >= 1000 {
+		return fmt.Sprintf("%.2f s", v/1000)
+	}
+	return fmt.Sprintf("%.1f ms", v)
+}
+
+func printStep(cfg Config, st StepReport) {
+	if cfg.JSON {
+		b, _ := json.Marshal(map[string]any{"step": st})
+		fmt.Fprintln(cfg.Out, string(b))
+		return
+	}
+	w := cfg.Out
+	fmt.Fprintf(w, "== %d agents (%d enrolled, %d connected; %d worker processes; load %s)\n", st.Agents, st.Enrolled, st.Connected, st.Workers, st.LoadAvg)
+	fmt.Fprintf(w, "  enrollment  %d new in %.1f s: %.0f/s (tokens made before; %.1f s with them); request %s\n",
+		st.NewAgents, st.EnrollSeconds, st.EnrollRate, st.GrowSeconds, lat(st.Enroll))
+	if s := st.Server; s != nil {
+		fmt.Fprintf(w, "  server      pid %d: RSS %s = %s/agent (%s/agent above the empty server); CPU %.1f%% of one core idle (%.2f%% per 1000 agents); %d threads, %d fds\n",
+			s.PID, mib(s.RSSBytes), kib(s.RSSPerAgent), kib(s.RSSDeltaPerAgent), s.CPUPercent, s.CPUPerAgent, s.Threads, s.FDs)
+	}
+	fmt.Fprintf(w, "  polls       %.1f/s, %.0f%% 304, %.0f%% on resumed TLS sessions: %s\n", st.PollsPerSec, 100*st.Poll304Share, 100*st.PollResumed, lat(st.Poll))
+	fmt.Fprintf(w, "  ingest      %.1f records/s acked (%.1f runs/s, %.0f log bytes/s), %.1f heartbeats/s; lag %s\n",
+		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, lat(st.IngestLag))
+	fmt.Fprintf(w, "  simulator   workers RSS %s, CPU %.1f%% of one core; own timer lag %s\n", mib(st.SimRSSBytes), st.SimCPUPercent, lat(st.SimLag))
+	for _, c := range st.Changes {
+		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches; simulator lag meanwhile p99 %s, max %s\n",
+			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch, ms(c.SimLag.P99), ms(c.SimLag.Max))
+	}
+	fmt.Fprintf(w, "  errors      %s\n", errorList(st.Errors))
+}
+
+func errorList(m map[string]int64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%d × %s", m[k], k)
+	}
+	return b.String()
+}
+
+func printFinal(cfg Config, rep *Report) {
+	if cfg.JSON {
+		b, _ := json.Marshal(map[string]any{"final": rep})
+		fmt.Fprintln(cfg.Out, string(b))
+		return
+	}
+	c := rep.Final
+	fmt.Fprintf(cfg.Out, "== total (fleet %s, pipe %s v%d): %d agents enrolled; %d records sent, %d acked; %d runs acked, %d log chunks; %d polls (%d 304); %d streams opened\n",
+		rep.Fleet, rep.Pipe, rep.Version, c.Enrolled, c.RecordsSent, c.RecordsAcked, c.RunsAcked, c.LogChunksAcked, c.Polls, c.Polls304, c.StreamsOpened)
+	fmt.Fprintf(cfg.Out, "  errors      %s\n", errorList(rep.Errors))
+}
