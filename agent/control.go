@@ -60,15 +60,18 @@ type Status struct {
 
 // PipeInfo is one pipe in Status.
 type PipeInfo struct {
-	Name       string      `json:"name"`
-	Version    uint64      `json:"version"`
-	Enabled    bool        `json:"enabled"`
-	NextRun    time.Time   `json:"next_run,omitzero"`
-	Running    bool        `json:"running"`
-	RunID      string      `json:"run_id,omitempty"`
-	ApplyError string      `json:"apply_error,omitempty"`
-	LastResult string      `json:"last_result,omitempty"` // as the backend saw it
-	LastRun    *RunSummary `json:"last_run,omitempty"`    // as reported by the runner
+	Name       string    `json:"name"`
+	Version    uint64    `json:"version"`
+	Enabled    bool      `json:"enabled"`
+	NextRun    time.Time `json:"next_run,omitzero"`
+	Running    bool      `json:"running"`
+	RunID      string    `json:"run_id,omitempty"`
+	ApplyError string    `json:"apply_error,omitempty"`
+	// ElapseMismatch: after the last apply, the scheduler's next elapse
+	// disagreed with the schedule.
+	ElapseMismatch string      `json:"elapse_mismatch,omitempty"`
+	LastResult     string      `json:"last_result,omitempty"` // as the backend saw it
+	LastRun        *RunSummary `json:"last_run,omitempty"`    // as reported by the runner
 }
 
 // listenControl creates the control socket: its directory 0700, the socket
@@ -259,6 +262,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 	for _, r := range results {
 		pi := get(r.Name)
 		pi.ApplyError = r.Error
+		pi.ElapseMismatch = r.ElapseMismatch
 		if len(r.NextFireTimes) > 0 {
 			pi.NextRun = r.NextFireTimes[0]
 		}
