@@ -170,6 +170,24 @@ func (o *oracleSim) run(t testing.TB, tzEnv string, base time.Time, iterations i
 	for _, b := range blocks {
 		byExpr[b.normalized] = b.times
 	}
+	if iterations > 1 && len(failed) > 0 {
+		// systemd-analyze prints nothing for an expression when any of its
+		// iterations fails: ask those again for the first elapse alone.
+		var again []string
+		for _, e := range exprs {
+			if failed[e] {
+				again = append(again, e)
+			}
+		}
+		o.run(t, tzEnv, base, 1, again, false)
+		kept := exprs[:0:0]
+		for _, e := range exprs {
+			if !failed[e] {
+				kept = append(kept, e)
+			}
+		}
+		exprs = kept
+	}
 	for _, e := range exprs {
 		times, printed := byExpr[e]
 		if !printed && !failed[e] {
