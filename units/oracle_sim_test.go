@@ -457,4 +457,3 @@ func (f *fatalCatcher) Fatal(args ...any) {
 	f.msg = fmt.Sprint(args...)
 	panic(errFatal)
 }
-
