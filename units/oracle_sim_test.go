@@ -35,7 +35,7 @@ import (
 // from the case's base instead of asking systemd again: a correction line
 // (an absolute UTC value) by the earliest of its instants after the step's
 // base, and a translated line whose step lies between two elements of its
-// chain with no offset change within two days of them by the later element.
+// chain with no offset change between them by the later element.
 // Full mode (TestOracleDSTDays, TestOracleZoneSuffix) asks systemd at every
 // step instead, so both shortcuts are checked there.
 
@@ -204,9 +204,6 @@ func (o *oracleSim) run(t testing.TB, tzEnv string, base time.Time, iterations i
 		case len(times) < iterations:
 			o.facts[simKey{tzEnv, e, prev.Unix()}] = simNext{} // never
 		}
-		if corrChains && !failed[e] && len(times) >= iterations {
-			t.Fatalf("%q has %d instants or more; raise the chain length", e, iterations)
-		}
 		o.chains[simKey{tzEnv, e, base.Unix()}] = times
 	}
 }
@@ -214,6 +211,7 @@ func (o *oracleSim) run(t testing.TB, tzEnv string, base time.Time, iterations i
 // lookup returns a line's next elapse from base, if known (or, in bulk mode,
 // derivable for a correction line from its chain from the case's base).
 func (o *oracleSim) lookup(c *simCase, i int, base time.Time, full bool) (simNext, bool) {
+	n := len(c.want) + 1 // the chain length simulate asked for (at least)
 	if f, ok := o.facts[simKey{c.tzEnv, c.lines[i], base.Unix()}]; ok {
 		return f, true
 	}
@@ -226,14 +224,20 @@ func (o *oracleSim) lookup(c *simCase, i int, base time.Time, full bool) (simNex
 	}
 	j := sort.Search(len(chain), func(j int) bool { return chain[j].After(base) })
 	if c.corr[i] {
-		if j < len(chain) {
+		switch {
+		case j < len(chain):
 			return simNext{at: chain[j]}, true
+		case len(chain) < n:
+			return simNext{}, true // the line has no more instants
 		}
-		return simNext{}, true
+		return simNext{}, false
 	}
-	// A translated line between two elements of its chain, far from any
-	// offset change: systemd searched that stretch of wall-clock time, in
-	// one offset, from the earlier element and found the later one first.
+	// A translated line between two elements of its chain with no offset
+	// change between them (3 hours of margin cover the largest shift):
+	// systemd searched that stretch of wall-clock time, in one offset, from
+	// the earlier element and found the later one first, so a search from
+	// any point of it finds the same. (With a change in between, systemd may
+	// have skipped times a later search finds: Europe/Dublin.)
 	if j == len(chain) {
 		return simNext{}, false
 	}
@@ -241,7 +245,7 @@ func (o *oracleSim) lookup(c *simCase, i int, base time.Time, full bool) (simNex
 	if j > 0 {
 		prev = chain[j-1]
 	}
-	if len(Transitions(c.loc, prev.Add(-48*time.Hour), chain[j].Add(48*time.Hour))) == 0 {
+	if len(Transitions(c.loc, prev.Add(-3*time.Hour), chain[j].Add(3*time.Hour))) == 0 {
 		return simNext{at: chain[j]}, true
 	}
 	return simNext{}, false
@@ -276,8 +280,10 @@ func (o *oracleSim) simulate(t testing.TB, cases []simCase, full bool) []string 
 			}
 		}
 	}
+	// A correction line's instants are evaluator instants, so its first n+1
+	// from the base reach past the series: enough for every step.
 	o.runGroups(t, chainN, n+1, false)
-	o.runGroups(t, chainC, 24*60+1, true)
+	o.runGroups(t, chainC, n+1, true)
 
 	// Steps no chain answers, batched per base, in rounds: per case only
 	// the first unanswered step, asked with a chain as long as the series,
