@@ -1,6 +1,9 @@
 package units
 
 import (
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +124,36 @@ func TestTranslationAloneMisses(t *testing.T) {
 			t.Errorf("%q in %s after %s: systemd's first elapse %s; evaluator instant there %s, %d skipped, want %d",
 				c.expr, c.zone, c.after, got.Format(time.RFC3339), at.Format(time.RFC3339), lost, c.lost)
 		}
+	}
+}
+
+// TestChathamTranslationFails documents the worst of systemd 252's DST
+// errors: on Pacific/Chatham's spring-forward day it cannot compute a next
+// elapse at all for minute 45, so a timer with that line alone would have
+// nothing scheduled; the rendered timer has correction lines for that day.
+func TestChathamTranslationFails(t *testing.T) {
+	sa := oracleAnalyze(t)
+	base := time.Date(2026, 9, 26, 13, 30, 0, 0, time.UTC)
+	cmd := exec.Command(sa, "calendar", "--base-time=@"+strconv.FormatInt(base.Unix(), 10), "*-*-* *:45:00")
+	cmd.Env = append(os.Environ(), "TZ=:Pacific/Chatham", "LC_ALL=C", "SYSTEMD_COLORS=0")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Failed to determine next elapse") {
+		t.Logf("systemd-analyze computed it (a fixed systemd?): %s", out)
+	}
+	s := calParse(t, "45 * * * *")
+	corr, err := Corrections(s, "Pacific/Chatham", base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loc, _ := time.LoadLocation("Pacific/Chatham")
+	next := s.Next(base, loc)
+	var first time.Time
+	for _, b := range oracleRun(t, sa, "UTC", base, 1, corr) {
+		if len(b.times) > 0 && (first.IsZero() || b.times[0].Before(first)) {
+			first = b.times[0]
+		}
+	}
+	if next.UTC().Format(time.RFC3339) != "2026-09-26T14:00:00Z" || !first.Equal(next) {
+		t.Errorf("next %s; the correction lines' first elapse %s", next.UTC().Format(time.RFC3339), first)
 	}
 }
