@@ -325,6 +325,9 @@ func TestOracleSystemd(t *testing.T) {
 		t.Logf("oracle: %d expressions × %d zones, %d timers simulated (%d (zone, base time) pairs), %d fire times, %d systemd-analyze runs, in %s",
 			len(corpus), len(oracleZones), cases, total, cases*oracleIterations, runs, time.Since(start).Round(time.Millisecond))
 	})
+	if n := len(corpus) * len(oracleZones); n < 1800 {
+		t.Fatalf("the corpus has %d (expression, zone) cases, want at least 1,800", n)
+	}
 	for _, zone := range oracleZones {
 		loc, err := time.LoadLocation(zone)
 		if err != nil {

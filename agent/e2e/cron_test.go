@@ -89,6 +89,15 @@ func TestCronBackendSameFireTimes(t *testing.T) {
 			t.Fatalf("the backends disagree:\n%s", strings.Join(bad, "\n"))
 		}
 	}
+	// After the apply, each agent checked its scheduler against the
+	// evaluator: no pipe has an elapse mismatch.
+	for who, st := range map[string]agent.Status{"systemd": *sys.status(), "cron": crn.statusCLI()} {
+		for _, p := range st.Pipes {
+			if p.ElapseMismatch != "" {
+				t.Errorf("%s agent: %s: %s", who, p.Name, p.ElapseMismatch)
+			}
+		}
+	}
 	for _, ag := range []struct{ who, id string }{{"systemd", sysID}, {"cron", cronID}} {
 		v := srv.agentView(ag.id)
 		if v.StatusAt == nil || v.ManifestState != "applied" {
