@@ -447,18 +447,21 @@ func (s *Schedule) Next(after time.Time, loc *time.Location) time.Time {
 
 // nextReal is Next for wildcard entries: within each period of one UTC
 // offset, the wall clock is a fixed shift of real time, so it searches that
-// period as a fixed zone, and moves on to the next period if nothing matched
-// before the period ended.
+// period's wall clock as UTC and shifts the result back, and moves on to the
+// next period if nothing matched before the period ended.
 func (s *Schedule) nextReal(after time.Time, loc *time.Location) time.Time {
 	cur := after
 	for i := 0; i < 4*maxSearchYears+8; i++ {
 		probe := cur.Add(time.Second).In(loc)
-		name, off := probe.Zone()
+		_, off := probe.Zone()
 		_, end := probe.ZoneBounds()
-		t := s.nextWall(cur, time.FixedZone(name, off))
+		// The period's wall clock as UTC: search there, shift back.
+		shift := time.Duration(off) * time.Second
+		t := s.nextWall(cur.Add(shift).UTC(), time.UTC)
 		if t.IsZero() {
 			return t
 		}
+		t = t.Add(-shift)
 		if end.IsZero() || t.Before(end) {
 			return t.In(loc)
 		}
