@@ -60,18 +60,19 @@ type Status struct {
 
 // PipeInfo is one pipe in Status.
 type PipeInfo struct {
-	Name       string    `json:"name"`
-	Version    uint64    `json:"version"`
-	Enabled    bool      `json:"enabled"`
-	NextRun    time.Time `json:"next_run,omitzero"`
-	Running    bool      `json:"running"`
-	RunID      string    `json:"run_id,omitempty"`
-	ApplyError string    `json:"apply_error,omitempty"`
+	Name       string      `json:"name"`
+	Version    uint64      `json:"version"`
+	Enabled    bool        `json:"enabled"`
+	NextRun    time.Time   `json:"next_run,omitzero"`
+	Running    bool        `json:"running"`
+	RunID      string      `json:"run_id,omitempty"`
+	ApplyError string      `json:"apply_error,omitempty"`
+	LastResult string      `json:"last_result,omitempty"` // as the backend saw it
+	LastRun    *RunSummary `json:"last_run,omitempty"`    // as reported by the runner
+
 	// ElapseMismatch: after the last apply, the scheduler's next elapse
 	// disagreed with the schedule.
-	ElapseMismatch string      `json:"elapse_mismatch,omitempty"`
-	LastResult     string      `json:"last_result,omitempty"` // as the backend saw it
-	LastRun        *RunSummary `json:"last_run,omitempty"`    // as reported by the runner
+	ElapseMismatch string `json:"elapse_mismatch,omitempty"`
 }
 
 // listenControl creates the control socket: its directory 0700, the socket
