@@ -118,13 +118,14 @@ func (o Options) withDefaults() (Options, error) {
 
 // Render validates spec (a normalized clone of it; spec is not modified) and
 // returns its service and timer, in that order. The same spec and options
-// always give the same bytes.
+// always give the same bytes (with Options.Now set; only its UTC day
+// matters).
 //
 // Render does not look at Enabled: whether the timer is enabled and started
 // is the agent's decision.
 //
 // Only these spec fields reach the files: name (validated), description,
-// schedule and timezone (through OnCalendar), run_as, secret names, timeout,
+// schedule and timezone (through OnCalendar and Corrections), run_as, secret names, timeout,
 // jitter, catchup, hardening and limits. Script, command, files, env and
 // secret values never do: the runner reads them from the pipe's directory
 // and the agent's store.
