@@ -438,7 +438,9 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	)
 	if check {
 		drift, err = a.backend.Check(ctx)
-		drift = slices.DeleteFunc(drift, func(s apply.Step) bool { return !s.Changes() })
+		// An update is not drift: the render changed (the DST correction
+		// window moved with the clock), nobody edited anything.
+		drift = slices.DeleteFunc(drift, func(s apply.Step) bool { return !s.Changes() || s.Action == apply.ActionUpdate })
 	} else {
 		var res *apply.Result
 		res, err = a.backend.Apply(ctx, applyInput(m, payloads, secrets))

@@ -2,6 +2,8 @@ package apply
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -128,5 +130,59 @@ func TestElapseMatchesSystemd(t *testing.T) {
 		if got, sd := fires[s.Name], byName[s.Name].Next; !got.Equal(sd) && !got.Equal(nextOf(t, s, now)) {
 			t.Errorf("%s: cron next %s, systemd %s", s.Name, got.UTC(), sd.UTC())
 		}
+	}
+}
+
+// TestCorrectionWindowRenewed: the drift check renders with the backend's
+// clock, so when the 400-day window of correction lines moves, the timer is
+// rewritten and reloaded, without any manifest change.
+func TestCorrectionWindowRenewed(t *testing.T) {
+	sdtest.Require(t)
+	t.Parallel()
+	env := sdtest.NewManager(t)
+	cfg := userConfig(t, t.TempDir())
+	cfg.UnitDir, cfg.StampDir, cfg.BusAddress = env.UnitDir(), env.StampDir(), env.BusAddress
+	cfg.RuntimeDir = filepath.Join(env.RuntimeDir, "drover")
+	clock := time.Date(2027, 3, 1, 12, 0, 0, 0, time.UTC)
+	cfg.Now = func() time.Time { return clock }
+	b, err := NewSystemd(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	in := input(t, spec("renew", "30 2 * * *", withTZ("America/New_York")))
+	mustApply(t, b, in)
+	timer := filepath.Join(env.UnitDir(), units.TimerName("renew"))
+	before, err := os.ReadFile(timer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(before), "OnCalendar=2027-03-14 07:00:00 UTC\n") {
+		t.Fatalf("timer at %s:\n%s", clock, before)
+	}
+	// Same day: nothing to do.
+	clock = clock.Add(6 * time.Hour)
+	if steps, err := b.Check(context.Background()); err != nil || len(steps) != 0 {
+		t.Fatalf("check the same day: %v, %v", steps, err)
+	}
+	// Three weeks on: 2027-03-14 has left the window.
+	clock = clock.Add(21 * 24 * time.Hour)
+	steps, err := b.Check(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var updated bool
+	for _, s := range steps {
+		if s.File == units.TimerName("renew") && s.Action == ActionUpdate {
+			updated = true
+		}
+	}
+	after, _ := os.ReadFile(timer)
+	if !updated || strings.Contains(string(after), "2027-03-14") || !strings.Contains(string(after), "OnCalendar=2027-11-07 07:30:00 UTC\n") {
+		t.Fatalf("steps %v; timer:\n%s", steps, after)
+	}
+	// systemd loaded the new lines.
+	if v := env.Show(t, units.TimerName("renew"), "TimersCalendar"); strings.Contains(v, "2027-03-14") || !strings.Contains(v, "2027-11-07 07:30:00 UTC") {
+		t.Errorf("TimersCalendar=%s", v)
 	}
 }
