@@ -19,9 +19,11 @@ import (
 
 // The systemd oracle: for every expression of testdata/cron-corpus.txt, in
 // every zone of oracleZones, from every base time of oracleBases, the next
-// oracleIterations fire times of manifest.Schedule.Next must equal what
-// `systemd-analyze calendar` computes for the OnCalendar= lines OnCalendar
-// emits (both lines' series merged when there are two).
+// oracleIterations fire times of manifest.Schedule.Next (up to the
+// correction horizon) must equal the elapses of the timer rendered at that
+// base time, simulated over all its OnCalendar= lines (the translation and
+// the DST corrections) with `systemd-analyze calendar` computing each line's
+// next elapse (see oracle_sim_test.go).
 //
 // systemd 252 evaluates a value with a time zone suffix in a forked child that
 // sets TZ=:<zone> and then runs the ordinary local-time evaluation; each fork
@@ -29,7 +31,8 @@ import (
 // base times far too slow. So the bulk comparison runs systemd-analyze with
 // TZ=:<zone> in its environment and the lines without the suffix, which is
 // exactly what the forked child computes (for "UTC" the suffix stays: it
-// selects systemd's separate UTC code path). TestOracleZoneSuffix checks
+// selects systemd's separate UTC code path; the correction lines are in UTC
+// and keep it too). TestOracleZoneSuffix checks
 // with the emitted lines verbatim, suffix included, on the DST corners, and
 // TestOnCalendarNormalizes checks every emitted line with its suffix parses
 // and is already in systemd's normalized form.
