@@ -69,6 +69,10 @@ type PipeInfo struct {
 	ApplyError string      `json:"apply_error,omitempty"`
 	LastResult string      `json:"last_result,omitempty"` // as the backend saw it
 	LastRun    *RunSummary `json:"last_run,omitempty"`    // as reported by the runner
+
+	// ElapseMismatch: after the last apply, the scheduler's next elapse
+	// disagreed with the schedule.
+	ElapseMismatch string `json:"elapse_mismatch,omitempty"`
 }
 
 // listenControl creates the control socket: its directory 0700, the socket
@@ -259,6 +263,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 	for _, r := range results {
 		pi := get(r.Name)
 		pi.ApplyError = r.Error
+		pi.ElapseMismatch = r.ElapseMismatch
 		if len(r.NextFireTimes) > 0 {
 			pi.NextRun = r.NextFireTimes[0]
 		}

@@ -393,6 +393,9 @@ type PipeResult struct {
 	NextFireTimes []time.Time
 	Error         string
 	DriftRestored bool
+	// ElapseMismatch: the scheduler's next elapse disagrees with the
+	// evaluator (apply.ElapseMismatch).
+	ElapseMismatch string
 }
 
 // applyInput builds the backend's input: payloads from the verified set,
@@ -435,7 +438,9 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	)
 	if check {
 		drift, err = a.backend.Check(ctx)
-		drift = slices.DeleteFunc(drift, func(s apply.Step) bool { return !s.Changes() })
+		// An update is not drift: the render changed (the DST correction
+		// window moved with the clock), nobody edited anything.
+		drift = slices.DeleteFunc(drift, func(s apply.Step) bool { return !s.Changes() || s.Action == apply.ActionUpdate })
 	} else {
 		var res *apply.Result
 		res, err = a.backend.Apply(ctx, applyInput(m, payloads, secrets))
@@ -492,9 +497,11 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 // elapse, then the schedule evaluator's).
 func (a *Agent) pipeResults(ctx context.Context, m *manifest.Manifest, errs map[string]string, drift []apply.Step) []PipeResult {
 	next := map[string]time.Time{}
+	state := map[string]apply.PipeState{}
 	if states, err := a.backend.Status(ctx); err == nil {
 		for _, s := range states {
 			next[s.Name] = s.Next
+			state[s.Name] = s
 		}
 	}
 	drifted := map[string]bool{}
@@ -507,6 +514,11 @@ func (a *Agent) pipeResults(ctx context.Context, m *manifest.Manifest, errs map[
 		r := PipeResult{Name: p.Name, Version: p.Version, Error: errs[p.Name], DriftRestored: drifted[p.Name]}
 		if p.Spec.IsEnabled() {
 			r.NextFireTimes = nextFires(&p.Spec, next[p.Name], now, 3)
+		}
+		if st, ok := state[p.Name]; ok && r.Error == "" {
+			if r.ElapseMismatch = apply.ElapseMismatch(&p.Spec, st, now); r.ElapseMismatch != "" {
+				a.log.Warn("next elapse disagrees with the schedule", "pipe", p.Name, "detail", r.ElapseMismatch)
+			}
 		}
 		out = append(out, r)
 	}
@@ -624,7 +636,7 @@ func (a *Agent) reportRejected(env []byte, err error) {
 func pipeStatuses(rs []PipeResult) []*agentpb.PipeStatus {
 	out := make([]*agentpb.PipeStatus, 0, len(rs))
 	for _, r := range rs {
-		ps := &agentpb.PipeStatus{Name: r.Name, Version: r.Version, ApplyError: r.Error, DriftRestored: r.DriftRestored}
+		ps := &agentpb.PipeStatus{Name: r.Name, Version: r.Version, ApplyError: r.Error, DriftRestored: r.DriftRestored, ElapseMismatch: r.ElapseMismatch}
 		for _, t := range r.NextFireTimes {
 			ps.NextFireTimes = append(ps.NextFireTimes, timestamppb.New(t))
 		}

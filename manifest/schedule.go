@@ -25,6 +25,11 @@ type Schedule struct {
 	dow    uint8  // bit n: weekday n (0 = Sunday … 6 = Saturday)
 
 	domStar, dowStar bool // the field began with '*' (cronie's day rule)
+
+	// wild: the minute or hour field began with '*' (cron's DST rule: the
+	// entry follows the wall clock in real time).
+	wild  bool
+	notes []string // remarks for `schedule explain`, e.g. an oversized step
 }
 
 // Fields is the expanded form of a five-field schedule, as units.OnCalendar
@@ -40,6 +45,10 @@ type Fields struct {
 	// fields began with '*'. cronie's day rule: if either is set, a day must
 	// match both day fields; otherwise it matches if it matches either.
 	DomStar, DowStar bool
+
+	// Wildcard reports whether the minute or hour field began with '*'
+	// (cron's DST rule; see Schedule.Next).
+	Wildcard bool
 }
 
 // Full sets, for comparisons by translators.
@@ -116,18 +125,21 @@ func ParseSchedule(expr string) (*Schedule, error) {
 	case n == 7:
 		return nil, errors.New("7 fields (Quartz seconds and year) are not supported; " +
 			"use five fields: minute hour day-of-month month day-of-week")
+	case n == 1:
+		return nil, fmt.Errorf("1 field: %s", supported)
 	case n != 5:
 		return nil, fmt.Errorf("%d fields: %s", n, supported)
 	}
 	sch := &Schedule{expr: s}
 	var sets [5]uint64
 	for i, f := range fields {
-		v, err := parseField(&fieldDefs[i], f)
+		v, err := parseField(&fieldDefs[i], f, &sch.notes)
 		if err != nil {
 			return nil, err
 		}
 		sets[i] = v
 	}
+	sch.wild = fields[0][0] == '*' || fields[1][0] == '*'
 	sch.minute = sets[0]
 	sch.hour = uint32(sets[1])
 	sch.dom = uint32(sets[2])
@@ -202,7 +214,7 @@ func parseEvery(s, arg string) (*Schedule, error) {
 
 // parseField parses one comma-separated cron field into a bitset of values
 // (bit v for value v, in the field's own numbering: day-of-week 7 stays 7).
-func parseField(d *fieldDef, text string) (uint64, error) {
+func parseField(d *fieldDef, text string, notes *[]string) (uint64, error) {
 	if strings.ContainsAny(text, "?#") || quartzElem(text) {
 		return 0, fmt.Errorf("%q in the %s field is a Quartz extension: L, W, # and ? are not supported "+
 			"(use numbers, names, ranges a-b, lists a,b and steps */n or a-b/n)", truncate(text), d.name)
@@ -212,7 +224,7 @@ func parseField(d *fieldDef, text string) (uint64, error) {
 		if elem == "" {
 			return 0, fmt.Errorf("empty element in the %s field %q", d.name, truncate(text))
 		}
-		v, err := parseElem(d, elem)
+		v, err := parseElem(d, elem, notes)
 		if err != nil {
 			return 0, err
 		}
@@ -235,8 +247,9 @@ func quartzElem(text string) bool {
 	return false
 }
 
-func parseElem(d *fieldDef, elem string) (uint64, error) {
+func parseElem(d *fieldDef, elem string, notes *[]string) (uint64, error) {
 	rangePart, stepPart, hasStep := strings.Cut(elem, "/")
+	var lo, hi int
 	step := 1
 	if hasStep {
 		if !isDigits(stepPart) {
@@ -246,12 +259,19 @@ func parseElem(d *fieldDef, elem string) (uint64, error) {
 		switch {
 		case ok && n == 0:
 			return 0, fmt.Errorf("step 0 in the %s field: a step must be at least 1", d.name)
-		case !ok || n > d.max:
-			return 0, fmt.Errorf("step %s in the %s field out of range 1-%d", truncate(stepPart), d.name, d.max)
+		case !ok:
+			return 0, fmt.Errorf("step %s in the %s field is too large: at most 9999", truncate(stepPart), d.name)
 		}
 		step = n
 	}
-	var lo, hi int
+	defer func() {
+		// cronie accepts a step larger than the range it steps through: only
+		// the range's first value matches. Say so, as it is rarely meant.
+		if hasStep && lo+step > hi && lo < hi && notes != nil {
+			*notes = append(*notes, fmt.Sprintf("step %d in the %s field %q is larger than its range %d-%d: only %d matches",
+				step, d.name, truncate(elem), lo, hi, lo))
+		}
+	}()
 	switch {
 	case rangePart == "":
 		return 0, fmt.Errorf("invalid element %q in the %s field: a step follows '*' or a range, as in */5 or 0-30/5", truncate(elem), d.name)
@@ -376,7 +396,7 @@ func (s *Schedule) Fields() (f Fields, ok bool) {
 	}
 	return Fields{
 		Minute: s.minute, Hour: s.hour, Dom: s.dom, Month: s.month, Dow: s.dow,
-		DomStar: s.domStar, DowStar: s.dowStar,
+		DomStar: s.domStar, DowStar: s.dowStar, Wildcard: s.wild,
 	}, true
 }
 
@@ -384,27 +404,34 @@ func (s *Schedule) Fields() (f Fields, ok bool) {
 // fires at least once in any 400-year span of the Gregorian calendar.
 const maxSearchYears = 401
 
+// Notes returns remarks about the expression worth showing to its author
+// (for example a step larger than its field's range); nil if none.
+func (s *Schedule) Notes() []string { return append([]string(nil), s.notes...) }
+
+// Wildcard reports whether the minute or hour field began with '*': cron's
+// DST rule then lets the entry follow the wall clock in real time.
+func (s *Schedule) Wildcard() bool { return s.wild }
+
 // Next returns the first fire time strictly after `after`, evaluated in loc
 // (nil means UTC); for "@every" it is after + the interval. The result is in
 // loc. It returns the zero Time only if nothing fires within 400 years, which
 // cannot happen for a schedule ParseSchedule accepted.
 //
-// The evaluation is systemd's (calendarspec.c, systemd 252), which is
-// wall-clock based: starting at the wall-clock time of `after` in loc, it
-// finds the next wall-clock time W (at second :00) that matches the fields
-// and exists, and converts W to an instant.
-//   - A W that does not exist that day (in a DST gap) is skipped.
-//   - A W that occurs twice (DST ends) fires once, at its first occurrence:
-//     the wall clock only moves forward in the search, so after a fire in the
-//     first pass through the repeated hour, the next candidate is later than
-//     the whole repeated range.
-//   - systemd corner, matched here: if `after` itself lies in the second pass
-//     through a repeated range (the timer was started, or the machine resumed,
-//     during it), the rest of that range is evaluated in the offset in effect
-//     at `after`, so the remaining matching times of the repeated range fire
-//     in their second occurrence. (glibc's mktime resolves the ambiguous time
-//     with the offset it used last, which is the offset at `after`.) Here: W
-//     is resolved to its earliest occurrence that is after `after`.
+// Daylight saving time follows cron's own rules (Vixie cron, cronie):
+//   - A wildcard entry (the minute or hour field begins with '*') follows the
+//     wall clock in real time: it fires at every instant, at second :00, whose
+//     local time matches. Local times in a spring-forward gap never occur and
+//     do not fire; local times that occur twice when the clocks go back fire
+//     twice.
+//   - A fixed-time entry (neither field begins with '*') fires once per
+//     matching local time. A local time that occurs twice fires at its first
+//     occurrence after `after`: the search moves forward through wall-clock
+//     times from the local time of `after`, so once the first occurrence has
+//     fired the repeated time is behind it; only a schedule started inside
+//     the second pass fires the rest of that pass. A local time inside a
+//     spring-forward gap fires at the first instant after the gap (the
+//     instant the clocks jumped), once, however many matching times the gap
+//     holds.
 func (s *Schedule) Next(after time.Time, loc *time.Location) time.Time {
 	if s.every > 0 {
 		return after.Add(s.every)
@@ -412,6 +439,40 @@ func (s *Schedule) Next(after time.Time, loc *time.Location) time.Time {
 	if loc == nil {
 		loc = time.UTC
 	}
+	if s.wild && loc != time.UTC {
+		return s.nextReal(after, loc)
+	}
+	return s.nextWall(after, loc)
+}
+
+// nextReal is Next for wildcard entries: within each period of one UTC
+// offset, the wall clock is a fixed shift of real time, so it searches that
+// period's wall clock as UTC and shifts the result back, and moves on to the
+// next period if nothing matched before the period ended.
+func (s *Schedule) nextReal(after time.Time, loc *time.Location) time.Time {
+	cur := after
+	for i := 0; i < 4*maxSearchYears+8; i++ {
+		probe := cur.Add(time.Second).In(loc)
+		_, off := probe.Zone()
+		_, end := probe.ZoneBounds()
+		// The period's wall clock as UTC: search there, shift back.
+		shift := time.Duration(off) * time.Second
+		t := s.nextWall(cur.Add(shift).UTC(), time.UTC)
+		if t.IsZero() {
+			return t
+		}
+		t = t.Add(-shift)
+		if end.IsZero() || t.Before(end) {
+			return t.In(loc)
+		}
+		cur = end.Add(-time.Second)
+	}
+	return time.Time{}
+}
+
+// nextWall searches wall-clock times forward from the local time of `after`
+// (see Next: the fixed-time rule; in a fixed zone, also the wildcard rule).
+func (s *Schedule) nextWall(after time.Time, loc *time.Location) time.Time {
 	wall := after.In(loc)
 	year, mon, d := wall.Date()
 	h, mi, _ := wall.Clock()
@@ -560,9 +621,9 @@ func weekday(y, m, d int) int {
 const maxShift = 26 * 3600
 
 // resolve converts the wall-clock time y-m-d h:mi:00 in loc to the earliest
-// instant with that wall-clock time that is after `after`. ok is false if the
-// wall-clock time does not exist (a DST gap) or, which cannot happen for
-// candidates Next produces, all of its occurrences are not after `after`.
+// instant with that wall-clock time that is after `after`; a wall-clock time
+// inside a gap (clocks moved forward) resolves to the first instant after the
+// gap. ok is false if that instant is not after `after`.
 func resolve(y, m, d, h, mi int, loc *time.Location, after time.Time) (time.Time, bool) {
 	t := time.Date(y, time.Month(m), d, h, mi, 0, 0, loc)
 	a := after.Unix() // whole-second instants: t > after ⇔ t.Unix() > after.Unix()
@@ -601,7 +662,7 @@ func resolve(y, m, d, h, mi int, loc *time.Location, after time.Time) (time.Time
 
 // resolveSlow finds the earliest instant after a whose wall clock in loc is
 // w (seconds since the epoch as if UTC), trying every offset in effect within
-// maxShift of it.
+// maxShift of it; if w falls in a gap, the end of the gap.
 func resolveSlow(w int64, loc *time.Location, a int64) (time.Time, bool) {
 	best := int64(0)
 	found := false
@@ -616,7 +677,31 @@ func resolveSlow(w int64, loc *time.Location, a int64) (time.Time, bool) {
 		}
 	}
 	if !found {
+		if g, gap := gapEnd(w, loc); gap && g > a {
+			return time.Unix(g, 0).In(loc), true
+		}
 		return time.Time{}, false
 	}
 	return time.Unix(best, 0).In(loc), true
+}
+
+// gapEnd returns the instant at which the clocks of loc jumped over the
+// wall-clock time w (seconds since the epoch as if UTC), if w lies in such a
+// gap: the first instant after it.
+func gapEnd(w int64, loc *time.Location) (int64, bool) {
+	at := time.Unix(w-maxShift, 0).In(loc)
+	for i := 0; i < 4; i++ {
+		_, off := at.Zone()
+		_, end := at.ZoneBounds()
+		if end.IsZero() || end.Unix() > w+maxShift {
+			return 0, false
+		}
+		_, noff := end.Zone()
+		e := end.Unix()
+		if e+int64(off) <= w && w < e+int64(noff) {
+			return e, true
+		}
+		at = end
+	}
+	return 0, false
 }

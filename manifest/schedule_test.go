@@ -27,6 +27,8 @@ func TestParseScheduleErrors(t *testing.T) {
 		{"0 0 * * * *", "6 fields: a seconds (or year) field is not supported; use five fields: minute hour day-of-month month day-of-week"},
 		{"0 0 0 * * ? 2026", "7 fields (Quartz seconds and year) are not supported; use five fields: minute hour day-of-month month day-of-week"},
 		{"0 0 1 1", "4 fields: " + supportedMsg},
+		{"0", "1 field: " + supportedMsg},
+		{"0 0 * * */10000", "step 10000 in the day-of-week field is too large: at most 9999"},
 		{"* * * * * * * *", "8 fields: " + supportedMsg},
 		{"0 0 L * *", quartz("L", "day-of-month")},
 		{"0 0 LW * *", quartz("LW", "day-of-month")},
@@ -47,8 +49,6 @@ func TestParseScheduleErrors(t *testing.T) {
 		{"99999999999 * * * *", "minute 99999999999 out of range 0-59"},
 		{"*/0 * * * *", "step 0 in the minute field: a step must be at least 1"},
 		{"0 1-5/0 * * *", "step 0 in the hour field: a step must be at least 1"},
-		{"*/60 * * * *", "step 60 in the minute field out of range 1-59"},
-		{"0 0 * * */8", "step 8 in the day-of-week field out of range 1-7"},
 		{"*/a * * * *", `invalid step in "*/a" in the minute field: a step is a whole number, as in */5`},
 		{"5/ * * * *", `invalid step in "5/" in the minute field: a step is a whole number, as in */5`},
 		{"/5 * * * *", `invalid element "/5" in the minute field: a step follows '*' or a range, as in */5 or 0-30/5`},
@@ -153,6 +153,7 @@ func TestParseScheduleFields(t *testing.T) {
 			continue
 		}
 		got, ok := s.Fields()
+		got.Wildcard = false // TestScheduleWildcard
 		if !ok || got != c.want {
 			t.Errorf("ParseSchedule(%q).Fields() = %+v, %v\nwant %+v", c.expr, got, ok, c.want)
 		}
@@ -241,40 +242,52 @@ func TestScheduleNext(t *testing.T) {
 
 		// Europe/Berlin 2026: 02:00 CET -> 03:00 CEST on Mar 29 (01:00Z),
 		// 03:00 CEST -> 02:00 CET on Oct 25 (01:00Z).
-		{"30 2 * * *", "Europe/Berlin", "2026-03-28 11:00:00Z", []string{"2026-03-30 00:30:00Z", "2026-03-31 00:30:00Z"}}, // 02:30 does not exist on Mar 29
-		{"30 2,3 * * *", "Europe/Berlin", "2026-03-28 23:00:00Z", []string{"2026-03-29 01:30:00Z", "2026-03-30 00:30:00Z"}},
+		{"30 2 * * *", "Europe/Berlin", "2026-03-28 11:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-30 00:30:00Z"}}, // 02:30 does not exist on Mar 29: at 03:00
+		{"30 2,3 * * *", "Europe/Berlin", "2026-03-28 23:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-29 01:30:00Z", "2026-03-30 00:30:00Z"}},
+		{"0,30 2 * * *", "Europe/Berlin", "2026-03-28 23:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-30 00:00:00Z"}}, // once for the whole gap
+		{"0 2,3 * * *", "Europe/Berlin", "2026-03-28 23:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-30 00:00:00Z"}},  // 02:00 and 03:00 coincide
+		{"* 2 * * *", "Europe/Berlin", "2026-03-28 23:00:00Z", []string{"2026-03-30 00:00:00Z"}},                            // wildcard: gap minutes do not fire
 		{"* * * * *", "Europe/Berlin", "2026-03-29 00:58:00Z", []string{"2026-03-29 00:59:00Z", "2026-03-29 01:00:00Z", "2026-03-29 01:01:00Z"}},
 		{"0 * * * *", "Europe/Berlin", "2026-03-28 23:30:00Z", []string{"2026-03-29 00:00:00Z", "2026-03-29 01:00:00Z", "2026-03-29 02:00:00Z"}},
-		{"30 2 * * *", "Europe/Berlin", "2026-10-24 11:00:00Z", []string{"2026-10-25 00:30:00Z", "2026-10-26 01:30:00Z"}}, // first 02:30 only
-		{"*/30 * * * *", "Europe/Berlin", "2026-10-24 23:45:00Z", []string{"2026-10-25 00:00:00Z", "2026-10-25 00:30:00Z", "2026-10-25 02:00:00Z", "2026-10-25 02:30:00Z"}},
+		{"30 2 * * *", "Europe/Berlin", "2026-10-24 11:00:00Z", []string{"2026-10-25 00:30:00Z", "2026-10-26 01:30:00Z"}},                                                                           // first 02:30 only
+		{"*/30 * * * *", "Europe/Berlin", "2026-10-24 23:45:00Z", []string{"2026-10-25 00:00:00Z", "2026-10-25 00:30:00Z", "2026-10-25 01:00:00Z", "2026-10-25 01:30:00Z", "2026-10-25 02:00:00Z"}}, // wildcard: both passes
+		{"*/30 2 * * *", "Europe/Berlin", "2026-10-24 23:45:00Z", []string{"2026-10-25 00:00:00Z", "2026-10-25 00:30:00Z", "2026-10-25 01:00:00Z", "2026-10-25 01:30:00Z", "2026-10-26 01:00:00Z"}},
 		{"0 3 * * *", "Europe/Berlin", "2026-10-25 00:59:00Z", []string{"2026-10-25 02:00:00Z"}},
-		// systemd corner: from inside the second 02:00-02:59, the rest of it fires.
+		// A schedule started inside the second 02:00-02:59: its first
+		// occurrence not before the start is the second one.
 		{"*/30 * * * *", "Europe/Berlin", "2026-10-25 01:10:00Z", []string{"2026-10-25 01:30:00Z", "2026-10-25 02:00:00Z"}},
 		{"15 2 * * *", "Europe/Berlin", "2026-10-25 01:10:00Z", []string{"2026-10-25 01:15:00Z", "2026-10-26 01:15:00Z"}},
 		{"5 2 * * *", "Europe/Berlin", "2026-10-25 01:10:00Z", []string{"2026-10-26 01:05:00Z"}},
 
 		// America/New_York 2026: 02:00 EST -> 03:00 EDT on Mar 8 (07:00Z),
 		// 02:00 EDT -> 01:00 EST on Nov 1 (06:00Z).
-		{"30 2 * * *", "America/New_York", "2026-03-07 12:00:00Z", []string{"2026-03-09 06:30:00Z"}},
+		{"30 2 * * *", "America/New_York", "2026-03-07 12:00:00Z", []string{"2026-03-08 07:00:00Z", "2026-03-09 06:30:00Z"}},
 		{"*/20 2-3 * * *", "America/New_York", "2026-03-08 06:00:00Z", []string{"2026-03-08 07:00:00Z", "2026-03-08 07:20:00Z", "2026-03-08 07:40:00Z", "2026-03-09 06:00:00Z"}},
 		{"30 1 * * *", "America/New_York", "2026-10-31 12:00:00Z", []string{"2026-11-01 05:30:00Z", "2026-11-02 06:30:00Z"}},
-		{"0 * * * *", "America/New_York", "2026-11-01 04:30:00Z", []string{"2026-11-01 05:00:00Z", "2026-11-01 07:00:00Z", "2026-11-01 08:00:00Z"}},
+		{"0 * * * *", "America/New_York", "2026-11-01 04:30:00Z", []string{"2026-11-01 05:00:00Z", "2026-11-01 06:00:00Z", "2026-11-01 07:00:00Z", "2026-11-01 08:00:00Z"}},
+		{"0 1 * * *", "America/New_York", "2026-11-01 04:30:00Z", []string{"2026-11-01 05:00:00Z", "2026-11-02 06:00:00Z"}},
 
 		// Australia/Lord_Howe 2026: 02:00 +11 -> 01:30 +1030 on Apr 5
 		// (Apr 4 15:00Z); 02:00 +1030 -> 02:30 +11 on Oct 4 (Oct 3 15:30Z).
-		{"15 2 * * *", "Australia/Lord_Howe", "2026-10-03 01:00:00Z", []string{"2026-10-04 15:15:00Z"}}, // 02:15 Oct 4 does not exist
+		{"15 2 * * *", "Australia/Lord_Howe", "2026-10-03 01:00:00Z", []string{"2026-10-03 15:30:00Z", "2026-10-04 15:15:00Z"}}, // 02:15 Oct 4 does not exist: at 02:30
 		{"45 2 * * *", "Australia/Lord_Howe", "2026-10-03 01:00:00Z", []string{"2026-10-03 15:45:00Z", "2026-10-04 15:45:00Z"}},
 		{"*/15 1-2 * * *", "Australia/Lord_Howe", "2026-10-03 15:00:00Z", []string{"2026-10-03 15:15:00Z", "2026-10-03 15:30:00Z", "2026-10-03 15:45:00Z", "2026-10-04 14:00:00Z"}},
 		{"45 1 * * *", "Australia/Lord_Howe", "2026-04-04 01:00:00Z", []string{"2026-04-04 14:45:00Z", "2026-04-05 15:15:00Z"}},
-		{"*/15 * * * *", "Australia/Lord_Howe", "2026-04-04 14:40:00Z", []string{"2026-04-04 14:45:00Z", "2026-04-04 15:30:00Z", "2026-04-04 15:45:00Z"}},
+		{"*/15 * * * *", "Australia/Lord_Howe", "2026-04-04 14:40:00Z", []string{"2026-04-04 14:45:00Z", "2026-04-04 15:00:00Z", "2026-04-04 15:15:00Z", "2026-04-04 15:30:00Z"}},
 
 		// Antarctica/Troll 2026: 01:00 +00 -> 03:00 +02 on Mar 29 (01:00Z),
 		// 03:00 +02 -> 01:00 +00 on Oct 25 (01:00Z).
-		{"30 1,2 * * *", "Antarctica/Troll", "2026-03-28 12:00:00Z", []string{"2026-03-29 23:30:00Z", "2026-03-30 00:30:00Z"}},
-		{"30 1,2 * * *", "Antarctica/Troll", "2026-03-29 00:00:00Z", []string{"2026-03-29 23:30:00Z"}},
+		{"30 1,2 * * *", "Antarctica/Troll", "2026-03-28 12:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-29 23:30:00Z", "2026-03-30 00:30:00Z"}},
+		{"30 1,2 * * *", "Antarctica/Troll", "2026-03-29 00:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-29 23:30:00Z"}},
 		{"0 1-3 * * *", "Antarctica/Troll", "2026-03-29 00:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-29 23:00:00Z"}},
+		{"0 2-5 * * *", "Antarctica/Troll", "2026-03-28 05:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-29 02:00:00Z", "2026-03-29 03:00:00Z", "2026-03-30 00:00:00Z"}},
+		// Europe/Dublin 2026: 01:00 GMT -> 02:00 IST on Mar 29 (01:00Z).
+		{"0 1-5 * * *", "Europe/Dublin", "2026-03-28 05:00:00Z", []string{"2026-03-29 01:00:00Z", "2026-03-29 02:00:00Z", "2026-03-29 03:00:00Z", "2026-03-29 04:00:00Z", "2026-03-30 00:00:00Z"}},
+		// Pacific/Chatham 2026: 02:45 +1245 -> 03:45 +1345 on Sep 27 (Sep 26 14:00Z).
+		{"45 * * * *", "Pacific/Chatham", "2026-09-26 13:00:00Z", []string{"2026-09-26 14:00:00Z", "2026-09-26 15:00:00Z", "2026-09-26 16:00:00Z"}},
 		{"0 2 * * *", "Antarctica/Troll", "2026-10-24 12:00:00Z", []string{"2026-10-25 00:00:00Z", "2026-10-26 02:00:00Z"}},
-		{"* * * * *", "Antarctica/Troll", "2026-10-25 00:58:00Z", []string{"2026-10-25 00:59:00Z", "2026-10-25 03:00:00Z"}},
+		{"* * * * *", "Antarctica/Troll", "2026-10-25 00:58:00Z", []string{"2026-10-25 00:59:00Z", "2026-10-25 01:00:00Z", "2026-10-25 01:01:00Z"}},
+		{"0 2 * * *", "Antarctica/Troll", "2026-10-25 00:58:00Z", []string{"2026-10-26 02:00:00Z"}}, // 02:00 +02 was at 00:00Z
 		{"0 2 * * *", "Antarctica/Troll", "2026-10-25 01:30:00Z", []string{"2026-10-25 02:00:00Z", "2026-10-26 02:00:00Z"}},
 	} {
 		s, err := ParseSchedule(c.expr)
@@ -316,10 +329,13 @@ func TestScheduleNextSubSecond(t *testing.T) {
 	}
 }
 
-// refNext is the reference evaluator: a scan of every minute after `after`
-// for the first instant whose wall clock matches and is later than the wall
-// clock of `after` (so a repeated wall-clock time fires once, and a time in a
-// DST gap never). It gives up after limit minutes and returns the zero Time.
+// refNext is the reference evaluator, a scan of every minute after `after`
+// implementing cron's DST rules literally. A wildcard entry fires at the
+// first instant whose wall clock matches. A fixed-time entry fires at the
+// first instant whose wall clock matches and is later than the wall clock of
+// `after` (so a repeated wall-clock time fires once), or at the first instant
+// after a gap that swallowed a matching wall-clock time later than that of
+// `after`. It gives up after limit minutes and returns the zero Time.
 func refNext(s *Schedule, after time.Time, loc *time.Location, limit int) time.Time {
 	aw := wallKey(after.In(loc))
 	t := after.Truncate(time.Minute)
@@ -329,10 +345,27 @@ func refNext(s *Schedule, after time.Time, loc *time.Location, limit int) time.T
 			continue
 		}
 		w := t.In(loc)
-		if w.Second() != 0 || wallKey(w) <= aw || !refMatches(s, w) {
+		if w.Second() != 0 {
 			continue
 		}
-		return w
+		if s.Wildcard() {
+			if refMatches(s, w) {
+				return w
+			}
+			continue
+		}
+		if wallKey(w) > aw && refMatches(s, w) {
+			return w
+		}
+		// Wall-clock minutes the clocks jumped over just before t.
+		pw := t.Add(-time.Minute).In(loc)
+		from := time.Date(pw.Year(), pw.Month(), pw.Day(), pw.Hour(), pw.Minute(), 0, 0, time.UTC)
+		to := time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), 0, 0, time.UTC)
+		for x := from.Add(time.Minute); x.Before(to); x = x.Add(time.Minute) {
+			if wallKey(x) > aw && refMatches(s, x) {
+				return w
+			}
+		}
 	}
 	return time.Time{}
 }
@@ -458,5 +491,57 @@ func BenchmarkNextRare(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		s.Next(at, loc)
+	}
+}
+
+// TestScheduleOversizedStep: cronie accepts a step larger than the range it
+// steps through, meaning the range's first value; Notes says so.
+func TestScheduleOversizedStep(t *testing.T) {
+	for _, c := range []struct {
+		expr, note string
+		minute     uint64
+		hour       uint32
+	}{
+		{"*/60 * * * *", `step 60 in the minute field "*/60" is larger than its range 0-59: only 0 matches`, 1, AllHours},
+		{"0 */24 * * *", `step 24 in the hour field "*/24" is larger than its range 0-23: only 0 matches`, 1, 1},
+		{"10-20/30 5 * * *", `step 30 in the minute field "10-20/30" is larger than its range 10-20: only 10 matches`, 1 << 10, 1 << 5},
+		{"*/59 * * * *", "", 1 | 1<<59, AllHours},
+		{"5 * * * *", "", 1 << 5, AllHours},
+	} {
+		s, err := ParseSchedule(c.expr)
+		if err != nil {
+			t.Fatalf("%q: %v", c.expr, err)
+		}
+		f, _ := s.Fields()
+		if f.Minute != c.minute || f.Hour != c.hour {
+			t.Errorf("%q: minutes %b hours %b, want %b %b", c.expr, f.Minute, f.Hour, c.minute, c.hour)
+		}
+		notes := s.Notes()
+		switch {
+		case c.note == "" && len(notes) != 0:
+			t.Errorf("%q: unexpected notes %q", c.expr, notes)
+		case c.note != "" && (len(notes) != 1 || notes[0] != c.note):
+			t.Errorf("%q: notes %q, want %q", c.expr, notes, c.note)
+		}
+	}
+	if s, _ := ParseSchedule("0 */24 * * *"); !s.Next(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC), nil).Equal(time.Date(2026, 5, 2, 0, 0, 0, 0, time.UTC)) {
+		t.Error("0 */24 * * * does not fire daily at 00:00")
+	}
+}
+
+// TestScheduleWildcard pins which entries follow the wall clock in real time.
+func TestScheduleWildcard(t *testing.T) {
+	for expr, want := range map[string]bool{
+		"* * * * *": true, "*/5 * * * *": true, "0 * * * *": true, "* 2 * * *": true, "@hourly": true,
+		"0 0 * * *": false, "30 2 * * *": false, "0-59 0-23 * * *": false, "@daily": false, "@weekly": false,
+	} {
+		s, err := ParseSchedule(expr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, _ := s.Fields()
+		if s.Wildcard() != want || f.Wildcard != want {
+			t.Errorf("%q: Wildcard() = %v, Fields().Wildcard = %v, want %v", expr, s.Wildcard(), f.Wildcard, want)
+		}
 	}
 }

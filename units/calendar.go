@@ -22,8 +22,11 @@ import (
 // in the selected months (e.g. "30 2 mon") is left out: the weekday value
 // alone has the same fire times.
 //
-// systemd evaluates each value exactly as manifest.Schedule.Next does; the
-// oracle test in this package checks that against systemd-analyze.
+// Outside the days of DST changes, systemd's evaluation of these values
+// gives exactly manifest.Schedule.Next's instants; on those days it misses
+// some (cron's DST rules are not wall-clock rules, and systemd has bugs
+// there), which the correction lines (Corrections, TimerCalendar) make up
+// for. The oracle tests in this package check both against systemd-analyze.
 //
 // "@every" schedules have no calendar form and return an error.
 //

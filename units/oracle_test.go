@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,9 +19,11 @@ import (
 
 // The systemd oracle: for every expression of testdata/cron-corpus.txt, in
 // every zone of oracleZones, from every base time of oracleBases, the next
-// oracleIterations fire times of manifest.Schedule.Next must equal what
-// `systemd-analyze calendar` computes for the OnCalendar= lines OnCalendar
-// emits (both lines' series merged when there are two).
+// oracleIterations fire times of manifest.Schedule.Next (up to the
+// correction horizon) must equal the elapses of the timer rendered at that
+// base time, simulated over all its OnCalendar= lines (the translation and
+// the DST corrections) with `systemd-analyze calendar` computing each line's
+// next elapse (see oracle_sim_test.go).
 //
 // systemd 252 evaluates a value with a time zone suffix in a forked child that
 // sets TZ=:<zone> and then runs the ordinary local-time evaluation; each fork
@@ -28,7 +31,8 @@ import (
 // base times far too slow. So the bulk comparison runs systemd-analyze with
 // TZ=:<zone> in its environment and the lines without the suffix, which is
 // exactly what the forked child computes (for "UTC" the suffix stays: it
-// selects systemd's separate UTC code path). TestOracleZoneSuffix checks
+// selects systemd's separate UTC code path; the correction lines are in UTC
+// and keep it too). TestOracleZoneSuffix checks
 // with the emitted lines verbatim, suffix included, on the DST corners, and
 // TestOnCalendarNormalizes checks every emitted line with its suffix parses
 // and is already in systemd's normalized form.
@@ -318,50 +322,50 @@ func TestOracleSystemd(t *testing.T) {
 	sa := oracleAnalyze(t)
 	corpus := oracleCorpus(t)
 	start := time.Now()
-	var total int
+	var mu sync.Mutex
+	var total, cases, runs int
 	t.Cleanup(func() {
-		t.Logf("oracle: %d expressions × %d zones, %d (zone, base time) pairs, %d fire times compared in %s",
-			len(corpus), len(oracleZones), total, total*len(corpus)*oracleIterations, time.Since(start).Round(time.Millisecond))
+		t.Logf("oracle: %d expressions × %d zones, %d timers simulated (%d (zone, base time) pairs), %d fire times, %d systemd-analyze runs, in %s",
+			len(corpus), len(oracleZones), cases, total, cases*oracleIterations, runs, time.Since(start).Round(time.Millisecond))
 	})
+	if n := len(corpus) * len(oracleZones); n < 1800 {
+		t.Fatalf("the corpus has %d (expression, zone) cases, want at least 1,800", n)
+	}
 	for _, zone := range oracleZones {
 		loc, err := time.LoadLocation(zone)
 		if err != nil {
 			t.Fatal(err)
 		}
 		bases := oracleBases(t, loc)
-		total += len(bases)
 		t.Run(strings.ReplaceAll(zone, "/", "_"), func(t *testing.T) {
 			t.Parallel()
-			cases, batch := oracleBuild(t, corpus, zone)
-			tzEnv, args := ":"+zone, batch
-			if zone == "UTC" {
-				tzEnv = "UTC" // keep the " UTC" suffix: systemd's UTC code path
-			} else {
-				args = make([]string, len(batch))
-				for i, l := range batch {
-					args[i] = strings.TrimSuffix(l, " "+zone)
-				}
-			}
-			failures := 0
+			var cs []simCase
 			for _, base := range bases {
-				blocks := oracleRun(t, sa, tzEnv, base, oracleIterations, args)
-				for _, c := range cases {
-					want, complete := oracleMerge(blocks[c.first:c.first+len(c.lines)], oracleIterations)
-					if len(want) == 0 {
-						t.Errorf("%q in %s from %s: systemd says it never elapses", c.sched, zone, oracleFmt(base, loc))
+				for _, s := range corpus {
+					if _, every := s.Every(); every {
+						if _, err := OnCalendar(s, zone); err == nil {
+							t.Fatalf("%q: OnCalendar accepted an @every schedule", s)
+						}
 						continue
 					}
-					if diff := oracleCheck(c.sched, loc, base, want, complete); diff != "" {
-						failures++
-						if failures <= 15 {
-							t.Errorf("%q in %s from %s, lines %q:\n\t%s", c.sched, zone, oracleFmt(base, loc), c.lines, diff)
-						}
-					}
+					cs = append(cs, newSimCase(t, s, zone, base, oracleIterations, false))
 				}
 			}
-			if failures > 15 {
-				t.Errorf("%s: %d failures in all", zone, failures)
+			sim := newOracleSim(sa)
+			// DROVER_ORACLE_FULL=1: ask systemd at every step (minutes).
+			diffs := sim.simulate(t, cs, os.Getenv("DROVER_ORACLE_FULL") == "1")
+			for i, d := range diffs {
+				if i == 15 {
+					t.Errorf("%s: %d failures in all", zone, len(diffs))
+					break
+				}
+				t.Error(d)
 			}
+			mu.Lock()
+			total += len(bases)
+			cases += len(cs)
+			runs += sim.runs
+			mu.Unlock()
 		})
 	}
 }
@@ -384,38 +388,28 @@ func TestOracleZoneSuffix(t *testing.T) {
 		// The 2026 changes: just before the clocks go forward; before and
 		// inside the repeated range when they go back.
 		var bases []time.Time
-		for at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC); ; {
-			_, end := at.In(loc).ZoneBounds()
-			if end.IsZero() || end.Year() > 2026 {
-				break
-			}
-			_, before := end.Add(-time.Second).Zone()
-			_, after := end.Zone()
+		for _, tr := range Transitions(loc, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)) {
+			_, before := tr.Add(-time.Second).In(loc).Zone()
+			_, after := tr.In(loc).Zone()
 			if shift := time.Duration(after-before) * time.Second; shift > 0 {
-				bases = append(bases, end.Add(-10*time.Minute))
-			} else if shift < 0 {
-				bases = append(bases, end.Add(shift-10*time.Minute), end.Add(5*time.Minute))
+				bases = append(bases, tr.Add(-10*time.Minute))
+			} else {
+				bases = append(bases, tr.Add(shift-10*time.Minute), tr.Add(5*time.Minute))
 			}
-			at = end
 		}
 		if len(bases) != 3 {
 			t.Fatalf("%s: %d base times for 2026, want 3", zone, len(bases))
 		}
 		t.Run(strings.ReplaceAll(zone, "/", "_"), func(t *testing.T) {
 			t.Parallel()
-			var corpus []*manifest.Schedule
-			for _, e := range exprs {
-				corpus = append(corpus, calParse(t, e))
-			}
-			cases, batch := oracleBuild(t, corpus, zone)
+			var cs []simCase
 			for _, base := range bases {
-				blocks := oracleRun(t, sa, "UTC", base, iterations, batch)
-				for _, c := range cases {
-					want, complete := oracleMerge(blocks[c.first:c.first+len(c.lines)], iterations)
-					if diff := oracleCheck(c.sched, loc, base, want, complete); diff != "" {
-						t.Errorf("%q in %s from %s, lines %q:\n\t%s", c.sched, zone, oracleFmt(base, loc), c.lines, diff)
-					}
+				for _, e := range exprs {
+					cs = append(cs, newSimCase(t, calParse(t, e), zone, base, iterations, true))
 				}
+			}
+			for _, d := range newOracleSim(sa).simulate(t, cs, true) {
+				t.Error(d)
 			}
 		})
 	}

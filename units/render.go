@@ -47,6 +47,15 @@ type Options struct {
 	Scope     Scope    // default ScopeSystem
 	DataDir   string   // agent data dir; default DefaultDataDir
 	RunArgs   []string // extra args after `run <name>`: absolute paths and --flag[=value] only
+
+	// Now is the time of the render: the timer gets DST correction lines
+	// for the changes within CorrectionHorizon of its UTC day (see
+	// Corrections). Zero means time.Now(). The agent re-renders on every
+	// apply and drift check, so the window moves with it.
+	Now time.Time
+	// NoCorrections leaves the correction lines out, for comparisons in
+	// tests and benchmarks only: systemd alone misses fire times on DST days.
+	NoCorrections bool
 }
 
 // File is one rendered unit file.
@@ -81,6 +90,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Scope == "" {
 		o.Scope = ScopeSystem
 	}
+	if o.Now.IsZero() {
+		o.Now = time.Now()
+	}
 	if o.Scope != ScopeSystem && o.Scope != ScopeUser {
 		return o, fmt.Errorf("units: scope %q is not system or user", o.Scope)
 	}
@@ -106,13 +118,14 @@ func (o Options) withDefaults() (Options, error) {
 
 // Render validates spec (a normalized clone of it; spec is not modified) and
 // returns its service and timer, in that order. The same spec and options
-// always give the same bytes.
+// always give the same bytes (with Options.Now set; only its UTC day
+// matters).
 //
 // Render does not look at Enabled: whether the timer is enabled and started
 // is the agent's decision.
 //
 // Only these spec fields reach the files: name (validated), description,
-// schedule and timezone (through OnCalendar), run_as, secret names, timeout,
+// schedule and timezone (through OnCalendar and Corrections), run_as, secret names, timeout,
 // jitter, catchup, hardening and limits. Script, command, files, env and
 // secret values never do: the runner reads them from the pipe's directory
 // and the agent's store.
@@ -303,6 +316,11 @@ func timerSections(s *manifest.Spec, o Options, desc string) ([]section, error) 
 		tmr = append(tmr, option{"OnActiveSec", span}, option{"OnUnitActiveSec", span})
 	} else {
 		cals, err := OnCalendar(sched, s.Timezone)
+		if err == nil && !o.NoCorrections {
+			var corr []string
+			corr, err = Corrections(sched, s.Timezone, o.Now)
+			cals = append(cals, corr...)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("units: pipe %q: schedule %q: %w", s.Name, s.Schedule, err)
 		}

@@ -49,7 +49,7 @@ func FuzzRender(f *testing.F) {
 		if flags&(1<<6) != 0 {
 			spec.Limits = manifest.Limits{CPUPercent: 50, MemoryMB: 512, Tasks: 64}
 		}
-		var opts Options
+		opts := Options{Now: goldenNow}
 		if flags&(1<<2) != 0 {
 			opts.Scope = ScopeUser
 		}

@@ -444,6 +444,19 @@ func wantUnits(t testing.TB, spec *manifest.Spec, o Options) (svc, tmr []uopt) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if !o.NoCorrections {
+			// The DST correction instants (their own tests: golden files
+			// and the oracle) follow the translation.
+			now := o.Now
+			if now.IsZero() {
+				now = time.Now()
+			}
+			corr, err := Corrections(sched, s.Timezone, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cals = append(cals, corr...)
+		}
 		for _, c := range cals {
 			tm("OnCalendar", c)
 		}

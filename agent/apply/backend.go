@@ -182,7 +182,13 @@ func (c Config) withDefaults() (Config, error) {
 }
 
 func (c Config) renderOptions() units.Options {
-	return units.Options{AgentPath: c.AgentPath, Scope: c.Scope, DataDir: c.DataDir, RunArgs: c.RunArgs}
+	// Now: the DST correction lines reach 400 days past the render's day;
+	// every apply and drift check renders again, so they never run out.
+	o := units.Options{AgentPath: c.AgentPath, Scope: c.Scope, DataDir: c.DataDir, RunArgs: c.RunArgs}
+	if c.Now != nil {
+		o.Now = c.Now()
+	}
+	return o
 }
 
 // prepared is one pipe of an Input, ready to plan.

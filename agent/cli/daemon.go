@@ -329,6 +329,9 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 		if p.Running {
 			notes = append(notes, "running "+p.RunID)
 		}
+		if p.ElapseMismatch != "" {
+			notes = append(notes, "elapse mismatch: "+p.ElapseMismatch)
+		}
 		if p.ApplyError != "" {
 			notes = append(notes, "apply error: "+p.ApplyError)
 		}

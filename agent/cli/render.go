@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -14,7 +15,7 @@ import (
 
 func newRenderCmd(env *Env) *cobra.Command {
 	var (
-		pipeFile, outDir, scope, agentPath, dataDir string
+		pipeFile, outDir, scope, agentPath, dataDir, now string
 	)
 	cmd := &cobra.Command{
 		Use:   "render --pipe FILE [--out DIR]",
@@ -22,7 +23,9 @@ func newRenderCmd(env *Env) *cobra.Command {
 		Long: `Render validates the pipe spec in FILE (one YAML document) and produces the
 drover-pipe-<name>.service and .timer units exactly as the agent would install
 them. With --out the files are written into DIR; otherwise they are printed.
-Nothing is loaded into systemd.`,
+Nothing is loaded into systemd. The timer's DST correction lines are those of
+a render at --now (RFC 3339, default the current time): the DST changes of
+the pipe's zone within 400 days of that day.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected argument %q", args[0])
@@ -34,6 +37,13 @@ Nothing is loaded into systemd.`,
 				return usagef("--pipe is required")
 			}
 			opts := units.Options{AgentPath: agentPath, Scope: units.Scope(scope), DataDir: dataDir}
+			if now != "" {
+				t, err := time.Parse(time.RFC3339, now)
+				if err != nil {
+					return usagef("--now %q is not an RFC 3339 time (e.g. 2027-03-01T00:00:00Z)", now)
+				}
+				opts.Now = t
+			}
 			if opts.Scope != units.ScopeSystem && opts.Scope != units.ScopeUser {
 				return usagef("--scope %q: use system or user", scope)
 			}
@@ -88,6 +98,7 @@ Nothing is loaded into systemd.`,
 	cmd.Flags().StringVar(&scope, "scope", string(units.ScopeSystem), "systemd scope the units are for: system or user")
 	cmd.Flags().StringVar(&agentPath, "agent-path", "/usr/bin/drover-agent", "agent binary the service runs")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "/var/lib/drover", "agent data directory")
+	cmd.Flags().StringVar(&now, "now", "", "render as the agent would at this RFC 3339 time (DST correction lines; default now)")
 	return cmd
 }
 

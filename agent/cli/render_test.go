@@ -89,3 +89,26 @@ func TestRenderRefusesBadSpecAndWritesNothing(t *testing.T) {
 		t.Fatalf("bad scope: exit %d, want 2", code)
 	}
 }
+
+// TestRenderNow: --now selects the DST correction lines the agent would
+// render at that time, the same lines droverctl schedule explain --after
+// prints.
+func TestRenderNow(t *testing.T) {
+	pipe := writePipe(t, "name: nightly\nschedule: '30 2 * * *'\ntimezone: America/New_York\nscript: ./backup\n")
+	code, stdout, stderr := runAgent(t, "render", "--pipe", pipe, "--now", "2027-03-01T00:00:00Z")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, w := range []string{"OnCalendar=*-*-* 02:30:00 America/New_York\n", "OnCalendar=2027-03-14 07:00:00 UTC\n", "OnCalendar=2028-03-12 07:00:00 UTC\n"} {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("output lacks %q:\n%s", w, stdout)
+		}
+	}
+	_, later, _ := runAgent(t, "render", "--pipe", pipe, "--now", "2027-06-01T00:00:00Z")
+	if strings.Contains(later, "2027-03-14") || !strings.Contains(later, "OnCalendar=2027-11-07 07:30:00 UTC\n") {
+		t.Errorf("--now 2027-06-01:\n%s", later)
+	}
+	if code, _, stderr := runAgent(t, "render", "--pipe", pipe, "--now", "soon"); code != 2 || !strings.Contains(stderr, "RFC 3339") {
+		t.Errorf("--now soon: exit %d, %s", code, stderr)
+	}
+}

@@ -37,7 +37,10 @@ func TestCronBackendSameFireTimes(t *testing.T) {
 		"c-ny":      {Schedule: "15 10 * * 0", Timezone: "America/New_York", Script: "true\n"},
 		"c-monthly": {Schedule: "@monthly", Timezone: "Asia/Tokyo", Script: "true\n"},
 		"c-steps":   {Schedule: "5-55/10 */3 * * 1-5", Timezone: "Australia/Sydney", Script: "true\n"},
-		"c-api":     {Schedule: far, Script: "echo \"cron-api $E2E_WORD\"\n", Env: map[string]string{"E2E_WORD": "hello-cron"}},
+		// 02:30 does not exist on 2027-03-14 in New York: until then the next
+		// fire time is 03:00 EDT, a correction instant of the timer.
+		"c-gap": {Schedule: "30 2 14 3 *", Timezone: "America/New_York", Script: "true\n"},
+		"c-api": {Schedule: far, Script: "echo \"cron-api $E2E_WORD\"\n", Env: map[string]string{"E2E_WORD": "hello-cron"}},
 	}
 	var names []string
 	for name, sp := range specs {
@@ -84,6 +87,15 @@ func TestCronBackendSameFireTimes(t *testing.T) {
 		}
 		if try == 2 {
 			t.Fatalf("the backends disagree:\n%s", strings.Join(bad, "\n"))
+		}
+	}
+	// After the apply, each agent checked its scheduler against the
+	// evaluator: no pipe has an elapse mismatch.
+	for who, st := range map[string]agent.Status{"systemd": *sys.status(), "cron": crn.statusCLI()} {
+		for _, p := range st.Pipes {
+			if p.ElapseMismatch != "" {
+				t.Errorf("%s agent: %s: %s", who, p.Name, p.ElapseMismatch)
+			}
 		}
 	}
 	for _, ag := range []struct{ who, id string }{{"systemd", sysID}, {"cron", cronID}} {
