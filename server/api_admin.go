@@ -149,6 +149,9 @@ func (s *Server) handlePutPipe(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkPrivileged(r.Context(), r, &pv.Spec); err != nil {
+		return err
+	}
 	return s.storePipe(w, r, pv, bundle)
 }
 

@@ -83,9 +83,9 @@ func (s *Server) runInternalAgent(ctx context.Context, bin, dataDir string) erro
 			scope = "system"
 		}
 	}
-	backend := ia.Backend
-	if backend == "" {
-		backend = "auto"
+	backend, err := internalAgentBackend(ia.Backend, os.Geteuid())
+	if err != nil {
+		return err
 	}
 	// The server's certificate always names 127.0.0.1; dial the listener there.
 	_, port, _ := net.SplitHostPort(s.HTTPAddr())
@@ -127,4 +127,22 @@ func (s *Server) runInternalAgent(ctx context.Context, bin, dataDir string) erro
 	cmd.WaitDelay = 15 * time.Second
 	s.log.Info("starting the internal agent", "binary", bin, "data_dir", dataDir, "backend", backend, "scope", scope)
 	return cmd.Run()
+}
+
+// internalAgentBackend picks the internal agent's backend. As root it must
+// be systemd: systemd runs each job as a dynamic user (DynamicUser=) that
+// cannot enter the server's 0700 data dir, while the cron backend would run
+// jobs as root, next to the CA key, the signing keys and admin.token. A
+// non-root server's jobs run as the server's own user whatever the backend;
+// only admins may write pipes that reach the internal agent (policy.go).
+func internalAgentBackend(configured string, euid int) (string, error) {
+	switch {
+	case euid == 0 && configured == "cron":
+		return "", errors.New("internal agent: the cron backend would run jobs as root beside the server's keys; use backend systemd (or auto)")
+	case euid == 0:
+		return "systemd", nil
+	case configured == "":
+		return "auto", nil
+	}
+	return configured, nil
 }
