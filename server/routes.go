@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -170,7 +172,58 @@ func (s *Server) routes() http.Handler {
 	for _, rt := range s.routeTable() {
 		mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
-	return limitConcurrency(s.cfg.HTTP.MaxConcurrent, withErrorsAsJSON(mux))
+	return s.classify(withErrorsAsJSON(mux))
+}
+
+// classify gives each class of caller its own concurrency pool and body
+// budget, so that no class can starve another: agents (a client
+// certificate that chains to this server's CA), callers with an API token,
+// and unauthenticated callers. A body must arrive within the class's body
+// timeout, counted from the start of the request and enforced on the
+// connection itself, whatever the handler does; unauthenticated bodies are
+// also capped in size before any handler reads them.
+func (s *Server) classify(next http.Handler) http.Handler {
+	hc := s.cfg.HTTP
+	agents := newPool(hc.AgentMaxConcurrent)
+	tokens := newPool(hc.MaxConcurrent)
+	public := newPool(hc.PublicMaxConcurrent)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		pool, budget := public, hc.PublicBodyTimeout
+		switch {
+		case r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
+			pool, budget = agents, hc.BodyTimeout
+		case r.Header.Get("Authorization") != "":
+			pool, budget = tokens, hc.BodyTimeout
+		default:
+			r.Body = http.MaxBytesReader(w, r.Body, hc.PublicMaxBodyBytes)
+		}
+		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(start.Add(budget)) == nil {
+				r.Body = &deadlineBody{ReadCloser: r.Body, done: func() {
+					// The body is in: back to the listener's own read timeout.
+					_ = rc.SetReadDeadline(start.Add(hc.ReadTimeout))
+				}}
+			}
+		}
+		pool.serve(w, r, next)
+	})
+}
+
+// deadlineBody calls done once, when the body ends (or fails).
+type deadlineBody struct {
+	io.ReadCloser
+	done func()
+	once sync.Once
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.once.Do(b.done)
+	}
+	return n, err
 }
 
 // wrap applies a route's authentication, role check, ETag and audit entry.

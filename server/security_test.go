@@ -1,9 +1,15 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -117,4 +123,121 @@ func mustJSON(t testing.TB, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// procStatusKB reads a field (VmRSS, VmHWM) of /proc/<pid>/status in KiB.
+func procStatusKB(t testing.TB, pid int, field string) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+// memoryBombBoundMiB is the documented bound on a drover-server's peak RSS
+// (VmHWM) while it refuses six 10 MB dry-runs with a 1M-element command at
+// once and a 14 MB YAML PUT with a 7M-element flow sequence (before: 595 MB
+// for one dry-run, 3.2 GB for six, 2.2 GB for the YAML).
+const memoryBombBoundMiB = 150
+
+// TestMemoryBombsBounded runs drover-server as a process and measures its
+// peak RSS from /proc while it refuses the memory bombs.
+func TestMemoryBombsBounded(t *testing.T) {
+	bin := buildServer(t)
+	dir := t.TempDir()
+	p := startProcess(t, bin, dir)
+	client, admin := adminClient(t, dir)
+	base := "https://" + p.https
+	do := func(method, path, token, ct string, body []byte) (int, []byte) {
+		req, _ := http.NewRequest(method, base+path, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", ct)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Errorf("%s %s: %v", method, path, err)
+			return 0, nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	mkToken := func(role string) string {
+		code, b := do("POST", "/api/v1/api-tokens", admin, "application/json", mustJSON(t, APITokenRequest{Name: role, Role: role}))
+		if code != 201 {
+			t.Fatalf("create %s token: %d %s", role, code, b)
+		}
+		var out APITokenCreated
+		json.Unmarshal(b, &out)
+		return out.Token
+	}
+	viewer, operator := mkToken("viewer"), mkToken("operator")
+	pid := p.cmd.Process.Pid
+	before := procStatusKB(t, pid, "VmHWM")
+
+	// A viewer's dry-run with a 1M-element command, six at once.
+	var dry bytes.Buffer
+	dry.WriteString(`{"spec":{"schedule":"@hourly","command":[`)
+	for i := range 1_000_000 {
+		if i > 0 {
+			dry.WriteByte(',')
+		}
+		dry.WriteString(`"aaaaaaa"`)
+	}
+	dry.WriteString(`]},"bundle":""}`)
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, b := do("POST", "/api/v1/pipes/bomb/dry-run", viewer, "application/json", dry.Bytes())
+			if code != 413 || len(b) > 4096 {
+				t.Errorf("dry-run bomb: %d, %d bytes: %.300s", code, len(b), b)
+			}
+		}()
+	}
+	wg.Wait()
+	// An operator's YAML PUT with a 7M-element flow sequence.
+	var y bytes.Buffer
+	y.WriteString("name: bomb\nschedule: '@hourly'\ncommand: [")
+	for i := range 7_000_000 {
+		if i > 0 {
+			y.WriteByte(',')
+		}
+		y.WriteByte('1')
+	}
+	y.WriteString("]\n")
+	code, b := do("PUT", "/api/v1/pipes/bomb", operator, "application/yaml", y.Bytes())
+	if code/100 != 4 || len(b) > 4096 {
+		t.Errorf("YAML bomb: %d, %d bytes: %.300s", code, len(b), b)
+	}
+	// Many bad elements below the count limits: the error list is capped.
+	var many bytes.Buffer
+	many.WriteString(`{"spec":{"schedule":"@hourly","script":"x","secrets":[`)
+	for i := range 9000 {
+		if i > 0 {
+			many.WriteByte(',')
+		}
+		many.WriteString(`"1bad"`)
+	}
+	many.WriteString(`]}}`)
+	code, b = do("POST", "/api/v1/pipes/bomb/dry-run", viewer, "application/json", many.Bytes())
+	if code != 422 || !strings.Contains(string(b), "more problems") || len(b) > 64<<10 {
+		t.Errorf("9,000 bad secrets: %d, %d bytes: %.300s", code, len(b), b)
+	}
+	after := procStatusKB(t, pid, "VmHWM")
+	t.Logf("drover-server VmHWM: %d KiB before, %d KiB after the bombs (bound %d MiB)", before, after, memoryBombBoundMiB)
+	if after > memoryBombBoundMiB<<10 {
+		t.Errorf("peak RSS %d KiB is over the bound of %d MiB", after, memoryBombBoundMiB)
+	}
 }
