@@ -211,7 +211,9 @@ func (s *Server) classify(next http.Handler) http.Handler {
 	})
 }
 
-// deadlineBody calls done once, when the body ends (or fails).
+// deadlineBody calls done once, when the whole body is in. A body that
+// fails (its deadline passed) keeps the deadline, so that the server's
+// discard of the unread rest fails at once too and the connection closes.
 type deadlineBody struct {
 	io.ReadCloser
 	done func()
@@ -220,7 +222,7 @@ type deadlineBody struct {
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil {
+	if err == io.EOF {
 		b.once.Do(b.done)
 	}
 	return n, err

@@ -2,16 +2,21 @@ package server
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The regression tests of the "hostile operators, agents and clients"
@@ -240,4 +245,94 @@ func TestMemoryBombsBounded(t *testing.T) {
 	if after > memoryBombBoundMiB<<10 {
 		t.Errorf("peak RSS %d KiB is over the bound of %d MiB", after, memoryBombBoundMiB)
 	}
+}
+
+// TestSlowBodyFloodSparesAgents: 540 unauthenticated enroll POSTs that
+// declare a 100 kB body and trickle it, from six loopback addresses, used to
+// hold every request slot for the 60 s read timeout, so that agents' manifest
+// polls got 503. Now unauthenticated requests have a pool of their own and
+// a short body deadline: the agents' polls keep answering within 1 s, and
+// the trickling connections are cut off.
+func TestSlowBodyFloodSparesAgents(t *testing.T) {
+	ts := startServer(t)
+	a := ts.enrollAgent(map[string]string{"role": "db"})
+	ts.putScriptPipe("backup", "true", map[string]string{"role": "db"})
+	if _, err := a.pullManifest(); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ts.s.HTTPAddr())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var opened, answered atomic.Int64
+	var wg sync.WaitGroup
+	const flood = 540
+	for i := range flood {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+i%6))}
+			d := &net.Dialer{LocalAddr: src, Timeout: 10 * time.Second}
+			raw, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
+			if err != nil {
+				return
+			}
+			defer raw.Close()
+			c := tls.Client(raw, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"http/1.1"}}) // the attacker checks nothing
+			if err := c.HandshakeContext(ctx); err != nil {
+				return
+			}
+			if _, err := fmt.Fprintf(c, "POST /api/v1/agents/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"); err != nil {
+				return
+			}
+			opened.Add(1)
+			got := make(chan struct{})
+			go func() {
+				// Any answer (or the connection closing) ends the attack on this slot.
+				_, _ = c.Read(make([]byte, 1))
+				close(got)
+			}()
+			tick := time.NewTicker(500 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-got:
+					answered.Add(1)
+					return
+				case <-tick.C:
+					if _, err := c.Write([]byte(" ")); err != nil {
+						answered.Add(1)
+						return
+					}
+				}
+			}
+		}()
+	}
+	waitFor(t, 60*time.Second, "the flood to open its connections", func() bool { return opened.Load() >= flood*9/10 })
+
+	// During the flood every manifest poll answers 200 or 304 within 1 s.
+	etag := ""
+	for i := range 20 {
+		start := time.Now()
+		r, err := a.get("/api/v1/agents/self/manifest", "If-None-Match", etag)
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("poll %d: %v", i, err)
+		}
+		if r.code != 200 && r.code != 304 {
+			t.Fatalf("poll %d during the flood: %d %s", i, r.code, r.body)
+		}
+		if took > time.Second {
+			t.Fatalf("poll %d took %v during the flood", i, took)
+		}
+		if e := r.header.Get("ETag"); e != "" {
+			etag = e
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The body deadline cuts the trickling connections off.
+	waitFor(t, 30*time.Second, "the trickling connections to be cut off", func() bool { return answered.Load() >= opened.Load() })
+	cancel()
+	wg.Wait()
 }
