@@ -40,6 +40,7 @@ func (s *Server) agentOnly(h agentHandler) http.Handler {
 	return s.serve(func(w http.ResponseWriter, r *http.Request) error {
 		id, err := s.requestAgent(r)
 		if err != nil {
+			s.auditRefusal(r, err, nil)
 			return err
 		}
 		return h(w, r, id)

@@ -253,6 +253,7 @@ func (s *Server) wrap(rt route) http.Handler {
 		r = r.WithContext(ctx)
 		err := s.call(rt, out, r, rec)
 		if err != nil {
+			s.auditRefusal(r, err, rec.actor)
 			if k := kindOf(err); k.err == ErrInternal || k.err == ErrUnavailable {
 				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
@@ -282,6 +283,7 @@ func (s *Server) call(rt route, w http.ResponseWriter, r *http.Request, rec *aud
 	}
 	p, err := s.authorize(r, rt.role)
 	if err != nil {
+		rec.actor = p // nil unless the token is known but below the role
 		if kindOf(err).http == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="drover"`)
 		}

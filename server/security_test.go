@@ -3,6 +3,9 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -17,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	agentpb "github.com/drover/drover/proto"
 )
 
 // The regression tests of the "hostile operators, agents and clients"
@@ -335,4 +340,163 @@ func TestSlowBodyFloodSparesAgents(t *testing.T) {
 	waitFor(t, 30*time.Second, "the trickling connections to be cut off", func() bool { return answered.Load() >= opened.Load() })
 	cancel()
 	wg.Wait()
+}
+
+// TestLiveLogFollowersBounded: one viewer used to hold all 256 live-log
+// slots on a run that never ends. Followers are now capped per token, and a
+// run that makes no progress ends its followers with an "idle" event.
+func TestLiveLogFollowersBounded(t *testing.T) {
+	ts := startServer(t, func(c *Config) { c.LiveLogs.MaxPerToken, c.LiveLogs.IdleTimeout = 2, time.Second })
+	viewer, _ := ts.apiToken("tail", "viewer", "")
+	other, _ := ts.apiToken("other", "viewer", "")
+	a := ts.enrollAgent(map[string]string{"role": "db"})
+	ts.putScriptPipe("job", "sleep 1d", map[string]string{"role": "db"})
+	if _, err := a.pullManifest(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	sendAll(t, st, 1, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{RunId: "forever", Pipe: "job", PipeVersion: 1}}})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var streams []<-chan sseEvent
+	for range 2 {
+		resp, ev := ts.openSSE(ctx, viewer, "forever", "")
+		defer resp.Body.Close()
+		streams = append(streams, ev)
+	}
+	// The third stream of the same token is refused; another token's is not.
+	req, _ := http.NewRequestWithContext(ctx, "GET", ts.base+"/api/v1/runs/forever/logs/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+viewer)
+	resp, err := ts.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("third follower of one token: %d, want 429", resp.StatusCode)
+	}
+	r2, _ := ts.openSSE(ctx, other, "forever", "")
+	defer r2.Body.Close()
+	// The run makes no progress: every follower gets "idle" and its stream ends.
+	for i, ev := range streams {
+		var got []string
+		deadline := time.After(30 * time.Second)
+	wait:
+		for {
+			select {
+			case e, ok := <-ev:
+				if !ok {
+					break wait
+				}
+				got = append(got, e.event)
+			case <-deadline:
+				t.Fatalf("follower %d still open after 30s; events %v", i, got)
+			}
+		}
+		if len(got) == 0 || got[len(got)-1] != "idle" {
+			t.Fatalf("follower %d events %v, want the last to be idle", i, got)
+		}
+	}
+	// Its slots are free again.
+	r3, _ := ts.openSSE(ctx, viewer, "forever", "")
+	r3.Body.Close()
+}
+
+// renewWith posts a renewal CSR on key.
+func (a *testAgent) renewWith(key *ecdsa.PrivateKey) (int, []byte) {
+	body, _ := json.Marshal(RenewRequest{CSR: newCSR(key)})
+	resp, err := a.client.Post(a.base+"/api/v1/agents/self/renew", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// TestRenewalNeedsFreshKeyAndIsRateLimited: renewal accepted a CSR on the
+// agent's previous, retired key and had no rate limit (500 renewals at
+// 377/s). Now a key the agent held before is refused, and renewals are
+// limited per agent; the refusals are audited.
+func TestRenewalNeedsFreshKeyAndIsRateLimited(t *testing.T) {
+	ts := startServer(t)
+	a := ts.enrollAgent(nil)
+	k1 := a.key
+	if code, b := a.renewWith(k1); code != 422 && code != 400 {
+		t.Fatalf("renewal on the current key: %d %s", code, b)
+	}
+	k2, c2, err := a.renew()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.setCert(k2, c2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.get("/api/v1/agents/self/trust"); err != nil { // promotes c2, retires c1
+		t.Fatal(err)
+	}
+	code, b := a.renewWith(k1)
+	if code != 422 && code != 400 || !strings.Contains(string(b), "held before") {
+		t.Fatalf("renewal on the retired key: %d %s", code, b)
+	}
+	// The budget (3 at once) is spent after a few renewals.
+	limited := false
+	for i := 0; i < 10 && !limited; i++ {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, b := a.renewWith(k)
+		switch code {
+		case 200:
+		case 429:
+			limited = true
+		default:
+			t.Fatalf("renewal %d: %d %s", i, code, b)
+		}
+	}
+	if !limited {
+		t.Fatal("ten renewals in a row were all accepted")
+	}
+	var audit AuditList
+	ts.adminOK("GET", "/api/v1/audit?action=refused.rate_limited", nil, &audit)
+	if len(audit.Entries) == 0 {
+		t.Fatal("the refused renewal is not in the audit log")
+	}
+}
+
+// TestRefusalsAudited: failed logins, 403s and refused enrollments leave an
+// entry; a flood of them is rate-limited.
+func TestRefusalsAudited(t *testing.T) {
+	ts := startServer(t)
+	viewer, viewerID := ts.apiToken("peek", "viewer", "")
+	ts.do("GET", "/api/v1/whoami", "drvt1.aaaaaaaaaaaaaaaa.bogus", nil)
+	ts.do("DELETE", "/api/v1/pipes/x", viewer, nil)
+	ts.do("POST", "/api/v1/agents/enroll", "", map[string]string{"token": "drv1.x.y.z", "hostname": "h", "csr": "x"})
+	count := func(action string) []AuditJSON {
+		var out AuditList
+		ts.adminOK("GET", "/api/v1/audit?limit=1000&action="+action, nil, &out)
+		return out.Entries
+	}
+	if e := count("refused.unauthenticated"); len(e) != 1 || e[0].Target != "GET /api/v1/whoami" || e[0].Source == "" {
+		t.Errorf("bad token: %+v", e)
+	}
+	if e := count("refused.permission_denied"); len(e) != 1 || e[0].ActorID != viewerID {
+		t.Errorf("403: %+v", e)
+	}
+	if e := count("refused.invalid_token"); len(e) != 1 {
+		t.Errorf("refused enrollment: %+v", e)
+	}
+	// 300 bad logins from one address write at most the per-source budget.
+	for range 300 {
+		ts.do("GET", "/api/v1/pipes", "drvt1.aaaaaaaaaaaaaaaa.bogus", nil)
+	}
+	if n := len(count("refused.unauthenticated")); n > refusedPerSource+1 {
+		t.Errorf("a flood of 300 bad logins wrote %d audit entries", n)
+	}
 }

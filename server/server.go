@@ -64,6 +64,8 @@ type Server struct {
 
 	enrollLimiter  *rateLimiter
 	enrollRequests atomic.Int64
+	refusals       *refusalAuditor // audit.go
+	guard          *guards         // limits.go
 
 	httpLn  net.Listener
 	grpcLn  net.Listener
@@ -90,7 +92,8 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	}
 	s := &Server{cfg: cfg, log: logger, clock: clock, hub: newHub(),
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
-		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, maxLogStreams), quit: make(chan struct{})}
+		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
+		refusals: newRefusalAuditor(), guard: newGuards(cfg)}
 	defer func() {
 		if err != nil {
 			s.release()
