@@ -1,12 +1,15 @@
 package server
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -94,9 +97,8 @@ func TestOperatorCannotReachInternalAgent(t *testing.T) {
 }
 
 // TestInternalAgentCannotReadDataDir: the server's data dir is 0700 and the
-// server's own; a root server refuses the cron backend for its internal
-// agent (its jobs would run as root) and runs it with systemd, whose
-// DynamicUser= jobs cannot enter a 0700 directory of another user.
+// server's own; the internal agent's unprivileged user is never root (the
+// end-to-end proof is TestInternalAgentJobsCannotReadDataDir).
 func TestInternalAgentCannotReadDataDir(t *testing.T) {
 	ts := startServer(t)
 	fi, err := os.Stat(ts.cfg.DataDir)
@@ -107,16 +109,14 @@ func TestInternalAgentCannotReadDataDir(t *testing.T) {
 	if fi.Mode().Perm() != 0o700 || int(st.Uid) != os.Geteuid() {
 		t.Fatalf("data dir mode %v uid %d, want 0700 owned by %d", fi.Mode().Perm(), st.Uid, os.Geteuid())
 	}
-	if _, err := internalAgentBackend("cron", 0); err == nil {
-		t.Error("a root server accepted the cron backend for its internal agent")
-	}
-	for _, b := range []string{"", "auto", "systemd"} {
-		if got, err := internalAgentBackend(b, 0); err != nil || got != "systemd" {
-			t.Errorf("root, backend %q: %q %v, want systemd", b, got, err)
-		}
-	}
-	if got, _ := internalAgentBackend("cron", 1000); got != "cron" {
+	if got := internalAgentBackend("cron", 1000); got != "cron" {
 		t.Errorf("non-root cron: %q", got)
+	}
+	if !inside(ts.cfg.DataDir+"/internal-agent", ts.cfg.DataDir) || inside(ts.cfg.DataDir+"-internal-agent", ts.cfg.DataDir) {
+		t.Error("inside() is wrong")
+	}
+	if _, err := internalAgentUser("root"); err == nil {
+		t.Error("root was accepted as the internal agent's unprivileged user")
 	}
 }
 
@@ -498,5 +498,53 @@ func TestRefusalsAudited(t *testing.T) {
 	}
 	if n := len(count("refused.unauthenticated")); n > refusedPerSource+1 {
 		t.Errorf("a flood of 300 bad logins wrote %d audit entries", n)
+	}
+}
+
+// tarGz builds a bundle of entries exactly as given (name ending in "/" is
+// a directory).
+func tarGz(t testing.TB, entries ...[2]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for _, e := range entries {
+		h := &tar.Header{Name: e[0], Mode: 0o755, Typeflag: tar.TypeReg, Size: int64(len(e[1])), Format: tar.FormatPAX}
+		if strings.HasSuffix(e[0], "/") {
+			h.Typeflag, h.Size = tar.TypeDir, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(e[1]))
+	}
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
+
+// TestUploadRefusesBundlesAgentsRefuse: the server used to accept bundles
+// that every agent then refused ("a\b", "x\ny", "d/x" then a file "d").
+// Both sides now apply manifest.ScanBundle.
+func TestUploadRefusesBundlesAgentsRefuse(t *testing.T) {
+	ts := startServer(t)
+	bad := map[string][]byte{
+		"backslash":     tarGz(t, [2]string{"run.sh", "#!/bin/sh\n"}, [2]string{`a\b`, "x"}),
+		"newline":       tarGz(t, [2]string{"run.sh", "#!/bin/sh\n"}, [2]string{"x\ny", "x"}),
+		"dir then file": tarGz(t, [2]string{"run.sh", "#!/bin/sh\n"}, [2]string{"d/x", "x"}, [2]string{"d", "y"}),
+		"file then dir": tarGz(t, [2]string{"run.sh", "#!/bin/sh\n"}, [2]string{"d", "y"}, [2]string{"d/x", "x"}),
+		"duplicate":     tarGz(t, [2]string{"run.sh", "#!/bin/sh\n"}, [2]string{"run.sh", "#!/bin/sh\n"}),
+	}
+	for name, b := range bad {
+		body := map[string]any{"spec": map[string]any{"schedule": "@hourly", "command": []string{"./run.sh"}}, "bundle": base64.StdEncoding.EncodeToString(b)}
+		r := ts.do("PUT", "/api/v1/pipes/b", ts.admin, body)
+		if r.code != 422 || !strings.Contains(string(r.body), `"field":"bundle"`) {
+			t.Errorf("%s: %d %s, want 422 with a bundle field error", name, r.code, r.body)
+		}
+	}
+	ok := tarGz(t, [2]string{"d/", ""}, [2]string{"d/x", "x"}, [2]string{"run.sh", "#!/bin/sh\n"})
+	if r := ts.do("PUT", "/api/v1/pipes/b", ts.admin, map[string]any{"spec": map[string]any{"schedule": "@hourly", "command": []string{"./run.sh"}},
+		"bundle": base64.StdEncoding.EncodeToString(ok)}); r.code != 201 {
+		t.Errorf("good bundle: %d %s", r.code, r.body)
 	}
 }
