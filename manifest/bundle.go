@@ -202,7 +202,7 @@ func ScanBundle(bundle []byte, lim UnpackLimits) ([]BundleEntry, error) {
 	tr := tar.NewReader(gz)
 	var total int64
 	var out []BundleEntry
-	kind := map[string]bool{}   // name -> is a directory (explicit entries)
+	kind := map[string]bool{}    // name -> is a directory (explicit entries)
 	parents := map[string]bool{} // directories some entry lives in
 	for n := 0; ; n++ {
 		hdr, err := tr.Next()
