@@ -548,3 +548,27 @@ func TestUploadRefusesBundlesAgentsRefuse(t *testing.T) {
 		t.Errorf("good bundle: %d %s", r.code, r.body)
 	}
 }
+
+// TestTLS12OffersOnlyAEAD: TLS 1.2 used to offer the CBC-SHA1 suites
+// (ECDHE-ECDSA-AES128-SHA, ...) on both listeners.
+func TestTLS12OffersOnlyAEAD(t *testing.T) {
+	ts := startServer(t)
+	a := ts.enrollAgent(nil)
+	cbc := []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA, tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA,
+		tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA, tls.TLS_RSA_WITH_AES_128_CBC_SHA}
+	for _, addr := range []string{ts.s.HTTPAddr(), ts.s.GRPCAddr()} {
+		for _, suite := range cbc {
+			c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{suite}, Certificates: []tls.Certificate{a.cert}}) // a scanner checks nothing
+			if err == nil {
+				c.Close()
+				t.Errorf("%s accepted %s", addr, tls.CipherSuiteName(suite))
+			}
+		}
+		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256}, Certificates: []tls.Certificate{a.cert}})
+		if err != nil {
+			t.Errorf("%s refused ECDHE-ECDSA-AES128-GCM-SHA256: %v", addr, err)
+		} else {
+			c.Close()
+		}
+	}
+}

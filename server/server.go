@@ -168,6 +168,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 		TLSConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS12,
+			CipherSuites: signing.TLSCipherSuites(),
 			Certificates: []tls.Certificate{tlsCert},
 			ClientAuth:   tls.VerifyClientCertIfGiven,
 			ClientCAs:    s.ca.pool,
@@ -175,6 +176,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	}
 	grpcTLS := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
+		CipherSuites: signing.TLSCipherSuites(),
 		Certificates: []tls.Certificate{tlsCert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    s.ca.pool,
