@@ -25,21 +25,23 @@ const MaxSpecFileBytes = 16 << 20
 // value, so 7 million "1," in 14 MB would otherwise take 2 GB.
 const MaxYAMLTokens = 1_000_000
 
-// yamlTokenBound counts runs of non-blank characters and each flow or block
-// indicator ([ ] { } , : - ?). Every node of the parsed document starts at
-// one of them (an empty value follows an indicator), so this is an upper
+// yamlTokenBound counts runs of non-blank characters once and each flow or
+// block indicator ([ ] { } , : - ?) twice. Every node of the parsed
+// document starts at a word or is opened by an indicator (an indicator
+// opens at most two: a collection and an empty entry, or an empty key and
+// its empty value), so this is an upper
 // bound on the nodes the parser can build, found in one pass without
 // memory. Words inside scalars count too, which only makes the bound
-// looser.
+// looser. FuzzYAMLTokenBound checks the claim against the parser.
 func yamlTokenBound(data []byte) int {
-	n := 1
+	n := 2 // the document node and its root
 	inWord := false
 	for _, c := range data {
 		switch c {
 		case ' ', '\t', '\n', '\r':
 			inWord = false
 		case '[', ']', '{', '}', ',', ':', '-', '?':
-			n++
+			n += 2 // an indicator can open a collection and an empty value, or an empty key and value
 			inWord = false
 		default:
 			if !inWord {

@@ -572,3 +572,38 @@ func TestTLS12OffersOnlyAEAD(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONShapeLimits checks the edges of checkJSONShape.
+func TestJSONShapeLimits(t *testing.T) {
+	arr := func(n int) []byte {
+		return []byte("[" + strings.TrimSuffix(strings.Repeat(`"a",`, n), ",") + "]")
+	}
+	obj := func(n int) []byte {
+		var b strings.Builder
+		b.WriteString("{")
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, `"k%d": {"x": 1}`, i)
+		}
+		return []byte(b.String() + "}")
+	}
+	for _, c := range []struct {
+		name string
+		b    []byte
+		ok   bool
+	}{
+		{"array at the limit", arr(maxJSONContainer), true},
+		{"array over it", arr(maxJSONContainer + 1), false},
+		{"object at the limit", obj(maxJSONContainer), true},
+		{"object over it", obj(maxJSONContainer + 1), false},
+		{"depth at the limit", []byte(strings.Repeat("[", maxJSONDepth) + strings.Repeat("]", maxJSONDepth)), true},
+		{"depth over it", []byte(strings.Repeat("[", maxJSONDepth+1) + strings.Repeat("]", maxJSONDepth+1)), false},
+		{"values over the total", []byte("[" + strings.Repeat(strings.TrimSuffix(string(arr(9999)), "")+",", 21) + "1]"), false},
+	} {
+		if err := checkJSONShape(c.b); (err == nil) != c.ok {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+}
