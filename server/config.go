@@ -120,6 +120,9 @@ type HTTPConfig struct {
 	// unauthenticated requests have pools of their own, so that neither
 	// operators nor anonymous clients can starve the agents' polls.
 	MaxConcurrent int `yaml:"max_concurrent"`
+	// MaxConcurrentPerToken bounds the requests in flight of one API token
+	// (a viewer's slow dry-runs cannot take the whole token pool).
+	MaxConcurrentPerToken int `yaml:"max_concurrent_per_token"`
 	// AgentMaxConcurrent bounds agents' requests in flight.
 	AgentMaxConcurrent int `yaml:"agent_max_concurrent"`
 	// PublicMaxConcurrent bounds unauthenticated requests in flight
@@ -200,19 +203,20 @@ func DefaultConfig() Config {
 		LogLevel:  "info",
 		LogFormat: "text",
 		HTTP: HTTPConfig{
-			ReadHeaderTimeout:   10 * time.Second,
-			ReadTimeout:         60 * time.Second,
-			WriteTimeout:        60 * time.Second,
-			IdleTimeout:         120 * time.Second,
-			MaxHeaderBytes:      64 << 10,
-			MaxBodyBytes:        1 << 20,
-			MaxConcurrent:       512,
-			AgentMaxConcurrent:  512,
-			PublicMaxConcurrent: 64,
-			BodyTimeout:         20 * time.Second,
-			PublicBodyTimeout:   5 * time.Second,
-			PublicMaxBodyBytes:  64 << 10,
-			ShutdownTimeout:     15 * time.Second,
+			ReadHeaderTimeout:     10 * time.Second,
+			ReadTimeout:           60 * time.Second,
+			WriteTimeout:          60 * time.Second,
+			IdleTimeout:           120 * time.Second,
+			MaxHeaderBytes:        64 << 10,
+			MaxBodyBytes:          1 << 20,
+			MaxConcurrent:         512,
+			AgentMaxConcurrent:    512,
+			MaxConcurrentPerToken: 32,
+			PublicMaxConcurrent:   64,
+			BodyTimeout:           20 * time.Second,
+			PublicBodyTimeout:     5 * time.Second,
+			PublicMaxBodyBytes:    64 << 10,
+			ShutdownTimeout:       15 * time.Second,
 		},
 		GRPC: GRPCConfig{
 			MaxStreams:     20000,
@@ -452,7 +456,7 @@ func (c *Config) Validate() error {
 	for _, n := range []struct {
 		f string
 		v int64
-	}{{"http.agent_max_concurrent", int64(c.HTTP.AgentMaxConcurrent)}, {"http.public_max_concurrent", int64(c.HTTP.PublicMaxConcurrent)},
+	}{{"http.agent_max_concurrent", int64(c.HTTP.AgentMaxConcurrent)}, {"http.max_concurrent_per_token", int64(c.HTTP.MaxConcurrentPerToken)}, {"http.public_max_concurrent", int64(c.HTTP.PublicMaxConcurrent)},
 		{"http.public_max_body_bytes", c.HTTP.PublicMaxBodyBytes}, {"enrollment.renew_burst", int64(c.Enrollment.RenewBurst)},
 		{"live_logs.max_followers", int64(c.LiveLogs.MaxFollowers)}, {"live_logs.max_per_token", int64(c.LiveLogs.MaxPerToken)}} {
 		if n.v <= 0 {

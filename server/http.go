@@ -340,8 +340,7 @@ func (p *pool) serve(w http.ResponseWriter, r *http.Request, next http.Handler) 
 		case p.sem <- struct{}{}:
 			t.Stop()
 		case <-t.C:
-			w.Header().Set("Retry-After", "1")
-			writeError(w, newError(ErrUnavailable, "the server is busy; retry shortly"))
+			refuseBusy(w, "the server is busy; retry shortly")
 			return
 		case <-r.Context().Done():
 			t.Stop()

@@ -42,6 +42,32 @@ func (g *guards) follow(token string) (release func(), ok bool) {
 	}, true
 }
 
+// keyedLimit bounds what each key holds at once.
+type keyedLimit struct {
+	mu   sync.Mutex
+	max  int
+	held map[string]int
+}
+
+func newKeyedLimit(n int) *keyedLimit { return &keyedLimit{max: max(n, 1), held: map[string]int{}} }
+
+// take holds one for key; release gives it back. False when key holds max.
+func (k *keyedLimit) take(key string) (release func(), ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.held[key] >= k.max {
+		return nil, false
+	}
+	k.held[key]++
+	return func() {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.held[key]--; k.held[key] <= 0 {
+			delete(k.held, key)
+		}
+	}, true
+}
+
 // newRateLimiterEvery is a per-key bucket of burst tokens that refills one
 // token every interval.
 func newRateLimiterEvery(interval time.Duration, burst int) *rateLimiter {

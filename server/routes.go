@@ -187,13 +187,15 @@ func (s *Server) classify(next http.Handler) http.Handler {
 	agents := newPool(hc.AgentMaxConcurrent)
 	tokens := newPool(hc.MaxConcurrent)
 	public := newPool(hc.PublicMaxConcurrent)
+	perToken := newKeyedLimit(hc.MaxConcurrentPerToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		pool, budget := public, hc.PublicBodyTimeout
+		auth := r.Header.Get("Authorization")
 		switch {
 		case r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
 			pool, budget = agents, hc.BodyTimeout
-		case r.Header.Get("Authorization") != "":
+		case auth != "":
 			pool, budget = tokens, hc.BodyTimeout
 		default:
 			r.Body = http.MaxBytesReader(w, r.Body, hc.PublicMaxBodyBytes)
@@ -207,8 +209,27 @@ func (s *Server) classify(next http.Handler) http.Handler {
 				}}
 			}
 		}
+		if pool == tokens {
+			// A token that is not valid is refused before its body is
+			// read; a valid one holds at most its share of the pool.
+			release, ok := perToken.take(auth)
+			if !ok {
+				refuseBusy(w, "this token has too many requests in flight; retry shortly")
+				return
+			}
+			defer release()
+		}
 		pool.serve(w, r, next)
 	})
+}
+
+// refuseBusy answers 503 without reading the body; the connection closes
+// after the answer (else the server would first wait to discard a body
+// that a slow client is still trickling).
+func refuseBusy(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", "1")
+	w.Header().Set("Connection", "close")
+	writeError(w, newError(ErrUnavailable, msg))
 }
 
 // deadlineBody calls done once, when the whole body is in. A body that

@@ -607,3 +607,59 @@ func TestJSONShapeLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestViewerSlowDryRunsSpareOthers: a viewer trickling dry-run bodies from
+// one address holds at most its token's share of the pool; an operator's
+// requests and the agents' polls keep answering.
+func TestViewerSlowDryRunsSpareOthers(t *testing.T) {
+	ts := startServer(t, func(c *Config) { c.HTTP.MaxConcurrent, c.HTTP.MaxConcurrentPerToken = 16, 4 })
+	viewer, _ := ts.apiToken("v", "viewer", "")
+	op, _ := ts.apiToken("o", "operator", "")
+	a := ts.enrollAgent(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var held, refused atomic.Int64
+	var wg sync.WaitGroup
+	h1 := ts.client.Transport.(*http.Transport).Clone()
+	h1.ForceAttemptHTTP2 = false
+	h1.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{} // one connection per request, as the attack had
+	client := &http.Client{Transport: h1}
+	for range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequestWithContext(ctx, "POST", ts.base+"/api/v1/pipes/x/dry-run", pr)
+			req.Header.Set("Authorization", "Bearer "+viewer)
+			req.Header.Set("Content-Type", "application/json")
+			req.ContentLength = 100000
+			go func() {
+				pw.Write([]byte("{"))
+				held.Add(1)
+				<-ctx.Done()
+				pw.CloseWithError(ctx.Err())
+			}()
+			resp, err := client.Do(req)
+			if err == nil {
+				if resp.StatusCode == 503 {
+					refused.Add(1)
+				}
+				resp.Body.Close()
+			}
+		}()
+	}
+	waitFor(t, 30*time.Second, "most of the viewer's slow dry-runs to be refused", func() bool { return refused.Load() >= 30 })
+	t.Logf("%d slow dry-runs sent, %d refused", held.Load(), refused.Load())
+	for i := range 5 {
+		start := time.Now()
+		r := ts.do("GET", "/api/v1/whoami", op, nil)
+		if r.code != 200 || time.Since(start) > time.Second {
+			t.Fatalf("operator request %d during the viewer's flood: %d after %v", i, r.code, time.Since(start))
+		}
+		if res, err := a.get("/api/v1/agents/self/trust"); err != nil || res.code != 200 {
+			t.Fatalf("agent request %d: %v %+v", i, err, res)
+		}
+	}
+	cancel()
+	wg.Wait()
+}
