@@ -129,8 +129,9 @@ type HTTPConfig struct {
 	// (enrollment, health, the OpenAPI document).
 	PublicMaxConcurrent int `yaml:"public_max_concurrent"`
 	// BodyTimeout is how long a client has to send a request body, counted
-	// from the start of the request, whatever the handler does;
-	// PublicBodyTimeout the same for unauthenticated requests.
+	// from the start of the request, whatever the handler does (for agents
+	// and API tokens plus one second per 64 KiB of declared length);
+	// PublicBodyTimeout the same for unauthenticated requests (flat).
 	BodyTimeout       time.Duration `yaml:"body_timeout"`
 	PublicBodyTimeout time.Duration `yaml:"public_body_timeout"`
 	// PublicMaxBodyBytes caps the body of an unauthenticated request.

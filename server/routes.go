@@ -200,6 +200,11 @@ func (s *Server) classify(next http.Handler) http.Handler {
 		default:
 			r.Body = http.MaxBytesReader(w, r.Body, hc.PublicMaxBodyBytes)
 		}
+		if pool != public && r.ContentLength > 0 {
+			// A large upload on a slow link still fits: the budget grows
+			// with the declared length at the slowest rate we accept.
+			budget += time.Duration(r.ContentLength) * time.Second / minBodyRate
+		}
 		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
 			rc := http.NewResponseController(w)
 			if rc.SetReadDeadline(start.Add(budget)) == nil {
@@ -231,6 +236,10 @@ func refuseBusy(w http.ResponseWriter, msg string) {
 	w.Header().Set("Connection", "close")
 	writeError(w, newError(ErrUnavailable, msg))
 }
+
+// minBodyRate is the slowest upload (bytes per second) an authenticated
+// caller's body deadline allows for beyond http.body_timeout.
+const minBodyRate = 64 << 10
 
 // deadlineBody calls done once, when the whole body is in. A body that
 // fails (its deadline passed) keeps the deadline, so that the server's
