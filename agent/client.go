@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-resty/resty/v2"
+
+	"github.com/drover/drover/signing"
 )
 
 // API paths (server/doc.go).
@@ -103,9 +105,10 @@ func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log 
 // agent presents cert (read through get, so renewal takes effect at once).
 func mtlsConfig(host string, pool *x509.CertPool, get func() *tls.Certificate) *tls.Config {
 	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		ServerName: host,
-		RootCAs:    pool,
+		MinVersion:   tls.VersionTLS12,
+		CipherSuites: signing.TLSCipherSuites(),
+		ServerName:   host,
+		RootCAs:      pool,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return get(), nil
 		},
@@ -123,6 +126,7 @@ var ErrPinMismatch = errors.New("server CA does not match the enrollment token's
 func pinnedConfig(host, pin string) *tls.Config {
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS12,
+		CipherSuites:       signing.TLSCipherSuites(),
 		ServerName:         host,
 		InsecureSkipVerify: true, // replaced by VerifyConnection below
 		VerifyConnection: func(cs tls.ConnectionState) error {

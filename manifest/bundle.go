@@ -169,12 +169,26 @@ func ReadBundleFiles(baseDir string, paths []string) ([]BundleFile, error) {
 // directory, is not a regular file or directory, or breaks a limit.
 var ErrUnsafeBundle = errors.New("unsafe bundle")
 
-// UnpackBundle extracts a bundle into dir, which must exist and be empty.
-// Only regular files and directories are created; absolute paths, "..",
-// links, devices and duplicate entries are refused, as are bundles over the
-// limits. On error dir may hold a partial tree: unpack into a temporary
-// directory and rename it into place on success.
-func UnpackBundle(bundle []byte, dir string, lim UnpackLimits) error {
+// BundleEntry is one entry of a bundle, as ScanBundle reads it.
+type BundleEntry struct {
+	Name string // clean, relative, slash-separated
+	Dir  bool
+	Exec bool // a file with an execute bit
+	Size int64
+}
+
+// ScanBundle reads a bundle without writing anything and applies the one
+// bundle rule that both the server (at upload) and the agent (before it
+// unpacks) enforce:
+//   - a gzip-compressed tar of regular files and directories only;
+//   - every name a clean relative path (no "..", no leading "/"), without
+//     '\', control characters (newlines included) or invalid UTF-8;
+//   - no name twice, no file where another entry needs a directory (a file
+//     "d" and an entry "d/x", in either order);
+//   - at most lim.MaxFiles entries and lim.MaxBytes bytes uncompressed.
+//
+// The error wraps ErrUnsafeBundle and names the entry.
+func ScanBundle(bundle []byte, lim UnpackLimits) ([]BundleEntry, error) {
 	if lim.MaxFiles <= 0 {
 		lim.MaxFiles = 10000
 	}
@@ -183,12 +197,80 @@ func UnpackBundle(bundle []byte, dir string, lim UnpackLimits) error {
 	}
 	gz, err := gzip.NewReader(bytes.NewReader(bundle))
 	if err != nil {
-		return fmt.Errorf("%w: not gzip: %v", ErrUnsafeBundle, err)
+		return nil, fmt.Errorf("%w: not a gzip-compressed tar archive", ErrUnsafeBundle)
 	}
 	tr := tar.NewReader(gz)
 	var total int64
-	seen := map[string]bool{}
+	var out []BundleEntry
+	kind := map[string]bool{}    // name -> is a directory (explicit entries)
+	parents := map[string]bool{} // directories some entry lives in
 	for n := 0; ; n++ {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: not a valid tar archive", ErrUnsafeBundle)
+		}
+		if n >= lim.MaxFiles {
+			return nil, fmt.Errorf("%w: more than %d entries", ErrUnsafeBundle, lim.MaxFiles)
+		}
+		name := strings.TrimSuffix(hdr.Name, "/")
+		if msg := checkRelPath(name); msg != "" || path.Clean(name) != name {
+			return nil, fmt.Errorf("%w: entry %q is not a clean relative path without control characters or '\\'", ErrUnsafeBundle, hdr.Name)
+		}
+		if _, dup := kind[name]; dup {
+			return nil, fmt.Errorf("%w: entry %q appears twice", ErrUnsafeBundle, name)
+		}
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			if isDir, ok := kind[d]; ok && !isDir {
+				return nil, fmt.Errorf("%w: entry %q is inside %q, which is a file", ErrUnsafeBundle, name, d)
+			}
+		}
+		e := BundleEntry{Name: name}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			e.Dir = true
+		case tar.TypeReg:
+			if parents[name] {
+				return nil, fmt.Errorf("%w: file %q is also a directory of an earlier entry", ErrUnsafeBundle, name)
+			}
+			if hdr.Size < 0 || total+hdr.Size > lim.MaxBytes {
+				return nil, fmt.Errorf("%w: more than %d bytes uncompressed", ErrUnsafeBundle, lim.MaxBytes)
+			}
+			w, err := io.Copy(io.Discard, io.LimitReader(tr, hdr.Size))
+			if err != nil || w != hdr.Size {
+				return nil, fmt.Errorf("%w: entry %q is truncated", ErrUnsafeBundle, name)
+			}
+			total += w
+			e.Size, e.Exec = w, hdr.Mode&0o111 != 0
+		default:
+			return nil, fmt.Errorf("%w: entry %q is not a regular file or directory", ErrUnsafeBundle, name)
+		}
+		kind[name] = e.Dir
+		for d := path.Dir(name); d != "."; d = path.Dir(d) {
+			parents[d] = true
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// UnpackBundle extracts a bundle into dir, which must exist and be empty.
+// The whole bundle is checked with ScanBundle first, so a refused bundle
+// writes nothing; then only regular files and directories are created. On
+// an I/O error dir may hold a partial tree: unpack into a temporary
+// directory and rename it into place on success.
+func UnpackBundle(bundle []byte, dir string, lim UnpackLimits) error {
+	if _, err := ScanBundle(bundle, lim); err != nil {
+		return err
+	}
+	gz, err := gzip.NewReader(bytes.NewReader(bundle))
+	if err != nil {
+		return fmt.Errorf("%w: not gzip: %v", ErrUnsafeBundle, err)
+	}
+	tr := tar.NewReader(gz)
+	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
@@ -196,17 +278,7 @@ func UnpackBundle(bundle []byte, dir string, lim UnpackLimits) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrUnsafeBundle, err)
 		}
-		if n >= lim.MaxFiles {
-			return fmt.Errorf("%w: more than %d entries", ErrUnsafeBundle, lim.MaxFiles)
-		}
 		name := strings.TrimSuffix(hdr.Name, "/")
-		if msg := checkRelPath(name); msg != "" || path.Clean(name) != name {
-			return fmt.Errorf("%w: entry %q: not a clean relative path", ErrUnsafeBundle, hdr.Name)
-		}
-		if seen[name] {
-			return fmt.Errorf("%w: entry %q appears twice", ErrUnsafeBundle, name)
-		}
-		seen[name] = true
 		target := filepath.Join(dir, filepath.FromSlash(name))
 		switch hdr.Typeflag {
 		case tar.TypeDir:
@@ -214,9 +286,6 @@ func UnpackBundle(bundle []byte, dir string, lim UnpackLimits) error {
 				return err
 			}
 		case tar.TypeReg:
-			if hdr.Size < 0 || total+hdr.Size > lim.MaxBytes {
-				return fmt.Errorf("%w: more than %d bytes", ErrUnsafeBundle, lim.MaxBytes)
-			}
 			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 				return err
 			}
@@ -240,9 +309,6 @@ func UnpackBundle(bundle []byte, dir string, lim UnpackLimits) error {
 			if w != hdr.Size {
 				return fmt.Errorf("%w: entry %q is truncated", ErrUnsafeBundle, name)
 			}
-			total += w
-		default:
-			return fmt.Errorf("%w: entry %q is not a regular file or directory", ErrUnsafeBundle, name)
 		}
 	}
 	return nil

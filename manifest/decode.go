@@ -20,6 +20,39 @@ const MaxSpecsPerFile = 1000
 // MaxSpecFileBytes bounds the size of one YAML source.
 const MaxSpecFileBytes = 16 << 20
 
+// MaxYAMLTokens bounds the words and indicators of one YAML source, counted
+// before it is parsed: the parser builds a node of some 300 bytes for every
+// value, so 7 million "1," in 14 MB would otherwise take 2 GB.
+const MaxYAMLTokens = 1_000_000
+
+// yamlTokenBound counts runs of non-blank characters once and each flow or
+// block indicator ([ ] { } , : - ?) twice. Every node of the parsed
+// document starts at a word or is opened by an indicator (an indicator
+// opens at most two: a collection and an empty entry, or an empty key and
+// its empty value), so this is an upper
+// bound on the nodes the parser can build, found in one pass without
+// memory. Words inside scalars count too, which only makes the bound
+// looser. FuzzYAMLTokenBound checks the claim against the parser.
+func yamlTokenBound(data []byte) int {
+	n := 2 // the document node and its root
+	inWord := false
+	for _, c := range data {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			inWord = false
+		case '[', ']', '{', '}', ',', ':', '-', '?':
+			n += 2 // an indicator can open a collection and an empty value, or an empty key and value
+			inWord = false
+		default:
+			if !inWord {
+				n++
+				inWord = true
+			}
+		}
+	}
+	return n
+}
+
 // DecodeSpecs reads one or more pipe specs from YAML (documents separated by
 // "---"), refusing unknown fields, and validates them all. Every problem is
 // returned at once as a *ValidationError whose field paths are "[doc].field"
@@ -27,6 +60,9 @@ const MaxSpecFileBytes = 16 << 20
 func DecodeSpecs(data []byte) ([]Spec, error) {
 	if len(data) > MaxSpecFileBytes {
 		return nil, &ValidationError{Problems: []FieldError{{Message: fmt.Sprintf("%d bytes, at most %d", len(data), MaxSpecFileBytes)}}}
+	}
+	if n := yamlTokenBound(data); n > MaxYAMLTokens {
+		return nil, &ValidationError{Problems: []FieldError{{Message: fmt.Sprintf("more than %s YAML tokens (words and indicators); split the file", groupThousands(MaxYAMLTokens))}}}
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var docs []*yaml.Node
@@ -57,16 +93,16 @@ func DecodeSpecs(data []byte) ([]Spec, error) {
 			root = root.Content[0]
 		}
 		if root.Kind != yaml.MappingNode {
-			p.list = append(p.list, FieldError{Field: at, Message: "a pipe must be a mapping of fields (name:, schedule:, ...)", Line: root.Line})
+			p.addFE(FieldError{Field: at, Message: "a pipe must be a mapping of fields (name:, schedule:, ...)", Line: root.Line})
 			continue
 		}
-		before := len(p.list)
+		before := p.count()
 		checkKnownFields(&p, root, reflect.TypeOf(Spec{}), at)
-		if len(p.list) > before {
+		if p.count() > before {
 			continue
 		}
 		if err := root.Decode(&specs[i]); err != nil {
-			p.list = append(p.list, yamlError(at, err))
+			p.addFE(yamlError(at, err))
 			continue
 		}
 		decoded[i] = true
@@ -149,11 +185,11 @@ func checkKnownFields(p *problems, n *yaml.Node, t reflect.Type, at string) {
 				known = append(known, name)
 			}
 			sort.Strings(known)
-			p.list = append(p.list, FieldError{Field: join(at, k.Value), Message: "unknown field (known: " + strings.Join(known, ", ") + ")", Line: k.Line})
+			p.addFE(FieldError{Field: join(at, k.Value), Message: "unknown field (known: " + strings.Join(known, ", ") + ")", Line: k.Line})
 			continue
 		}
 		if seen[k.Value] {
-			p.list = append(p.list, FieldError{Field: join(at, k.Value), Message: "given twice", Line: k.Line})
+			p.addFE(FieldError{Field: join(at, k.Value), Message: "given twice", Line: k.Line})
 		}
 		seen[k.Value] = true
 		checkKnownFields(p, v, ft, join(at, k.Value))

@@ -1,19 +1,16 @@
 package server
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -147,6 +144,9 @@ func (s *Server) handlePutPipe(w http.ResponseWriter, r *http.Request) error {
 	}
 	pv, bundle, err := s.readPipe(w, r, name)
 	if err != nil {
+		return err
+	}
+	if err := s.checkPrivileged(r.Context(), r, &pv.Spec); err != nil {
 		return err
 	}
 	return s.storePipe(w, r, pv, bundle)
@@ -314,58 +314,22 @@ const (
 	maxBundleBytes   = 256 << 20
 )
 
-// checkBundle reads a bundle's tar headers the way manifest.UnpackBundle
-// will, without writing anything, and checks that a relative command[0]
-// names an executable file in it. It returns a problem or "".
+// checkBundle applies the bundle rule the agent applies before unpacking
+// (manifest.ScanBundle: one rule on both sides) and checks that a relative
+// command[0] names an executable file in the bundle. It returns a problem
+// or "".
 func checkBundle(b []byte, command []string) string {
-	gz, err := gzip.NewReader(bytes.NewReader(b))
+	entries, err := manifest.ScanBundle(b, manifest.UnpackLimits{MaxFiles: maxBundleEntries, MaxBytes: maxBundleBytes})
 	if err != nil {
-		return "not a gzip-compressed tar archive"
-	}
-	tr := tar.NewReader(gz)
-	files := map[string]int64{}
-	var total int64
-	for n := 0; ; n++ {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return "not a valid tar archive"
-		}
-		if n >= maxBundleEntries {
-			return fmt.Sprintf("more than %d entries", maxBundleEntries)
-		}
-		name := strings.TrimSuffix(hdr.Name, "/")
-		if name == "" || path.IsAbs(name) || path.Clean(name) != name || name == ".." || strings.HasPrefix(name, "../") {
-			return fmt.Sprintf("entry %q is not a clean relative path", hdr.Name)
-		}
-		if _, dup := files[name]; dup {
-			return fmt.Sprintf("entry %q appears twice", name)
-		}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			files[name] = -1
-		case tar.TypeReg:
-			total += hdr.Size
-			if total > maxBundleBytes {
-				return fmt.Sprintf("more than %d bytes uncompressed", maxBundleBytes)
-			}
-			if _, err := io.Copy(io.Discard, tr); err != nil {
-				return "not a valid tar archive"
-			}
-			files[name] = hdr.Mode
-		default:
-			return fmt.Sprintf("entry %q is not a regular file or directory", name)
-		}
+		return strings.TrimPrefix(err.Error(), manifest.ErrUnsafeBundle.Error()+": ")
 	}
 	if len(command) > 0 && strings.Contains(command[0], "/") && !path.IsAbs(command[0]) {
 		prog := path.Clean(command[0])
-		mode, ok := files[prog]
+		i := slices.IndexFunc(entries, func(e manifest.BundleEntry) bool { return e.Name == prog })
 		switch {
-		case !ok || mode < 0:
+		case i < 0 || entries[i].Dir:
 			return fmt.Sprintf("command[0] %q is not a file in the bundle", command[0])
-		case mode&0o111 == 0:
+		case !entries[i].Exec:
 			return fmt.Sprintf("command[0] %q is not executable in the bundle", command[0])
 		}
 	}

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"crypto"
 	"errors"
 	"net"
 	"net/http"
@@ -188,6 +187,9 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	if err := s.checkRequestMachine(r, agentID); err != nil {
 		return err
 	}
+	if err := s.allowRenewal(w, agentID); err != nil { // pki.go
+		return err
+	}
 	var req RenewRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
@@ -196,10 +198,11 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	if err != nil {
 		return err
 	}
-	if cur, ok := r.TLS.PeerCertificates[0].PublicKey.(interface{ Equal(crypto.PublicKey) bool }); ok && cur.Equal(csr.PublicKey) {
-		return newError(ErrInvalidRequest, "renewal needs a fresh key", Detail{Field: "csr", Message: "the key is the one of the current certificate"})
+	history, err := s.checkRenewal(r, agentID, csr) // pki.go: a fresh key, never one held before
+	if err != nil {
+		return err
 	}
-	certPEM, serial, notAfter, err := s.ca.issueAgentCert(agentID, csr, s.clock.Now(), s.cfg.Enrollment.CertLifetime)
+	certPEM, serial, notAfter, err := s.ca.issueAgentCertWith(agentID, csr, s.clock.Now(), s.cfg.Enrollment.CertLifetime, history)
 	if err != nil {
 		return err
 	}

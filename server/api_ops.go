@@ -457,6 +457,9 @@ func (s *Server) handleRestorePipeVersion(w http.ResponseWriter, r *http.Request
 		return err
 	}
 	pv := &PipeVersion{Name: v.Name, Spec: v.Spec, SpecJSON: v.SpecJSON, PayloadDigest: v.PayloadDigest, PayloadSize: v.PayloadSize}
+	if err := s.checkPrivileged(r.Context(), r, &pv.Spec); err != nil {
+		return err // an admin's old version stays an admin's to restore
+	}
 	s.log.Info("pipe version restored", "pipe", v.Name, "from_version", v.Version)
 	return s.storePipe(w, r, pv, bundle)
 }
@@ -544,6 +547,10 @@ type DryRunResponse struct {
 	Version uint64        `json:"version,omitempty"`
 	Digest  string        `json:"digest,omitempty"`
 	Agents  []AgentChange `json:"agents"`
+	// Privileged lists why the spec needs the admin role (policy.go);
+	// Refused says why the calling token could not apply the change.
+	Privileged []Detail `json:"privileged,omitempty"`
+	Refused    string   `json:"refused,omitempty"`
 }
 
 // AgentChange is how a change reaches one agent's manifest: the pipe is
@@ -590,6 +597,18 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 		}
 		next = pv
 		out.Digest = pv.PayloadDigest
+		reasons, err := s.privileged(r.Context(), &pv.Spec)
+		if err != nil {
+			return err
+		}
+		out.Privileged = reasons
+		p := principalOf(r)
+		switch {
+		case len(reasons) > 0 && !s.mayWritePrivileged(p):
+			out.Refused = privilegedRefusal(p, reasons).Error()
+		case p == nil || p.Role < roleOperator:
+			out.Refused = "a PUT needs the operator role"
+		}
 		switch {
 		case cur != nil && string(cur.SpecJSON) == string(pv.SpecJSON) && cur.PayloadDigest == pv.PayloadDigest:
 			out.Action, out.Version = "unchanged", cur.Version

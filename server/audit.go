@@ -1,12 +1,14 @@
 package server
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"reflect"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -127,4 +129,61 @@ func (s *Server) handleListAudit(w http.ResponseWriter, r *http.Request) error {
 			Action: e.Action, Target: e.Target, BeforeDigest: e.BeforeDigest, AfterDigest: e.AfterDigest, Source: e.Source})
 	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// Refused requests are audited too, so that an operator can see an attack:
+// failed authentication (a bad, revoked or expired token, a refused client
+// certificate), requests above the caller's role, refused enrollments and
+// renewals. The action is "refused.<error code>" (refused.unauthenticated,
+// refused.permission_denied, refused.invalid_token, ...), the target the
+// request's path. An attacker must not be able to flood the audit table
+// with them: at most refusedPerSource a minute per source address and
+// refusedGlobal a minute in all are written; the rest are counted and the
+// count is logged with the next entry that is written.
+const (
+	refusedPerSource = 10
+	refusedGlobal    = 120
+)
+
+type refusalAuditor struct {
+	perSource  *rateLimiter
+	global     *rateLimiter
+	suppressed atomic.Int64
+}
+
+func newRefusalAuditor() *refusalAuditor {
+	return &refusalAuditor{perSource: newRateLimiter(refusedPerSource, refusedPerSource), global: newRateLimiter(refusedGlobal, refusedGlobal)}
+}
+
+// auditRefusal writes the audit entry of a refused request, if the limits
+// allow. actor may be nil (not authenticated).
+func (s *Server) auditRefusal(r *http.Request, err error, actor *principal) {
+	k := kindOf(err)
+	switch {
+	case k.http == http.StatusUnauthorized || k.http == http.StatusForbidden:
+	case (r.URL.Path == "/api/v1/agents/enroll" || r.URL.Path == "/api/v1/agents/self/renew") && k.http >= 400 && k.http < 500:
+	default:
+		return
+	}
+	now := s.clock.Now()
+	src := sourceIP(r)
+	if !s.refusals.perSource.allow(src, now) || !s.refusals.global.allow("", now) {
+		s.refusals.suppressed.Add(1)
+		return
+	}
+	if n := s.refusals.suppressed.Swap(0); n > 0 {
+		s.log.Warn("refused requests were not audited (rate limit)", "count", n)
+	}
+	target := r.Method + " " + r.URL.Path
+	if len(target) > 200 {
+		target = target[:200]
+	}
+	e := &AuditEntry{At: now, Action: "refused." + k.code, Target: target, Source: src, ActorID: "", ActorName: "anonymous", Role: rolePublic.String()}
+	if actor != nil {
+		e.ActorID, e.ActorName, e.Role = actor.ID, actor.Name, actor.Role.String()
+	}
+	if err := s.store.AddAudit(context.WithoutCancel(r.Context()), e); err != nil {
+		s.log.Error("writing the audit log failed", "action", e.Action, "err", err)
+		s.metrics.auditFailures.Inc()
+	}
 }

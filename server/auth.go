@@ -177,14 +177,15 @@ func (a *authenticator) touch(ctx context.Context, id string, now time.Time) {
 }
 
 // authorize authenticates the request and checks that its token's role is
-// at least need.
+// at least need. A token below the role is returned with the error, for
+// the audit entry of the refusal.
 func (s *Server) authorize(r *http.Request, need role) (*principal, error) {
 	p, err := s.auth.authenticate(r)
 	if err != nil {
 		return nil, err
 	}
 	if p.Role < need {
-		return nil, newError(ErrPermissionDenied, "this needs the "+need.String()+" role; token "+p.ID+" ("+p.Name+") has "+p.Role.String())
+		return p, newError(ErrPermissionDenied, "this needs the "+need.String()+" role; token "+p.ID+" ("+p.Name+") has "+p.Role.String())
 	}
 	return p, nil
 }

@@ -66,6 +66,29 @@ type Config struct {
 	// InternalAgent runs a drover-agent for the server's own host as a
 	// child process, enrolled through the ordinary token path.
 	InternalAgent InternalAgentConfig `yaml:"internal_agent"`
+	// Privileged governs specs that give a job more than the sandbox
+	// (policy.go): only admin tokens, and the tokens listed here, may
+	// write them.
+	Privileged PrivilegedConfig `yaml:"privileged"`
+	// LiveLogs bounds the followers of live logs.
+	LiveLogs LiveLogsConfig `yaml:"live_logs"`
+}
+
+// PrivilegedConfig is the allow-list of the privileged-spec policy.
+type PrivilegedConfig struct {
+	// AllowTokens are API token ids or names that may write privileged
+	// specs besides admin tokens.
+	AllowTokens []string `yaml:"allow_tokens"`
+}
+
+// LiveLogsConfig bounds GET /api/v1/runs/{id}/logs/stream.
+type LiveLogsConfig struct {
+	// MaxFollowers is the fleet-wide cap; MaxPerToken the cap per API token.
+	MaxFollowers int `yaml:"max_followers"`
+	MaxPerToken  int `yaml:"max_per_token"`
+	// IdleTimeout ends a stream whose run wrote no chunk and changed no
+	// status for this long (the client may reconnect with Last-Event-ID).
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
 }
 
 // InternalAgentConfig configures the agent the server may run for its own host.
@@ -80,6 +103,10 @@ type InternalAgentConfig struct {
 	// system when running as root, else user).
 	Backend string `yaml:"backend"`
 	Scope   string `yaml:"scope"`
+	// User is the unprivileged user a root server runs a cron-backend
+	// internal agent (and its jobs) as; default nobody. Its data dir must
+	// then lie outside the server's (default: <data_dir>-internal-agent).
+	User string `yaml:"user"`
 }
 
 // HTTPConfig bounds the HTTPS listener.
@@ -91,8 +118,27 @@ type HTTPConfig struct {
 	MaxHeaderBytes    int           `yaml:"max_header_bytes"`
 	// MaxBodyBytes caps JSON request bodies except pipe uploads.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
-	// MaxConcurrent bounds requests in flight; more wait briefly, then get 503.
+	// MaxConcurrent bounds requests in flight that carry an API token; more
+	// wait briefly, then get 503. Agents (a verified client certificate) and
+	// unauthenticated requests have pools of their own, so that neither
+	// operators nor anonymous clients can starve the agents' polls.
 	MaxConcurrent int `yaml:"max_concurrent"`
+	// MaxConcurrentPerToken bounds the requests in flight of one API token
+	// (a viewer's slow dry-runs cannot take the whole token pool).
+	MaxConcurrentPerToken int `yaml:"max_concurrent_per_token"`
+	// AgentMaxConcurrent bounds agents' requests in flight.
+	AgentMaxConcurrent int `yaml:"agent_max_concurrent"`
+	// PublicMaxConcurrent bounds unauthenticated requests in flight
+	// (enrollment, health, the OpenAPI document).
+	PublicMaxConcurrent int `yaml:"public_max_concurrent"`
+	// BodyTimeout is how long a client has to send a request body, counted
+	// from the start of the request, whatever the handler does (for agents
+	// and API tokens plus one second per 64 KiB of declared length);
+	// PublicBodyTimeout the same for unauthenticated requests (flat).
+	BodyTimeout       time.Duration `yaml:"body_timeout"`
+	PublicBodyTimeout time.Duration `yaml:"public_body_timeout"`
+	// PublicMaxBodyBytes caps the body of an unauthenticated request.
+	PublicMaxBodyBytes int64 `yaml:"public_max_body_bytes"`
 	// ShutdownTimeout bounds draining on SIGTERM.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
@@ -119,6 +165,10 @@ type EnrollmentConfig struct {
 	// RatePerMinute and Burst limit enrollment attempts per source address.
 	RatePerMinute int `yaml:"rate_per_minute"`
 	Burst         int `yaml:"burst"`
+	// RenewInterval and RenewBurst limit certificate renewals per agent:
+	// RenewBurst at once, then one per RenewInterval.
+	RenewInterval time.Duration `yaml:"renew_interval"`
+	RenewBurst    int           `yaml:"renew_burst"`
 }
 
 // SigningConfig governs manifest and key-list signing.
@@ -157,14 +207,20 @@ func DefaultConfig() Config {
 		LogLevel:  "info",
 		LogFormat: "text",
 		HTTP: HTTPConfig{
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       60 * time.Second,
-			WriteTimeout:      60 * time.Second,
-			IdleTimeout:       120 * time.Second,
-			MaxHeaderBytes:    64 << 10,
-			MaxBodyBytes:      1 << 20,
-			MaxConcurrent:     512,
-			ShutdownTimeout:   15 * time.Second,
+			ReadHeaderTimeout:     10 * time.Second,
+			ReadTimeout:           60 * time.Second,
+			WriteTimeout:          60 * time.Second,
+			IdleTimeout:           120 * time.Second,
+			MaxHeaderBytes:        64 << 10,
+			MaxBodyBytes:          1 << 20,
+			MaxConcurrent:         512,
+			AgentMaxConcurrent:    512,
+			MaxConcurrentPerToken: 32,
+			PublicMaxConcurrent:   64,
+			BodyTimeout:           20 * time.Second,
+			PublicBodyTimeout:     5 * time.Second,
+			PublicMaxBodyBytes:    64 << 10,
+			ShutdownTimeout:       15 * time.Second,
 		},
 		GRPC: GRPCConfig{
 			MaxStreams:     20000,
@@ -181,6 +237,8 @@ func DefaultConfig() Config {
 			CertLifetime:  30 * 24 * time.Hour,
 			RatePerMinute: 60,
 			Burst:         100,
+			RenewInterval: 10 * time.Minute,
+			RenewBurst:    3,
 		},
 		Signing: SigningConfig{
 			Algorithm:        string(signing.Ed25519),
@@ -191,6 +249,11 @@ func DefaultConfig() Config {
 		Store: StoreConfig{
 			Synchronous: "full",
 			IngestBatch: 2000,
+		},
+		LiveLogs: LiveLogsConfig{
+			MaxFollowers: 256,
+			MaxPerToken:  8,
+			IdleTimeout:  10 * time.Minute,
 		},
 		Runs: RunsConfig{
 			MaxLogBytes:       1 << 20,
@@ -391,6 +454,25 @@ func (c *Config) Validate() error {
 	positive("enrollment.default_ttl", c.Enrollment.DefaultTTL)
 	positive("enrollment.max_ttl", c.Enrollment.MaxTTL)
 	positive("runs.retention_age", c.Runs.RetentionAge)
+	positive("http.body_timeout", c.HTTP.BodyTimeout)
+	positive("http.public_body_timeout", c.HTTP.PublicBodyTimeout)
+	positive("enrollment.renew_interval", c.Enrollment.RenewInterval)
+	positive("live_logs.idle_timeout", c.LiveLogs.IdleTimeout)
+	for _, n := range []struct {
+		f string
+		v int64
+	}{{"http.agent_max_concurrent", int64(c.HTTP.AgentMaxConcurrent)}, {"http.max_concurrent_per_token", int64(c.HTTP.MaxConcurrentPerToken)}, {"http.public_max_concurrent", int64(c.HTTP.PublicMaxConcurrent)},
+		{"http.public_max_body_bytes", c.HTTP.PublicMaxBodyBytes}, {"enrollment.renew_burst", int64(c.Enrollment.RenewBurst)},
+		{"live_logs.max_followers", int64(c.LiveLogs.MaxFollowers)}, {"live_logs.max_per_token", int64(c.LiveLogs.MaxPerToken)}} {
+		if n.v <= 0 {
+			add(n.f, "must be positive")
+		}
+	}
+	for i, t := range c.Privileged.AllowTokens {
+		if strings.TrimSpace(t) == "" {
+			add(fmt.Sprintf("privileged.allow_tokens[%d]", i), "must not be empty")
+		}
+	}
 	positive("runs.retention_interval", c.Runs.RetentionInterval)
 	if c.Enrollment.DefaultTTL > c.Enrollment.MaxTTL {
 		add("enrollment.default_ttl", "longer than enrollment.max_ttl")

@@ -134,7 +134,9 @@
 // "keys"), time, client address, and the sha256 of the object's API JSON
 // before and after ("" for none; a secret's object is its name and times,
 // never its value). GET /api/v1/audit?actor=&action=&target=&since=&until=
-// lists them newest first.
+// lists them newest first. Refused requests (401, 403, refused enrollments
+// and renewals) are audited too, as "refused.<code>", rate-limited per
+// source and in all (audit.go).
 //
 // Conventions. Lists take ?limit= (1-1000, default 100) and ?cursor= and
 // answer {"<items>": [...], "next_cursor": "..."} (no next_cursor on the

@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +40,7 @@ func (s *Server) agentOnly(h agentHandler) http.Handler {
 	return s.serve(func(w http.ResponseWriter, r *http.Request) error {
 		id, err := s.requestAgent(r)
 		if err != nil {
+			s.auditRefusal(r, err, nil)
 			return err
 		}
 		return h(w, r, id)
@@ -101,10 +103,18 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 
 // readBody reads a request body of at most limit bytes.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var buf bytes.Buffer
+	if r.ContentLength > 0 && r.ContentLength <= limit {
+		buf.Grow(int(r.ContentLength) + 1) // one allocation, not a doubling series
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	body := buf.Bytes()
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return nil, newError(ErrTooLarge, fmt.Sprintf("the body is larger than %s", byteSize(limit)))
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, newError(ErrInvalidRequest, "the body did not arrive in time")
 	}
 	if err != nil {
 		return nil, newError(ErrInvalidRequest, "cannot read the body")
@@ -112,9 +122,108 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	return body, nil
 }
 
+// Bounds on the shape of a JSON body, checked before it is decoded: a
+// decoder (and a validator reporting per element) would otherwise turn a
+// few megabytes of "1," into gigabytes.
+const (
+	maxJSONContainer = 10000  // elements of one array or members of one object (targets.agents may hold 10,000)
+	maxJSONValues    = 200000 // values in the whole body
+	maxJSONDepth     = 32
+)
+
+// checkJSONShape scans a JSON text without decoding it and refuses one
+// with an array or object over maxJSONContainer elements, more than
+// maxJSONValues values, or nesting deeper than maxJSONDepth. Malformed
+// JSON is left for the decoder to report.
+func checkJSONShape(b []byte) error {
+	var counts [maxJSONDepth + 1]int
+	depth, values := 0, 0
+	tooBig := func(what string, at int) error {
+		return newError(ErrTooLarge, fmt.Sprintf("the JSON %s (at byte %d)", what, at))
+	}
+	element := func(at int) error {
+		values++
+		if values > maxJSONValues {
+			return tooBig(fmt.Sprintf("holds more than %d values", maxJSONValues), at)
+		}
+		if depth > 0 {
+			counts[depth]++
+			if counts[depth] > maxJSONContainer {
+				return tooBig(fmt.Sprintf("has an array or object of more than %d elements", maxJSONContainer), at)
+			}
+		}
+		return nil
+	}
+	expectValue := true // at a place where a value starts
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch c {
+		case ' ', '\t', '\n', '\r', ',':
+			if c == ',' {
+				expectValue = true
+			}
+			continue
+		case ':':
+			expectValue = true
+			continue
+		case ']', '}':
+			if depth > 0 {
+				depth--
+			}
+			expectValue = false
+			continue
+		}
+		if c == '"' {
+			// A key in an object is not a value of its own.
+			j := i + 1
+			for j < len(b) && b[j] != '"' {
+				if b[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			k := j + 1
+			for k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r') {
+				k++
+			}
+			if isKey := k < len(b) && b[k] == ':'; !isKey && expectValue {
+				if err := element(i); err != nil {
+					return err
+				}
+			}
+			i = j
+			expectValue = false
+			continue
+		}
+		if !expectValue {
+			continue // the rest of a number or literal
+		}
+		expectValue = false
+		if c == '[' || c == '{' {
+			if err := element(i); err != nil {
+				return err
+			}
+			if depth == maxJSONDepth {
+				return tooBig(fmt.Sprintf("nests deeper than %d", maxJSONDepth), i)
+			}
+			depth++
+			counts[depth] = 0
+			expectValue = true
+			continue
+		}
+		if err := element(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // decodeStrict decodes one JSON value strictly; field paths in errors are
 // prefixed with at.
 func decodeStrict(body []byte, v any, at string) error {
+	if err := checkJSONShape(body); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
@@ -216,30 +325,30 @@ func (s *statusRecorder) Header() http.Header         { return s.header }
 func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
 func (s *statusRecorder) WriteHeader(code int)        { s.code = code }
 
-// limitConcurrency bounds requests in flight; a request that cannot start
-// within a second gets 503.
-func limitConcurrency(n int, next http.Handler) http.Handler {
-	sem := make(chan struct{}, n)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// pool bounds requests in flight; a request that cannot start within a
+// second gets 503.
+type pool struct{ sem chan struct{} }
+
+func newPool(n int) *pool { return &pool{sem: make(chan struct{}, max(n, 1))} }
+
+func (p *pool) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	select {
+	case p.sem <- struct{}{}:
+	default:
+		t := time.NewTimer(time.Second)
 		select {
-		case sem <- struct{}{}:
-		default:
-			t := time.NewTimer(time.Second)
-			select {
-			case sem <- struct{}{}:
-				t.Stop()
-			case <-t.C:
-				w.Header().Set("Retry-After", "1")
-				writeError(w, newError(ErrUnavailable, "the server is busy; retry shortly"))
-				return
-			case <-r.Context().Done():
-				t.Stop()
-				return
-			}
+		case p.sem <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			refuseBusy(w, "the server is busy; retry shortly")
+			return
+		case <-r.Context().Done():
+			t.Stop()
+			return
 		}
-		defer func() { <-sem }()
-		next.ServeHTTP(w, r)
-	})
+	}
+	defer func() { <-p.sem }()
+	next.ServeHTTP(w, r)
 }
 
 // rateLimiter is a token bucket per source address.

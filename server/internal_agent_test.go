@@ -1,6 +1,7 @@
 package server
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -14,11 +15,19 @@ func TestInternalAgent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds drover-agent")
 	}
-	bin := filepath.Join(t.TempDir(), "drover-agent")
+	base := t.TempDir()
+	// A root server runs a cron-backend internal agent as nobody, which
+	// must reach the binary and its data dir.
+	for _, d := range []string{filepath.Dir(base), base} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(base, "drover-agent")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/drover-agent").CombinedOutput(); err != nil {
 		t.Fatalf("build drover-agent: %v\n%s", err, out)
 	}
-	agentDir := filepath.Join(t.TempDir(), "agent")
+	agentDir := filepath.Join(base, "agent")
 	ts := startServer(t, func(c *Config) {
 		c.InternalAgent = InternalAgentConfig{Enabled: true, AgentPath: bin, DataDir: agentDir, Backend: "cron", Scope: "user"}
 	})

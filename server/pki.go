@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
@@ -17,10 +18,12 @@ import (
 	"io/fs"
 	"math/big"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -259,6 +262,43 @@ func parseAgentCSR(csrPEM string) (*x509.CertificateRequest, error) {
 // issueAgentCert signs a client certificate for agentID over the CSR's key.
 // It returns the certificate PEM, its serial (lowercase hex) and its expiry.
 func (c *ca) issueAgentCert(agentID string, csr *x509.CertificateRequest, now time.Time, life time.Duration) (certPEM []byte, serial string, notAfter time.Time, err error) {
+	return c.issueAgentCertWith(agentID, csr, now, life, nil)
+}
+
+// oidKeyHistory names the extension in which a renewed agent certificate
+// carries the sha256 of each key the agent held before (newest first, at
+// most maxKeyHistory): the server refuses a renewal on any of them without
+// keeping state of its own, and the CA's signature keeps the list honest.
+// The arc is 2.25 (an integer UUID), so it cannot clash with anyone's.
+var oidKeyHistory = asn1.ObjectIdentifier{2, 25, 1930117461, 16, 1}
+
+const maxKeyHistory = 16
+
+// spkiHash is the sha256 of a public key's SubjectPublicKeyInfo.
+func spkiHash(pub any) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("marshal public key: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return sum[:], nil
+}
+
+// keyHistory is the list of earlier keys a certificate carries.
+func keyHistory(cert *x509.Certificate) [][]byte {
+	for _, e := range cert.Extensions {
+		if e.Id.Equal(oidKeyHistory) {
+			var list [][]byte
+			if _, err := asn1.Unmarshal(e.Value, &list); err == nil {
+				return list
+			}
+		}
+	}
+	return nil
+}
+
+// issueAgentCertWith is issueAgentCert with a key history extension.
+func (c *ca) issueAgentCertWith(agentID string, csr *x509.CertificateRequest, now time.Time, life time.Duration, history [][]byte) (certPEM []byte, serial string, notAfter time.Time, err error) {
 	u, err := url.Parse(AgentURIPrefix + agentID)
 	if err != nil {
 		return nil, "", time.Time{}, fmt.Errorf("issue agent certificate: %w", err)
@@ -273,6 +313,13 @@ func (c *ca) issueAgentCert(agentID string, csr *x509.CertificateRequest, now ti
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		URIs:         []*url.URL{u},
+	}
+	if len(history) > 0 {
+		v, err := asn1.Marshal(history)
+		if err != nil {
+			return nil, "", time.Time{}, fmt.Errorf("issue agent certificate: %w", err)
+		}
+		tmpl.ExtraExtensions = []pkix.Extension{{Id: oidKeyHistory, Value: v}}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, csr.PublicKey, c.key)
 	if err != nil {
@@ -344,4 +391,44 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// checkRenewal applies the renewal rules to an agent's request: at most
+// enrollment.renew_burst renewals at once and then one per
+// enrollment.renew_interval per agent, and a fresh key: neither the key of
+// the certificate in use nor any key it lists as held before. It returns the
+// key history for the new certificate.
+func (s *Server) checkRenewal(r *http.Request, _ string, csr *x509.CertificateRequest) ([][]byte, error) {
+	cur := r.TLS.PeerCertificates[0]
+	curHash, err := spkiHash(cur.PublicKey)
+	if err != nil {
+		return nil, err
+	}
+	newHash, err := spkiHash(csr.PublicKey)
+	if err != nil {
+		return nil, newError(ErrInvalidRequest, "the CSR's key cannot be read", Detail{Field: "csr", Message: "unreadable public key"})
+	}
+	if bytes.Equal(curHash, newHash) {
+		return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", Detail{Field: "csr", Message: "the key is the one of the current certificate"})
+	}
+	prev := keyHistory(cur)
+	for _, h := range prev {
+		if bytes.Equal(h, newHash) {
+			return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", Detail{Field: "csr", Message: "the key is one this agent held before (a retired certificate's)"})
+		}
+	}
+	history := append([][]byte{curHash}, prev...)
+	if len(history) > maxKeyHistory {
+		history = history[:maxKeyHistory]
+	}
+	return history, nil
+}
+
+// allowRenewal takes a renewal from the agent's budget.
+func (s *Server) allowRenewal(w http.ResponseWriter, agentID string) error {
+	if !s.guard.renew.allow(agentID, s.clock.Now()) {
+		w.Header().Set("Retry-After", strconv.Itoa(int(s.cfg.Enrollment.RenewInterval.Seconds())))
+		return newError(ErrRateLimited, "too many certificate renewals for this agent; retry later")
+	}
+	return nil
 }

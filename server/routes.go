@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -173,7 +175,90 @@ func (s *Server) routes() http.Handler {
 	for _, rt := range s.routeTable() {
 		mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
-	return limitConcurrency(s.cfg.HTTP.MaxConcurrent, withErrorsAsJSON(mux))
+	return s.classify(withErrorsAsJSON(mux))
+}
+
+// classify gives each class of caller its own concurrency pool and body
+// budget, so that no class can starve another: agents (a client
+// certificate that chains to this server's CA), callers with an API token,
+// and unauthenticated callers. A body must arrive within the class's body
+// timeout, counted from the start of the request and enforced on the
+// connection itself, whatever the handler does; unauthenticated bodies are
+// also capped in size before any handler reads them.
+func (s *Server) classify(next http.Handler) http.Handler {
+	hc := s.cfg.HTTP
+	agents := newPool(hc.AgentMaxConcurrent)
+	tokens := newPool(hc.MaxConcurrent)
+	public := newPool(hc.PublicMaxConcurrent)
+	perToken := newKeyedLimit(hc.MaxConcurrentPerToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		pool, budget := public, hc.PublicBodyTimeout
+		auth := r.Header.Get("Authorization")
+		switch {
+		case r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
+			pool, budget = agents, hc.BodyTimeout
+		case auth != "":
+			pool, budget = tokens, hc.BodyTimeout
+		default:
+			r.Body = http.MaxBytesReader(w, r.Body, hc.PublicMaxBodyBytes)
+		}
+		if pool != public && r.ContentLength > 0 {
+			// A large upload on a slow link still fits: the budget grows
+			// with the declared length at the slowest rate we accept.
+			budget += time.Duration(r.ContentLength) * time.Second / minBodyRate
+		}
+		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+			rc := http.NewResponseController(w)
+			if rc.SetReadDeadline(start.Add(budget)) == nil {
+				r.Body = &deadlineBody{ReadCloser: r.Body, done: func() {
+					// The body is in: back to the listener's own read timeout.
+					_ = rc.SetReadDeadline(start.Add(hc.ReadTimeout))
+				}}
+			}
+		}
+		if pool == tokens {
+			// A token that is not valid is refused before its body is
+			// read; a valid one holds at most its share of the pool.
+			release, ok := perToken.take(auth)
+			if !ok {
+				refuseBusy(w, "this token has too many requests in flight; retry shortly")
+				return
+			}
+			defer release()
+		}
+		pool.serve(w, r, next)
+	})
+}
+
+// refuseBusy answers 503 without reading the body; the connection closes
+// after the answer (else the server would first wait to discard a body
+// that a slow client is still trickling).
+func refuseBusy(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", "1")
+	w.Header().Set("Connection", "close")
+	writeError(w, newError(ErrUnavailable, msg))
+}
+
+// minBodyRate is the slowest upload (bytes per second) an authenticated
+// caller's body deadline allows for beyond http.body_timeout.
+const minBodyRate = 64 << 10
+
+// deadlineBody calls done once, when the whole body is in. A body that
+// fails (its deadline passed) keeps the deadline, so that the server's
+// discard of the unread rest fails at once too and the connection closes.
+type deadlineBody struct {
+	io.ReadCloser
+	done func()
+	once sync.Once
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.once.Do(b.done)
+	}
+	return n, err
 }
 
 // wrap applies a route's authentication, role check, ETag and audit entry.
@@ -201,6 +286,7 @@ func (s *Server) wrap(rt route) http.Handler {
 		r = r.WithContext(ctx)
 		err := s.call(rt, out, r, rec)
 		if err != nil {
+			s.auditRefusal(r, err, rec.actor)
 			if k := kindOf(err); k.err == ErrInternal || k.err == ErrUnavailable {
 				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
@@ -230,6 +316,7 @@ func (s *Server) call(rt route, w http.ResponseWriter, r *http.Request, rec *aud
 	}
 	p, err := s.authorize(r, rt.role)
 	if err != nil {
+		rec.actor = p // nil unless the token is known but below the role
 		if kindOf(err).http == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="drover"`)
 		}

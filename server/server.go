@@ -64,6 +64,8 @@ type Server struct {
 
 	enrollLimiter  *rateLimiter
 	enrollRequests atomic.Int64
+	refusals       *refusalAuditor // audit.go
+	guard          *guards         // guards.go
 
 	agentsMu    sync.Mutex
 	agentStates map[string]*agentMem // per-agent quotas and manifest pipes (limits.go)
@@ -94,7 +96,8 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	}
 	s := &Server{cfg: cfg, log: logger, clock: clock, hub: newHub(),
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
-		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, maxLogStreams), quit: make(chan struct{}),
+		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
+		refusals: newRefusalAuditor(), guard: newGuards(cfg),
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches)}
 	defer func() {
 		if err != nil {
@@ -174,6 +177,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 		TLSConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS12,
+			CipherSuites: signing.TLSCipherSuites(),
 			Certificates: []tls.Certificate{tlsCert},
 			ClientAuth:   tls.VerifyClientCertIfGiven,
 			ClientCAs:    s.ca.pool,
@@ -181,6 +185,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	}
 	grpcTLS := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
+		CipherSuites: signing.TLSCipherSuites(),
 		Certificates: []tls.Certificate{tlsCert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    s.ca.pool,

@@ -27,6 +27,10 @@ import (
 // gets the chunks after it. Comments (": ping") keep idle connections
 // alive every 15 s. An error after the headers is an "error" event whose
 // data is the usual error body. The server's write timeout does not apply.
+// Followers are capped per API token (live_logs.max_per_token, default 8)
+// and in all (live_logs.max_followers, 256); a run that shows no progress
+// for live_logs.idle_timeout (10m) ends the stream with an "idle" event
+// (data: {"run": id, "after": last seq}).
 
 // logWatchers wakes live-log streams when chunks of their run commit.
 type logWatchers struct {
@@ -92,7 +96,6 @@ func (l *logWatchers) notify(recs []*Record) {
 }
 
 const (
-	maxLogStreams  = 256
 	sseKeepalive   = 15 * time.Second
 	sseEndGrace    = 3 * time.Second
 	sseChunksBatch = 256
@@ -120,6 +123,18 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 		}
 		after = n
 	}
+	// Followers are capped per API token (one viewer cannot hold every
+	// slot) and in all.
+	tokenID := ""
+	if p := principalOf(r); p != nil {
+		tokenID = p.ID
+	}
+	release, ok := s.guard.follow(tokenID)
+	if !ok {
+		w.Header().Set("Retry-After", "5")
+		return newError(ErrRateLimited, fmt.Sprintf("this token already follows %d live logs (live_logs.max_per_token)", s.cfg.LiveLogs.MaxPerToken))
+	}
+	defer release()
 	select {
 	case s.logStreams <- struct{}{}:
 		defer func() { <-s.logStreams }()
@@ -159,7 +174,14 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 	keepalive := time.NewTicker(sseKeepalive)
 	defer keepalive.Stop()
 	var endedAt time.Time
+	// A run that makes no progress (no chunk, no change of status) for
+	// live_logs.idle_timeout ends its followers with an "idle" event; the
+	// client may reconnect with Last-Event-ID.
+	idle := time.NewTimer(s.cfg.LiveLogs.IdleTimeout)
+	defer idle.Stop()
+	lastStatus := ""
 	for {
+		progressed := false
 		for {
 			chunks, err := s.store.GetLogsAfter(ctx, id, after, sseChunksBatch)
 			if err != nil {
@@ -177,6 +199,7 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 					return nil
 				}
 				after = int64(c.Seq)
+				progressed = true
 			}
 			if len(chunks) < sseChunksBatch {
 				break
@@ -191,6 +214,18 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 				return nil
 			}
 			return fail(err)
+		}
+		if run.Status != lastStatus {
+			lastStatus, progressed = run.Status, true
+		}
+		if progressed {
+			if !idle.Stop() {
+				select {
+				case <-idle.C:
+				default:
+				}
+			}
+			idle.Reset(s.cfg.LiveLogs.IdleTimeout)
 		}
 		var grace <-chan time.Time
 		if terminalStatus(run.Status) {
@@ -221,6 +256,10 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 				return nil
 			}
 			_ = rc.Flush()
+		case <-idle.C:
+			fmt.Fprintf(w, "event: idle\ndata: {\"run\":%q,\"after\":%d}\n\n", id, after)
+			_ = rc.Flush()
+			return nil
 		case <-ctx.Done():
 			return nil
 		case <-s.quit:

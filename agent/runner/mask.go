@@ -2,6 +2,8 @@ package runner
 
 import (
 	"bytes"
+	"encoding/base64"
+	"net/url"
 	"sort"
 )
 
@@ -23,13 +25,22 @@ type masker struct {
 func newMasker(values []string) *masker {
 	m := &masker{}
 	seen := map[string]bool{}
-	for _, v := range values {
+	add := func(v string) {
 		if v == "" || seen[v] {
-			continue
+			return
 		}
 		seen[v] = true
 		m.secrets = append(m.secrets, []byte(v))
 		m.first[v[0]] = true
+	}
+	for _, v := range values {
+		if v == "" {
+			continue
+		}
+		add(v)
+		for _, d := range encodedForms(v) {
+			add(d)
+		}
 	}
 	sort.Slice(m.secrets, func(i, j int) bool { return len(m.secrets[i]) > len(m.secrets[j]) })
 	return m
@@ -89,4 +100,51 @@ scan:
 	}
 	m.pending = append(m.pending[:0], buf[i:]...)
 	return out
+}
+
+// minEncodedLen is the shortest encoded form that is masked: shorter ones
+// would hide ordinary text by chance (the value itself is always masked).
+const minEncodedLen = 6
+
+// encodedForms are the forms of a secret value a job commonly prints by
+// accident: base64 (standard and URL alphabets, with and without padding),
+// the base64 of the value inside a longer text at each of the three byte
+// alignments (only the characters that depend on the value alone), and
+// URL encoding (query and path). What masking does not cover is listed in
+// docs/threat-model.md.
+func encodedForms(v string) []string {
+	var out []string
+	add := func(s string) {
+		if len(s) >= minEncodedLen && s != v {
+			out = append(out, s)
+		}
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		add(enc.EncodeToString([]byte(v)))
+	}
+	for _, enc := range []*base64.Encoding{base64.RawStdEncoding, base64.RawURLEncoding} {
+		for shift := range 3 {
+			add(shiftedBase64(enc, v, shift))
+		}
+	}
+	add(url.QueryEscape(v))
+	add(url.PathEscape(v))
+	return out
+}
+
+// shiftedBase64 is the part of the base64 of x+v (x: shift bytes of
+// anything) that depends on v alone: the characters that share bits with
+// the bytes before or after v are dropped.
+func shiftedBase64(enc *base64.Encoding, v string, shift int) string {
+	b := make([]byte, shift+len(v))
+	copy(b[shift:], v)
+	s := enc.EncodeToString(b)
+	drop := [3]int{0, 2, 3}[shift] // characters holding prefix bits
+	if (shift+len(v))%3 != 0 {
+		s = s[:len(s)-1] // the last character also holds bits of what follows
+	}
+	if drop >= len(s) {
+		return ""
+	}
+	return s[drop:]
 }

@@ -105,6 +105,10 @@ type app struct {
 	config string
 	output string
 	client *client
+	// rawLogs (logs --raw) prints logs without escaping control
+	// characters; logw is the escaper otherwise (sanitize.go).
+	rawLogs bool
+	logw    *termWriter
 }
 
 func (a *app) newRoot() *cobra.Command {

@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/signing"
 )
 
 // maxResponseBytes caps a JSON response; logs are streamed, not buffered.
@@ -47,7 +49,7 @@ func (a *app) apiClient() (*client, error) {
 }
 
 func newClient(c *conn) (*client, error) {
-	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, CipherSuites: signing.TLSCipherSuites()}
 	if c.ca != "" {
 		pem, err := os.ReadFile(c.ca)
 		if err != nil {

@@ -34,7 +34,9 @@ func (a *app) newLogsCmd() *cobra.Command {
 With -f the output is followed live (Server-Sent Events when the server
 offers them, else by polling) until the run ends; the final status goes to
 stderr. With -o json the log is the API's JSON (chunks with base64 data);
-with -f -o json each chunk is printed as one JSON line.`,
+with -f -o json each chunk is printed as one JSON line. Control characters
+other than newline and tab (terminal escape sequences) are shown escaped,
+e.g. \x1b; --raw prints the bytes as they are.`,
 		Args: exactArgs(1, "a run id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.apiClient()
@@ -48,6 +50,7 @@ with -f -o json each chunk is printed as one JSON line.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "follow the output until the run ends")
+	cmd.Flags().BoolVar(&a.rawLogs, "raw", false, "print control characters and escape sequences as they are")
 	return cmd
 }
 
@@ -65,8 +68,11 @@ func (a *app) printLogs(ctx context.Context, c *client, id string) error {
 		return fmt.Errorf("run %s: %w", id, err)
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(a.stdout(), resp.Body); err != nil {
+	if _, err := io.Copy(a.logOut(), resp.Body); err != nil {
 		return fmt.Errorf("run %s: reading the log: %w", id, err)
+	}
+	if err := a.flushLog(); err != nil {
+		return err
 	}
 	if resp.Header.Get("X-Drover-Log-Truncated") == "true" {
 		fmt.Fprintln(a.stderr(), "note: the log was truncated by the server's per-run cap")
@@ -99,7 +105,7 @@ func (p *chunkPrinter) print(ch logChunk, raw json.RawMessage) error {
 		io.WriteString(p.a.stdout(), "---\n")
 		return writeFormatted(p.a.stdout(), "yaml", raw)
 	}
-	_, err := p.a.stdout().Write(ch.Data)
+	_, err := p.a.logOut().Write(ch.Data)
 	return err
 }
 
