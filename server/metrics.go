@@ -165,6 +165,7 @@ var (
 	descAgents      = prometheus.NewDesc("drover_agents", "Agents by state.", []string{"state"}, nil)
 	descApplyErrors = prometheus.NewDesc("drover_agent_apply_errors", "Current apply errors: pipes whose last apply failed, agents whose last manifest failed.", []string{"kind"}, nil)
 	descRuns        = prometheus.NewDesc("drover_runs", "Stored runs by status.", []string{"status"}, nil)
+	descElapse      = prometheus.NewDesc("drover_agent_elapse_mismatches", "Pipes whose scheduler's next elapse (systemd's NextElapseUSecRealtime) disagrees with the evaluator's next fire time.", nil, nil)
 	descExpired     = prometheus.NewDesc("drover_agents_manifest_expired", "Agents whose manifest in force has expired (its pipes keep running).", nil, nil)
 )
 
@@ -173,6 +174,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descApplyErrors
 	ch <- descRuns
 	ch <- descExpired
+	ch <- descElapse
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -180,7 +182,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if agents, err := s.store.ListAgents(ctx); err == nil {
-		var online, offline, revoked, pipeErrs, manifestErrs, expired float64
+		var online, offline, revoked, pipeErrs, manifestErrs, expired, elapse float64
 		for _, a := range agents {
 			switch {
 			case !a.RevokedAt.IsZero():
@@ -201,6 +203,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				if p.ApplyError != "" {
 					pipeErrs++
 				}
+				if p.ElapseMismatch != "" {
+					elapse++
+				}
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(descAgents, prometheus.GaugeValue, online, "online")
@@ -209,6 +214,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descApplyErrors, prometheus.GaugeValue, pipeErrs, "pipe")
 		ch <- prometheus.MustNewConstMetric(descApplyErrors, prometheus.GaugeValue, manifestErrs, "manifest")
 		ch <- prometheus.MustNewConstMetric(descExpired, prometheus.GaugeValue, expired)
+		ch <- prometheus.MustNewConstMetric(descElapse, prometheus.GaugeValue, elapse)
 	} else {
 		s.log.Warn("metrics: listing agents", "err", err)
 	}

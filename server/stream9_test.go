@@ -462,7 +462,8 @@ func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 	}
 	defer st.close()
 	exp := time.Now().Add(-time.Hour).Truncate(time.Second).UTC()
-	pipes := []*agentpb.PipeStatus{{Name: "job", Version: 1, ApplyError: strings.Repeat("e", 5000)}}
+	pipes := []*agentpb.PipeStatus{{Name: "job", Version: 1, ApplyError: strings.Repeat("e", 5000),
+		ElapseMismatch: "systemd next elapse 2027-03-14T08:00:00Z, evaluator 2027-03-14T07:00:00Z"}}
 	for i := range 500 {
 		pipes = append(pipes, &agentpb.PipeStatus{Name: fmt.Sprintf("junk-%d", i), ApplyError: strings.Repeat("x", 4000)})
 	}
@@ -478,12 +479,16 @@ func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 	var ag AgentJSON
 	r := ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if len(ag.Pipes) != 1 || ag.Pipes[0].Name != "job" || len(ag.Pipes[0].ApplyError) != maxPipeError || !ag.ManifestExpired ||
-		ag.ManifestExpiresAt == nil || !ag.ManifestExpiresAt.Equal(exp) || ag.AppliedSerial != 1 || len(r.body) > 8<<10 {
+		ag.ManifestExpiresAt == nil || !ag.ManifestExpiresAt.Equal(exp) || ag.AppliedSerial != 1 || len(r.body) > 8<<10 ||
+		!strings.Contains(ag.Pipes[0].ElapseMismatch, "evaluator 2027-03-14T07:00:00Z") {
 		t.Fatalf("agent (%d bytes): %+v", len(r.body), ag)
 	}
 	m := ts.scrape(ts.admin)
 	if v := metricValue(m, "drover_agents_manifest_expired"); v != 1 {
 		t.Errorf("drover_agents_manifest_expired %v", v)
+	}
+	if v := metricValue(m, "drover_agent_elapse_mismatches"); v != 1 {
+		t.Errorf("drover_agent_elapse_mismatches %v", v)
 	}
 	if v := metricValue(m, `drover_agent_records_refused_total{reason="too_large"}`); v != 1 {
 		t.Errorf("too_large refusals %v", v)

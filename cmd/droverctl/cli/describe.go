@@ -289,13 +289,20 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 	if len(ag.Pipes) == 0 {
 		fmt.Fprintln(out, "  (none reported)")
 	} else {
-		t := newTable(indent(out), "NAME", "VERSION", "NEXT FIRE", "APPLY ERROR")
+		t := newTable(indent(out), "NAME", "VERSION", "NEXT FIRE", "PROBLEM")
 		for _, p := range ag.Pipes {
 			next := ""
 			if len(p.NextFireTimes) > 0 {
 				next = fmtTimeV(p.NextFireTimes[0])
 			}
-			t.row(p.Name, itoa(int(p.Version)), next, p.ApplyError)
+			problem := p.ApplyError
+			if p.ElapseMismatch != "" {
+				problem = strings.TrimSpace(problem + " scheduler disagrees: " + p.ElapseMismatch)
+			}
+			if len(p.DropInsRemoved) > 0 {
+				problem = strings.TrimSpace(problem + " drop-ins removed: " + strings.Join(p.DropInsRemoved, ", "))
+			}
+			t.row(p.Name, itoa(int(p.Version)), next, problem)
 		}
 		if err := t.flush(); err != nil {
 			return err

@@ -72,6 +72,9 @@ type agentObj struct {
 		ApplyError    string      `json:"apply_error"`
 		NextFireTimes []time.Time `json:"next_fire_times"`
 		DriftRestored bool        `json:"drift_restored"`
+		// ElapseMismatch: the host's scheduler disagrees with the evaluator.
+		ElapseMismatch string   `json:"elapse_mismatch"`
+		DropInsRemoved []string `json:"drop_ins_removed"`
 	} `json:"pipes"`
 	ManifestExpired         bool       `json:"manifest_expired"`
 	ManifestExpiresAt       *time.Time `json:"manifest_expires_at"`
