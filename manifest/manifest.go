@@ -13,7 +13,7 @@ const PayloadType = "application/vnd.drover.manifest.v1+json"
 // DefaultLifetime is how long a manifest is valid after it is issued.
 const DefaultLifetime = 7 * 24 * time.Hour
 
-// Manifest is the list of pipes one agent must run (DESIGN.md, "Manifest").
+// Manifest is the list of pipes one agent must run (docs/design.md, "Manifest").
 // The server signs the exact bytes of its JSON encoding; the agent parses
 // them only after the signature verified.
 type Manifest struct {

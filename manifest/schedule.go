@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Schedule is a parsed schedule expression (DESIGN.md, "Schedule semantics").
+// Schedule is a parsed schedule expression (docs/design.md, "Schedule semantics").
 //
 // A five-field cron expression is held as one bitset per field, so that Next
 // can jump from one matching value to the next instead of scanning minutes.

@@ -27,7 +27,7 @@ const (
 	DefaultInterpreter = "/bin/sh"
 )
 
-// Spec is a pipe as an operator writes it (DESIGN.md, "Pipe spec"). The field
+// Spec is a pipe as an operator writes it (docs/design.md, "Pipe spec"). The field
 // names are pinned. Targets is used by the server only and is dropped from the
 // spec that goes into a manifest.
 type Spec struct {

@@ -1,4 +1,4 @@
-// The telemetry stream between drover-agent and drover-server (DESIGN.md,
+// The telemetry stream between drover-agent and drover-server (docs/design.md,
 // "Telemetry stream"). One long-lived bidirectional stream per agent, over mTLS;
 // the agent's identity is its client certificate, never a field in a message.
 

@@ -19,7 +19,7 @@ import (
 )
 
 // compiler turns pipes and agents into signed per-agent manifests
-// (DESIGN.md, "Flows", Publish). A manifest's serial rises only when its
+// (docs/design.md, "Flows", Publish). A manifest's serial rises only when its
 // content (pipes, key-list version) changes or when it is re-signed at half
 // its lifetime; the exact signed bytes are stored and served as they are.
 type compiler struct {

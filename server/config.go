@@ -20,7 +20,7 @@ import (
 	"github.com/drover/drover/signing"
 )
 
-// Default paths and addresses (DESIGN.md, "Paths and names").
+// Default paths and addresses (docs/design.md, "Paths and names").
 const (
 	DefaultConfigFile = "/etc/drover-server/server.yaml"
 	DefaultDataDir    = "/var/lib/drover-server"

@@ -18,7 +18,7 @@ import (
 )
 
 // keyring holds the root key, the manifest keys and the root-signed key list
-// that names them (DESIGN.md, "Manifest"). The newest key in the list signs
+// that names them (docs/design.md, "Manifest"). The newest key in the list signs
 // manifests; the previous one stays listed for one rotation so that agents
 // holding a manifest it signed are not disturbed.
 type keyring struct {

@@ -422,7 +422,7 @@ type IngestLimits struct {
 	MaxLogBytes int64
 }
 
-// Run statuses and triggers as stored and shown (DESIGN.md, "Telemetry stream").
+// Run statuses and triggers as stored and shown (docs/design.md, "Telemetry stream").
 const (
 	StatusPending   = "pending"
 	StatusRunning   = "running"

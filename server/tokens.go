@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Enrollment tokens are "drv1.<id>.<secret>.<ca-pin>" (DESIGN.md,
+// Enrollment tokens are "drv1.<id>.<secret>.<ca-pin>" (docs/design.md,
 // "Enrollment token"): id is 16 lowercase base32 characters, secret 43
 // base64url characters (32 random bytes), ca-pin 64 lowercase hex digits.
 // Only sha256(secret) is stored.

@@ -41,7 +41,7 @@ func Digest(b []byte) string {
 }
 
 // AcceptManifest decides whether an agent may act on a manifest envelope. It
-// enforces every rule pinned under "Manifest" in DESIGN.md, in this order:
+// enforces every rule pinned under "Manifest" in docs/design.md, in this order:
 //
 //  1. size: len(env) <= maxBytes (maxBytes <= 0 means DefaultMaxManifestBytes),
 //     before anything else (ErrTooLarge);

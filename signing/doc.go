@@ -3,7 +3,7 @@
 // pkg/signature/dsse), the trust root an agent pins at enrollment, the
 // root-signed key list that names the online manifest keys and lets them
 // rotate without re-enrolling, and AcceptManifest, the one function that
-// decides whether an agent may act on a manifest (DESIGN.md, "Manifest").
+// decides whether an agent may act on a manifest (docs/design.md, "Manifest").
 //
 // The server imports it to generate and store keys (GenerateKey, WriteSigner,
 // LoadSigner), to sign key lists with a root key (SignKeyList) and to sign

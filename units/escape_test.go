@@ -261,7 +261,7 @@ func TestLongValues(t *testing.T) {
 
 // TestSystemdReadsEscapedValues checks the escaping against systemd itself
 // rather than this package's model of it: a systemd user manager, started in
-// a private mount namespace as DESIGN.md "Testing on a real systemd"
+// a private mount namespace as docs/design.md "Testing on a real systemd"
 // describes, loads units whose Description=, ExecStart= words and
 // Environment= value are hostile strings, runs them, and must hand the
 // strings back unchanged (argv and environment as the process sees them;

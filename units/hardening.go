@@ -11,7 +11,7 @@ type option struct {
 	Key, Value string
 }
 
-// Hardening profiles for the [Service] section (DESIGN.md, "Secure by
+// Hardening profiles for the [Service] section (docs/design.md, "Secure by
 // default"). Exposure measured with `systemd-analyze security --offline=true`
 // on systemd 252 (security_test.go checks strict <= 2.0, default <= 5.0):
 //

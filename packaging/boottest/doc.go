@@ -1,6 +1,6 @@
 // Package boottest boots a real Debian bookworm system under systemd-nspawn
 // for tests that need a PID-1 systemd: system-scope units, hardening,
-// dynamic users, credentials and package installs (DESIGN.md, "Testing on a
+// dynamic users, credentials and package installs (docs/design.md, "Testing on a
 // real systemd" → "Booted system").
 //
 // The root file system is built once per machine with
