@@ -120,7 +120,11 @@ type Config struct {
 	Now    func() time.Time // tests
 }
 
-func (c Config) withDefaults() (Config, error) {
+func (c Config) withDefaults() (Config, error) { return c.defaults(true) }
+
+// defaults fills c in; manager is false for the cron backend, which talks to
+// no service manager and so needs no user session ($XDG_RUNTIME_DIR).
+func (c Config) defaults(manager bool) (Config, error) {
 	if c.DataDir == "" {
 		c.DataDir = units.DefaultDataDir
 	}
@@ -158,10 +162,14 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if c.RuntimeDir == "" {
 			rt := os.Getenv("XDG_RUNTIME_DIR")
-			if rt == "" {
-				return c, errors.New("user scope: XDG_RUNTIME_DIR is not set")
+			switch {
+			case rt != "":
+				c.RuntimeDir = filepath.Join(rt, "drover")
+			case !manager:
+				c.RuntimeDir = filepath.Join(c.DataDir, "run")
+			default:
+				return c, errors.New("user scope: XDG_RUNTIME_DIR is not set (the user manager's session)")
 			}
-			c.RuntimeDir = filepath.Join(rt, "drover")
 		}
 		if c.StampDir == "" {
 			base := os.Getenv("XDG_DATA_HOME")

@@ -76,7 +76,7 @@ const cronStateFile = "cron-state.json"
 // NewCron returns the cron backend. Scheduling starts with the first Apply,
 // which also starts the catch-up runs missed while the agent was down.
 func NewCron(cfg Config) (*Cron, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.defaults(false)
 	if err != nil {
 		return nil, err
 	}
@@ -424,6 +424,7 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 		"DROVER_TRIGGER="+trigger,
 		"DROVER_SCHEDULED_AT="+scheduled.UTC().Format(time.RFC3339),
 		"DROVER_RUN_ID="+runID,
+		"DROVER_REQUEST_DIR="+filepath.Join(b.cfg.RuntimeDir, "requests"),
 	)
 	if requestID != "" {
 		cmd.Env = append(cmd.Env, "DROVER_REQUEST_ID="+requestID)

@@ -96,6 +96,9 @@ func runDaemon(ctx context.Context, env *Env, cf *configFlags) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError{fmt.Errorf("configuration: %w", err)}
 	}
+	if err := cfg.ResolveAgentPath(); err != nil {
+		return err
+	}
 	log := newLogger(cfg, env.Stderr)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
