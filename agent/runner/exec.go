@@ -152,6 +152,7 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 	secrets, err := r.secrets()
 	if err != nil {
 		fail(ExitRunnerFailed, err)
+		rr.Reason = "secrets"
 		return
 	}
 	values := make([]string, 0, len(secrets))
