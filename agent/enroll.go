@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/drover/drover/signing"
@@ -27,6 +28,8 @@ type HostInfo struct {
 	OS           string
 	Arch         string
 	AgentVersion string
+	// MachineID is the host's machine id (machine-id(5)); "" when unknown.
+	MachineID string
 }
 
 type enrollRequest struct {
@@ -36,6 +39,8 @@ type enrollRequest struct {
 	Arch         string `json:"arch"`
 	AgentVersion string `json:"agent_version"`
 	CSR          string `json:"csr"`
+	// MachineID binds the identity to this machine (omitted when unknown).
+	MachineID string `json:"machine_id,omitempty"`
 }
 
 type enrollResponse struct {
@@ -161,7 +166,7 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	resp, err := c.R().SetContext(ctx).
 		SetBody(enrollRequest{
 			Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
-			AgentVersion: host.AgentVersion, CSR: csr,
+			AgentVersion: host.AgentVersion, CSR: csr, MachineID: host.MachineID,
 		}).
 		SetResult(&out).
 		Post(pathEnroll)
@@ -250,5 +255,24 @@ func Enroll(ctx context.Context, cfg Config, st Store, token string, host HostIn
 // DefaultHostInfo describes this host.
 func DefaultHostInfo() HostInfo {
 	h, _ := os.Hostname()
-	return HostInfo{Hostname: h, OS: runtime.GOOS, Arch: runtime.GOARCH, AgentVersion: Version}
+	return HostInfo{Hostname: h, OS: runtime.GOOS, Arch: runtime.GOARCH, AgentVersion: Version, MachineID: ReadMachineID(DefaultMachineIDFile)}
+}
+
+// ReadMachineID returns the machine id in path (32 hex digits, lower
+// case), or "" when the file is missing or holds something else.
+func ReadMachineID(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) > 256 {
+		return ""
+	}
+	id := strings.ToLower(strings.TrimSpace(string(b)))
+	if len(id) != 32 {
+		return ""
+	}
+	for _, c := range id {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return ""
+		}
+	}
+	return id
 }

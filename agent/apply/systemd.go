@@ -30,6 +30,13 @@ type Systemd struct {
 
 	mu   sync.Mutex // serialises Apply and Check
 	last *Input     // last applied input, for Check
+
+	// Run accounting (account_systemd.go).
+	changes notifier
+	done    chan struct{}
+	amu     sync.Mutex
+	settled map[string]string     // pipe -> the invocation key last forgotten
+	reqs    map[string]*runNowReq // pipe -> its last RunNow
 }
 
 // NewSystemd connects to the manager of cfg.Scope.
@@ -42,10 +49,12 @@ func NewSystemd(ctx context.Context, cfg Config) (*Systemd, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Systemd{cfg: cfg, conn: conn, runtimeUnitDir: "/run/systemd/system"}
+	b := &Systemd{cfg: cfg, conn: conn, runtimeUnitDir: "/run/systemd/system",
+		changes: newNotifier(), done: make(chan struct{}), settled: map[string]string{}, reqs: map[string]*runNowReq{}}
 	if cfg.Scope == units.ScopeUser {
 		b.runtimeUnitDir = filepath.Join(filepath.Dir(cfg.RuntimeDir), "systemd", "user")
 	}
+	b.watch()
 	return b, nil
 }
 
@@ -96,6 +105,11 @@ func connect(ctx context.Context, scope units.Scope, address string) (*sddbus.Co
 func (b *Systemd) Name() string { return "systemd" }
 
 func (b *Systemd) Close() error {
+	select {
+	case <-b.done:
+	default:
+		close(b.done)
+	}
 	b.conn.Close()
 	return nil
 }
@@ -695,14 +709,35 @@ func (b *Systemd) RunNow(ctx context.Context, pipe, requestID string) error {
 	if err != nil {
 		return err
 	}
+	_, before, _ := b.invocationKey(ctx, pipe)
+	req := &runNowReq{id: requestID, at: b.cfg.Now(), beforeKey: before}
+	b.amu.Lock()
+	b.reqs[pipe] = req
+	b.amu.Unlock()
 	ch := make(chan string, 1)
 	if _, err := b.conn.StartUnitContext(ctx, svc, "replace", ch); err != nil {
 		removeRequest(path, requestID)
+		b.amu.Lock()
+		if b.reqs[pipe] == req {
+			delete(b.reqs, pipe)
+		}
+		b.amu.Unlock()
 		return fmt.Errorf("start %s: %w", svc, err)
 	}
 	go func() {
-		<-ch // oneshot: the start job ends when the run does
+		// oneshot: the start job ends when the run does. A job that did
+		// not end "done" (the service could not start, or its run failed)
+		// is settled by the daemon from the service's account (Ended):
+		// never silence.
+		r := <-ch
 		removeRequest(path, requestID)
+		b.amu.Lock()
+		req.job = r
+		b.amu.Unlock()
+		if r != "done" {
+			b.cfg.Logger.Warn("run now: the start job did not succeed", "pipe", pipe, "request_id", requestID, "job", r)
+		}
+		b.changes.notify()
 	}()
 	return nil
 }
