@@ -63,15 +63,17 @@ type Agent struct {
 	secrets       map[string]string
 	applyOK       bool
 	lastReject    string // digest of the last envelope reported as rejected
-	results       []PipeResult
-	lastRuns      map[string]RunSummary
-	lastSync      time.Time
-	lastSyncErr   string
-	streamUp      bool
-	enrollErr     string
-	authLost      string            // why the server refuses the identity (reenroll.go); "" when it does not
-	runPipes      map[string]string // run id -> pipe, from RunStarted records
-	spoolRoots    []string
+	// reportedExpired: the last ManifestStatus said manifest_expired.
+	reportedExpired bool
+	results         []PipeResult
+	lastRuns        map[string]RunSummary
+	lastSync        time.Time
+	lastSyncErr     string
+	streamUp        bool
+	enrollErr       string
+	authLost        string            // why the server refuses the identity (reenroll.go); "" when it does not
+	runPipes        map[string]string // run id -> pipe, from RunStarted records
+	spoolRoots      []string
 }
 
 // Option configures an Agent.

@@ -226,6 +226,13 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	}
 
 	lap("read state and plan")
+	// Drop-ins beside managed units change what runs behind the
+	// manifest's back: drift, removed before the reload.
+	dropIns := removeDropIns(b.cfg.UnitDir, preps)
+	for _, d := range dropIns {
+		res.Steps = append(res.Steps, d)
+		res.Drift = append(res.Drift, d)
+	}
 	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
 	lap("pipe dirs and secrets")
 	wantedRendered := map[string][]byte{}
@@ -342,7 +349,7 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		}
 		defer os.Remove(filepath.Join(b.runtimeUnitDir, batchTarget))
 	}
-	if len(writes) > 0 || len(removes) > 0 || len(guarded) > 0 || len(enable) > 0 || len(disable) > 0 || batch {
+	if len(writes) > 0 || len(removes) > 0 || len(guarded) > 0 || len(enable) > 0 || len(disable) > 0 || batch || len(dropIns) > 0 {
 		if err := b.conn.ReloadContext(ctx); err != nil {
 			return res, fmt.Errorf("daemon-reload: %w", err)
 		}
@@ -835,4 +842,43 @@ func ReadRequest(runtimeDir, pipe string, now time.Time) (requestID string, ok b
 		return "", false
 	}
 	return r.RequestID, true
+}
+
+// DropInReason is the reason of the drift step for a removed drop-in; its
+// File is "<unit>.d/<entry>" below the unit dir.
+const DropInReason = "drop-in beside a managed unit removed"
+
+// removeDropIns removes the drop-in directories (<unit>.d/) beside the units
+// of preps and returns one restore step per entry removed.
+func removeDropIns(unitDir string, preps []prepared) []Step {
+	var out []Step
+	for _, p := range preps {
+		for _, u := range p.desired.Units {
+			dir := filepath.Join(unitDir, u.Name+".d")
+			st, err := os.Lstat(dir)
+			if err != nil {
+				continue
+			}
+			var names []string
+			if st.IsDir() {
+				ents, _ := os.ReadDir(dir)
+				for _, e := range ents {
+					names = append(names, u.Name+".d/"+e.Name())
+				}
+			}
+			if len(names) == 0 {
+				names = []string{u.Name + ".d"}
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				continue
+			}
+			for _, n := range names {
+				out = append(out, Step{Action: ActionRestore, Pipe: p.pipe.Name, File: n, Reason: DropInReason})
+			}
+		}
+	}
+	if len(out) > 0 {
+		_ = syncDir(unitDir)
+	}
+	return out
 }

@@ -297,6 +297,9 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 	}
 	fmt.Fprintf(tw, "Backend:\t%s\n", backend)
 	fmt.Fprintf(tw, "Manifest:\tserial %d, applied %d\n", st.Serial, st.AppliedSerial)
+	if st.ManifestExpired {
+		fmt.Fprintf(tw, "Manifest:\tEXPIRED at %s: the server sends nothing newer; pipes keep running, the agent keeps asking\n", st.ManifestExpiresAt.Local().Format(time.RFC3339))
+	}
 	last := ago(st.LastSync)
 	if st.LastSyncError != "" {
 		last += ": " + st.LastSyncError
@@ -322,6 +325,9 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 		lastRun := "-"
 		if p.LastRun != nil {
 			lastRun = p.LastRun.Status
+			if p.LastRun.Reason != "" {
+				lastRun += " (" + p.LastRun.Reason + ")"
+			}
 			if !p.LastRun.FinishedAt.IsZero() {
 				lastRun += " " + p.LastRun.FinishedAt.Local().Format("2006-01-02 15:04:05")
 			}
