@@ -163,14 +163,22 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	}
 	c := newHTTPClient(server, pinnedConfig(hostName, tok.Pin), timeout, log)
 	var out enrollResponse
-	resp, err := c.R().SetContext(ctx).
-		SetBody(enrollRequest{
-			Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
-			AgentVersion: host.AgentVersion, CSR: csr, MachineID: host.MachineID,
-		}).
-		SetResult(&out).
-		Post(pathEnroll)
-	if err := checkResponse(resp, err); err != nil {
+	body := enrollRequest{
+		Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
+		AgentVersion: host.AgentVersion, CSR: csr, MachineID: host.MachineID,
+	}
+	resp, err := c.R().SetContext(ctx).SetBody(body).SetResult(&out).Post(pathEnroll)
+	err = checkResponse(resp, err)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == 400 && body.MachineID != "" && strings.Contains(ae.Message, "machine_id") {
+		// A server older than machine binding refuses the field (it
+		// decodes strictly, before it looks at the token): enroll without.
+		log.Warn("the server does not know machine ids; enrolling without binding this machine")
+		body.MachineID = ""
+		resp, err = c.R().SetContext(ctx).SetBody(body).SetResult(&out).Post(pathEnroll)
+		err = checkResponse(resp, err)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
 	if resp.StatusCode() != 200 && resp.StatusCode() != 201 {
