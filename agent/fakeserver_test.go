@@ -79,7 +79,8 @@ type fakeServer struct {
 	renewals     int
 
 	// stream
-	hellos    []*agentpb.Hello
+	hellos     []*agentpb.Hello
+	heartbeats []*agentpb.Heartbeat
 	committed map[uint64]*agentpb.AgentMessage // by seq
 	order     []uint64                         // seqs in commit order
 	dupes     int                              // records received again after commit
@@ -530,6 +531,11 @@ func (f *fakeStream) AgentStream(stream grpc.BidiStreamingServer[agentpb.AgentMe
 			return err
 		}
 		if msg.GetSeq() == 0 {
+			if hb := msg.GetHeartbeat(); hb != nil {
+				s.mu.Lock()
+				s.heartbeats = append(s.heartbeats, hb)
+				s.mu.Unlock()
+			}
 			continue
 		}
 		n++
@@ -569,4 +575,51 @@ func (s *fakeServer) manifestStatuses() []*agentpb.ManifestStatus {
 		}
 	}
 	return out
+}
+
+// runsFinished returns the committed RunFinished records in order.
+func (s *fakeServer) runsFinished() []*agentpb.RunFinished {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*agentpb.RunFinished
+	for _, seq := range s.order {
+		if f := s.committed[seq].GetRunFinished(); f != nil {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// runsStarted returns the committed RunStarted records in order.
+func (s *fakeServer) runsStarted() []*agentpb.RunStarted {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*agentpb.RunStarted
+	for _, seq := range s.order {
+		if r := s.committed[seq].GetRunStarted(); r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// finishedWhere returns the committed RunFinished records match accepts.
+func (s *fakeServer) finishedWhere(match func(*agentpb.RunFinished) bool) []*agentpb.RunFinished {
+	var out []*agentpb.RunFinished
+	for _, f := range s.runsFinished() {
+		if match(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// lastHeartbeat returns the last heartbeat received, or nil.
+func (s *fakeServer) lastHeartbeat() *agentpb.Heartbeat {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.heartbeats) == 0 {
+		return nil
+	}
+	return s.heartbeats[len(s.heartbeats)-1]
 }

@@ -30,6 +30,7 @@ type runNowReq struct {
 	at        time.Time
 	beforeKey string // the service's invocation key before the start
 	job       string // the start job's result; "" while it runs
+	usedKey   string // the invocation found to be this request's run
 }
 
 // watch subscribes to the manager's signals and fires b.changes when a pipe
@@ -160,8 +161,23 @@ func (b *Systemd) Ended(ctx context.Context) ([]Ended, error) {
 		if err != nil {
 			return nil, err
 		}
-		if req != nil && !e.StartedAt.Before(reqCopy.at.Add(-2*time.Second)) && e.StartedAt.Before(reqCopy.at.Add(RequestTTL)) {
+		// The list above may predate a start: the invocation read must be
+		// an ended one, and still the service's last.
+		if v, err := b.conn.GetUnitPropertyContext(ctx, units.ServiceName(p), "ActiveState"); err != nil {
+			return nil, err
+		} else if as, _ := v.Value.Value().(string); as != "inactive" && as != "failed" {
+			continue
+		}
+		if _, again, err := b.invocationKey(ctx, p); err != nil || again != key {
+			continue
+		}
+		if req != nil && key != reqCopy.beforeKey && (reqCopy.usedKey == "" || reqCopy.usedKey == key) &&
+			!e.StartedAt.Before(reqCopy.at.Add(-2*time.Second)) && e.StartedAt.Before(reqCopy.at.Add(RequestTTL)) {
+			// The first invocation after the request is its run.
 			e.Trigger, e.RequestID = "api", reqCopy.id
+			b.amu.Lock()
+			req.usedKey = key
+			b.amu.Unlock()
 		}
 		out = append(out, e)
 	}

@@ -1,0 +1,213 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/agent/apply"
+	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/units"
+)
+
+// accountRig is an agent on the real user manager whose pipe services run
+// the executable at bin (rewritten by the tests: a script whose interpreter
+// does not exist gives 203/EXEC; a wrapper around this test binary is the
+// real runner).
+type accountRig struct {
+	t       *testing.T
+	srv     *fakeServer
+	cfg     Config
+	bin     string
+	ta      *testAgent
+	backend apply.Backend
+	agentID string
+}
+
+func newAccountRig(t *testing.T) *accountRig {
+	sdtest.Require(t)
+	r := &accountRig{t: t, srv: newFakeServer(t)}
+	r.cfg = testConfig(t, r.srv)
+	r.cfg.Backend = BackendSystemd
+	r.cfg.HeartbeatInterval = time.Second
+	r.bin = filepath.Join(filepath.Dir(r.cfg.DataDir), "pipe-bin")
+	r.setBin("#!/bin/true\n")
+	must(t, os.WriteFile(r.cfg.TokenFile, []byte(r.srv.token(time.Hour)), 0o600))
+	r.start()
+	r.agentID = r.ta.enrolled(10 * time.Second).AgentID
+	r.waitStream()
+	return r
+}
+
+// setBin replaces the executable the pipe services run.
+func (r *accountRig) setBin(script string) {
+	tmp := r.bin + ".tmp"
+	must(r.t, os.WriteFile(tmp, []byte(script), 0o755))
+	must(r.t, os.Rename(tmp, r.bin))
+}
+
+// useRunner makes the services run the real runner (this test binary).
+func (r *accountRig) useRunner() {
+	exe, err := os.Executable()
+	must(r.t, err)
+	r.setBin(fmt.Sprintf("#!/bin/sh\n%s=1 exec %s \"$@\"\n", envTestRunner, exe))
+}
+
+func (r *accountRig) start() {
+	b, err := apply.Select(context.Background(), apply.BackendSystemd, apply.Config{
+		DataDir: r.cfg.DataDir, Scope: units.ScopeUser, AgentPath: r.bin,
+	})
+	must(r.t, err)
+	r.backend = b
+	r.ta = startAgent(r.t, r.cfg, b, WithSpoolRoots(DefaultSpoolRoots(r.cfg)...))
+	r.t.Cleanup(func() { b.Close() })
+}
+
+func (r *accountRig) stop() {
+	r.ta.stop()
+	r.backend.Close()
+}
+
+func (r *accountRig) waitStream() {
+	waitFor(r.t, 15*time.Second, "the stream", func() bool {
+		r.srv.mu.Lock()
+		defer r.srv.mu.Unlock()
+		return r.srv.streams[r.agentID] != nil
+	})
+}
+
+func (r *accountRig) runNow(pipe, req string) {
+	r.t.Helper()
+	if !r.srv.send(r.agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: pipe, RequestId: req}}}) {
+		r.t.Fatal("no stream to send RunNow on")
+	}
+}
+
+// finished waits for the RunFinished records match accepts, then checks,
+// after more accounting passes, that exactly one arrived.
+func (r *accountRig) finishedOnce(what string, match func(*agentpb.RunFinished) bool) *agentpb.RunFinished {
+	r.t.Helper()
+	waitFor(r.t, 30*time.Second, what, func() bool { return len(r.srv.finishedWhere(match)) > 0 })
+	// More passes (signals, status passes, a pass at start) add nothing.
+	for range 3 {
+		r.ta.a.kickAccount()
+		time.Sleep(300 * time.Millisecond)
+	}
+	got := r.srv.finishedWhere(match)
+	if len(got) != 1 {
+		r.t.Fatalf("%s: %d RunFinished records, want exactly 1: %v", what, len(got), got)
+	}
+	return got[0]
+}
+
+var invocationRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// checkDaemonRecord checks a record the daemon wrote for a failed invocation.
+func checkDaemonRecord(t *testing.T, f *agentpb.RunFinished, reason string, trigger agentpb.Trigger) {
+	t.Helper()
+	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_FAILED || f.GetReason() != reason || f.GetWrittenBy() != WrittenByDaemon ||
+		f.GetTrigger() != trigger || f.GetAttempts() != 1 || f.GetStartedAt() == nil || f.GetFinishedAt() == nil {
+		t.Fatalf("daemon record: want failed, reason %q, trigger %s, written_by daemon; got %v", reason, trigger, f)
+	}
+}
+
+// TestSystemdAccountsForEveryInvocation: on a real user manager, every start
+// of a pipe service ends in exactly one run record on the (fake, real-gRPC)
+// server: a run-now whose service cannot exec (203/EXEC) and a run killed
+// with SIGKILL get a failed record from the daemon, keyed by the
+// InvocationID, with systemd's reason; so does an invocation that failed
+// while the daemon was stopped, once it starts again; a run whose runner
+// wrote its own final record gets no second record; a runner killed after
+// it reported the run started gets its run closed.
+func TestSystemdAccountsForEveryInvocation(t *testing.T) {
+	r := newAccountRig(t)
+	p, b := testPipe(t, "acct", "17 3 * * *", "exit 3\n", 1)
+	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
+	svc := units.ServiceName("acct")
+	waitFor(t, 20*time.Second, "the timer", func() bool { _, ok := sdtest.ListTimers(t)[units.TimerName("acct")]; return ok })
+
+	// 1. Run-now; the service's executable has an interpreter that does not exist.
+	r.setBin("#!/nonexistent/interpreter\n")
+	r.runNow("acct", "req-exec")
+	f := r.finishedOnce("the 203/EXEC run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-exec" })
+	checkDaemonRecord(t, f, "systemd: 203/EXEC", agentpb.Trigger_TRIGGER_API)
+	if !invocationRE.MatchString(f.GetRunId()) || f.GetRunId() != strings.ReplaceAll(sdtest.Show(t, svc, "InvocationID"), "-", "") {
+		t.Fatalf("run id %q is not the service's InvocationID %q", f.GetRunId(), sdtest.Show(t, svc, "InvocationID"))
+	}
+
+	// 2. A run killed with SIGKILL mid-run (started by hand: trigger manual).
+	r.setBin("#!/bin/sh\nexec sleep 300\n")
+	sdtest.Systemctl(t, "start", "--no-block", svc)
+	sdtest.WaitState(t, svc, "activating", 20*time.Second)
+	inv := sdtest.Show(t, svc, "InvocationID")
+	// The heartbeat lists the running invocation.
+	waitFor(t, 20*time.Second, "the heartbeat's running run", func() bool {
+		hb := r.srv.lastHeartbeat()
+		return hb != nil && len(hb.GetRunningRunIds()) == 1 && hb.GetRunningRunIds()[0] == inv
+	})
+	if hb := r.srv.lastHeartbeat(); hb.GetLoad1() == 0 && hb.GetLoad5() == 0 && hb.GetLoad15() == 0 {
+		t.Logf("host load all zero: %v", hb) // possible on an idle host; /proc/loadavg is read
+	}
+	sdtest.Systemctl(t, "kill", "--signal=SIGKILL", svc)
+	f = r.finishedOnce("the SIGKILL run", func(f *agentpb.RunFinished) bool { return f.GetRunId() == inv })
+	checkDaemonRecord(t, f, "signal SIGKILL", agentpb.Trigger_TRIGGER_MANUAL)
+	if f.GetSignal() != "SIGKILL" {
+		t.Fatalf("signal %q", f.GetSignal())
+	}
+
+	// 3. The daemon is stopped while a start fails; it settles it when it
+	// starts again (and nothing settled before comes back).
+	r.stop()
+	r.setBin("#!/nonexistent/interpreter\n")
+	_, _ = sdtest.SystemctlErr("start", svc)
+	sdtest.WaitState(t, svc, "failed", 20*time.Second)
+	down := sdtest.Show(t, svc, "InvocationID")
+	r.start()
+	r.waitStream()
+	f = r.finishedOnce("the run that failed while the daemon was down", func(f *agentpb.RunFinished) bool { return f.GetRunId() == down })
+	checkDaemonRecord(t, f, "systemd: 203/EXEC", agentpb.Trigger_TRIGGER_MANUAL)
+	for _, id := range []string{inv} {
+		if n := len(r.srv.finishedWhere(func(f *agentpb.RunFinished) bool { return f.GetRunId() == id })); n != 1 {
+			t.Fatalf("run %s: %d records after the restart", id, n)
+		}
+	}
+
+	// 4. The real runner writes its own final record: no second one.
+	r.useRunner()
+	r.runNow("acct", "req-runner")
+	f = r.finishedOnce("the runner's record", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-runner" })
+	if f.GetWrittenBy() != "runner" || f.GetReason() != "exit 3" || f.GetStatus() != agentpb.RunStatus_RUN_STATUS_FAILED {
+		t.Fatalf("runner record %v", f)
+	}
+
+	// 5. The runner reported the run started, then it was killed: the
+	// daemon closes that run.
+	p2, b2 := testPipe(t, "acct", "17 3 * * *", "sleep 300\n", 2)
+	r.srv.publish(r.agentID, []manifest.Pipe{p2}, b2)
+	waitFor(t, 20*time.Second, "version 2", func() bool {
+		return strings.Contains(sdtest.Show(t, svc, "ExecStart"), r.bin) && r.ta.a.pipeVersion("acct") == 2
+	})
+	r.runNow("acct", "req-kill")
+	waitFor(t, 30*time.Second, "the runner's RunStarted", func() bool {
+		for _, s := range r.srv.runsStarted() {
+			if s.GetRequestId() == "req-kill" {
+				return true
+			}
+		}
+		return false
+	})
+	killed := sdtest.Show(t, svc, "InvocationID")
+	sdtest.Systemctl(t, "kill", "--signal=SIGKILL", svc)
+	f = r.finishedOnce("the killed runner's run", func(f *agentpb.RunFinished) bool { return f.GetRunId() == killed })
+	checkDaemonRecord(t, f, "signal SIGKILL", agentpb.Trigger_TRIGGER_API)
+	if f.GetRequestId() != "req-kill" {
+		t.Fatalf("request id %q", f.GetRequestId())
+	}
+}
