@@ -2,11 +2,16 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -209,5 +214,176 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 	checkDaemonRecord(t, f, "signal SIGKILL", agentpb.Trigger_TRIGGER_API)
 	if f.GetRequestId() != "req-kill" {
 		t.Fatalf("request id %q", f.GetRequestId())
+	}
+}
+
+// TestCronAccountsForKilledRunner: on the cron backend, a runner killed
+// mid-run (SIGKILL, so it writes nothing) ends in one failed record written
+// by the daemon from the backend's account of its spawn, not in a run
+// stuck running; the account is a file that outlives the daemon.
+func TestCronAccountsForKilledRunner(t *testing.T) {
+	srv := newFakeServer(t)
+	cfg := testConfig(t, srv)
+	cfg.HeartbeatInterval = time.Second
+	bin := filepath.Join(filepath.Dir(cfg.DataDir), "runner")
+	must(t, os.WriteFile(bin, []byte("#!/bin/sh\nexec sleep 300\n"), 0o755))
+	backend, err := apply.NewCron(apply.Config{DataDir: cfg.DataDir, Scope: units.ScopeUser, AgentPath: bin})
+	must(t, err)
+	t.Cleanup(func() { backend.Close() })
+	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
+	ta := startAgent(t, cfg, backend)
+	agentID := ta.enrolled(10 * time.Second).AgentID
+	waitFor(t, 15*time.Second, "the stream", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.streams[agentID] != nil
+	})
+	p, b := testPipe(t, "cronkill", "17 3 * * *", "true\n", 1)
+	srv.publish(agentID, []manifest.Pipe{p}, b)
+	waitFor(t, 20*time.Second, "the pipe", func() bool { return ta.a.pipeVersion("cronkill") == 1 })
+	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "cronkill", RequestId: "req-cron"}}})
+	var runID string
+	waitFor(t, 20*time.Second, "the run", func() bool {
+		st, _ := backend.Status(context.Background())
+		for _, s := range st {
+			if s.Running {
+				runID = s.RunID
+			}
+		}
+		return runID != ""
+	})
+	acct, err := os.ReadFile(filepath.Join(cfg.DataDir, "cron-runs", runID+".json"))
+	must(t, err)
+	var rec struct {
+		PID int `json:"pid"`
+	}
+	must(t, json.Unmarshal(acct, &rec))
+	// The heartbeat lists the run while it runs.
+	waitFor(t, 20*time.Second, "the heartbeat's running run", func() bool {
+		hb := srv.lastHeartbeat()
+		return hb != nil && slices.Contains(hb.GetRunningRunIds(), runID)
+	})
+	must(t, syscall.Kill(rec.PID, syscall.SIGKILL))
+	rig := &accountRig{t: t, srv: srv, ta: ta}
+	f := rig.finishedOnce("the killed runner's run", func(f *agentpb.RunFinished) bool { return f.GetRunId() == runID })
+	checkDaemonRecord(t, f, "signal SIGKILL", agentpb.Trigger_TRIGGER_API)
+	if f.GetRequestId() != "req-cron" {
+		t.Fatalf("request id %q", f.GetRequestId())
+	}
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, "cron-runs", runID+".json")); !os.IsNotExist(err) {
+		t.Fatalf("the settled account is still there: %v", err)
+	}
+}
+
+// TestFreezeAndTamper: a server (or a proxy) that answers 304 for ever past
+// the manifest's expiry does not stop the host: the pipes keep running,
+// the agent reports manifest_expired (ManifestStatus, status) and keeps
+// asking. A payload edited on disk is refused at its next run (the real
+// runner: failed, payload_mismatch) and restored by the next sync; a
+// drop-in beside a managed unit is removed by the next sync and reported.
+func TestFreezeAndTamper(t *testing.T) {
+	r := newAccountRig(t)
+	r.useRunner()
+	marker := filepath.Join(t.TempDir(), "ran")
+	script := "echo run >> " + marker + "\n"
+	r.srv.mu.Lock()
+	r.srv.manifestLifetime = 8 * time.Second
+	r.srv.mu.Unlock()
+	p, b := testPipe(t, "frozen", "17 3 * * *", script, 1)
+	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
+	svc := units.ServiceName("frozen")
+	waitFor(t, 20*time.Second, "the pipe", func() bool { return r.ta.a.pipeVersion("frozen") == 1 })
+	st := r.ta.a.Status(t.Context())
+	if st.ManifestExpired || st.ManifestExpiresAt.IsZero() {
+		t.Fatalf("fresh manifest: expired %v at %s", st.ManifestExpired, st.ManifestExpiresAt)
+	}
+
+	// From now on every manifest request gets 304.
+	var polls atomic.Int64
+	r.srv.setIntercept(func(w http.ResponseWriter, req *http.Request, _ string) bool {
+		if req.URL.Path != pathManifest {
+			return false
+		}
+		polls.Add(1)
+		w.WriteHeader(http.StatusNotModified)
+		return true
+	})
+	time.Sleep(time.Until(st.ManifestExpiresAt) + time.Second)
+	res := r.ta.syncNow()
+	if !res.Expired || res.Outcome != OutcomeError || !res.NotModified {
+		t.Fatalf("sync past expiry: %+v", res)
+	}
+	st = r.ta.a.Status(t.Context())
+	if !st.ManifestExpired {
+		t.Fatalf("status does not say expired: %+v", st)
+	}
+	waitFor(t, 10*time.Second, "manifest_expired in a ManifestStatus", func() bool {
+		for _, ms := range r.srv.manifestStatuses() {
+			if ms.GetManifestExpired() && ms.GetExpiresAt().AsTime().Equal(st.ManifestExpiresAt) {
+				return true
+			}
+		}
+		return false
+	})
+	// Retried hard: the sync loop asks again within expiredRetryMax.
+	before := polls.Load()
+	waitFor(t, expiredRetryMax+10*time.Second, "another pull", func() bool { return polls.Load() > before })
+
+	// The pipe keeps running.
+	r.runNow("frozen", "req-frozen")
+	f := r.finishedOnce("a run under the expired manifest", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-frozen" })
+	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_SUCCEEDED || f.GetWrittenBy() != "runner" {
+		t.Fatalf("run %v", f)
+	}
+
+	// A payload edited on disk is refused at its next run...
+	payload := filepath.Join(r.cfg.DataDir, "pipes", "frozen", "payload", manifest.ScriptFile)
+	must(t, os.WriteFile(payload, []byte("echo tampered >> "+marker+"\n"), 0o755))
+	r.runNow("frozen", "req-tampered")
+	f = r.finishedOnce("the tampered run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-tampered" })
+	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_FAILED || f.GetReason() != "payload_mismatch" || f.GetWrittenBy() != "runner" {
+		t.Fatalf("tampered run %v", f)
+	}
+	if got, _ := os.ReadFile(marker); strings.Contains(string(got), "tampered") {
+		t.Fatal("the edited payload ran")
+	}
+	// ...and restored by the next sync.
+	r.ta.syncNow()
+	if got, err := os.ReadFile(payload); err != nil || string(got) != script {
+		t.Fatalf("payload not restored: %q %v", got, err)
+	}
+	r.runNow("frozen", "req-restored")
+	f = r.finishedOnce("the restored run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-restored" })
+	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_SUCCEEDED {
+		t.Fatalf("restored run %v", f)
+	}
+
+	// A drop-in beside the service is drift: removed and reported.
+	env := sdtest.Current()
+	dropDir := filepath.Join(env.UnitDir(), svc+".d")
+	must(t, os.MkdirAll(dropDir, 0o755))
+	must(t, os.WriteFile(filepath.Join(dropDir, "evil.conf"), []byte("[Service]\nEnvironment=EVIL=1\n"), 0o644))
+	sdtest.Systemctl(t, "daemon-reload")
+	r.ta.syncNow()
+	if _, err := os.Stat(dropDir); !os.IsNotExist(err) {
+		t.Fatalf("the drop-in directory is still there: %v", err)
+	}
+	if dp := sdtest.Show(t, svc, "DropInPaths"); dp != "" {
+		t.Fatalf("systemd still loads drop-ins: %q", dp)
+	}
+	want := svc + ".d/evil.conf"
+	waitFor(t, 10*time.Second, "drop_ins_removed in a ManifestStatus", func() bool {
+		for _, ms := range r.srv.manifestStatuses() {
+			for _, ps := range ms.GetPipes() {
+				if slices.Contains(ps.GetDropInsRemoved(), want) && ps.GetDriftRestored() {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	st = r.ta.a.Status(t.Context())
+	if len(st.Pipes) != 1 || !slices.Contains(st.Pipes[0].DropInsRemoved, want) {
+		t.Fatalf("status pipes %+v", st.Pipes)
 	}
 }

@@ -77,17 +77,20 @@ type fakeServer struct {
 	nextAgent    int
 	intercept    func(w http.ResponseWriter, r *http.Request, agentID string) bool
 	renewals     int
+	// manifestLifetime overrides manifest.DefaultLifetime for the next
+	// manifests signed (0: the default).
+	manifestLifetime time.Duration
 
 	// stream
 	hellos     []*agentpb.Hello
 	heartbeats []*agentpb.Heartbeat
-	committed map[uint64]*agentpb.AgentMessage // by seq
-	order     []uint64                         // seqs in commit order
-	dupes     int                              // records received again after commit
-	holdAcks  bool
-	dropAfter int // close a stream after this many records (0: never)
-	streams   map[string]chan *agentpb.ServerMessage
-	recvd     chan struct{}
+	committed  map[uint64]*agentpb.AgentMessage // by seq
+	order      []uint64                         // seqs in commit order
+	dupes      int                              // records received again after commit
+	holdAcks   bool
+	dropAfter  int // close a stream after this many records (0: never)
+	streams    map[string]chan *agentpb.ServerMessage
+	recvd      chan struct{}
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
@@ -408,10 +411,14 @@ func testPipe(t *testing.T, name, schedule, script string, version uint64) (mani
 func (s *fakeServer) signManifest(agentID string, serial uint64, pipes []manifest.Pipe) ([]byte, string) {
 	s.mu.Lock()
 	klVer := s.klVer
+	lifetime := s.manifestLifetime
 	s.mu.Unlock()
+	if lifetime == 0 {
+		lifetime = manifest.DefaultLifetime
+	}
 	m := manifest.Manifest{
 		AgentID: agentID, Serial: serial, IssuedAt: time.Now().Add(-time.Second).UTC().Truncate(time.Second),
-		ExpiresAt: time.Now().Add(manifest.DefaultLifetime).UTC().Truncate(time.Second), KeyListVersion: klVer,
+		ExpiresAt: time.Now().Add(lifetime).UTC().Truncate(time.Second), KeyListVersion: klVer,
 		Pipes: pipes,
 	}
 	if m.Pipes == nil {

@@ -83,9 +83,9 @@ func NewCron(cfg Config) (*Cron, error) {
 		return nil, err
 	}
 	b := &Cron{
-		cfg:    cfg,
-		sched:  cron.New(cron.WithLocation(time.UTC)),
-		output: os.Stderr,
+		cfg:     cfg,
+		sched:   cron.New(cron.WithLocation(time.UTC)),
+		output:  os.Stderr,
 		pipes:   map[string]*cronPipe{},
 		changes: newNotifier(),
 	}

@@ -289,6 +289,8 @@ type pipeSpec struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Secrets  []string          `json:"secrets,omitempty"`
 	Catchup  string            `json:"catchup,omitempty"`
+	RunAs    string            `json:"run_as,omitempty"`
+	Limits   map[string]int    `json:"limits,omitempty"`
 	Targets  map[string]any    `json:"targets"`
 }
 
@@ -406,6 +408,8 @@ type agentOpts struct {
 	heartbeat    time.Duration // default 5s
 	logLevel     string        // default debug
 	serverURL    string        // default the server's
+	binary       string        // the drover-agent to start; default the built one
+	noAgentPath  bool          // leave agent_path out: the daemon runs its own binary
 }
 
 // agentProc is drover-agent running as a child process.
@@ -482,6 +486,9 @@ request_timeout: 10s
 log_level: %s
 log_format: json
 `, serverURL, a.dataDir, a.token, a.opts.backend, a.opts.scope, agentBin(), a.opts.syncInterval, a.opts.heartbeat, a.opts.logLevel)
+	if a.opts.noAgentPath {
+		cfg = strings.Replace(cfg, "agent_path: "+agentBin()+"\n", "", 1)
+	}
 	if err := os.WriteFile(a.cfgPath, []byte(cfg), 0o600); err != nil {
 		a.t.Fatal(err)
 	}
@@ -490,7 +497,11 @@ log_format: json
 // start runs the daemon: `drover-agent --config FILE`.
 func (a *agentProc) start() {
 	a.t.Helper()
-	cmd := exec.Command(agentBin(), "--config", a.cfgPath)
+	bin := a.opts.binary
+	if bin == "" {
+		bin = agentBin()
+	}
+	cmd := exec.Command(bin, "--config", a.cfgPath)
 	cmd.Env = a.env
 	w := io.Writer(a.log.f)
 	if os.Getenv("DROVER_TEST_LOG") != "" {
