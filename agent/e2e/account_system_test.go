@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,15 +15,44 @@ import (
 	"github.com/drover/drover/server"
 )
 
-// TestSystemScopeAccountsBooted: on a booted Debian (system scope, the
+// TestSystemScopeUnknownUserBooted: on a booted Debian (system scope, the
 // agent installed as the packages install it), a pipe whose run_as user
-// does not exist (217/USER) and one with limits.memory_mb: 32 whose script
-// allocates 200 MB (the OOM killer ends its cgroup: the memory limit is
-// enforced) both end as exactly one failed run on the server, with the
-// reasons `systemd: 217/USER` and `oom-kill` in the agent's records.
-func TestSystemScopeAccountsBooted(t *testing.T) {
+// does not exist (217/USER) ends as exactly one failed run on the server,
+// with the reason `systemd: 217/USER` in the agent's record.
+func TestSystemScopeUnknownUserBooted(t *testing.T) {
 	t.Parallel()
+	systemAccount(t, false)
+}
+
+// TestSystemScopeMemoryLimitBooted: a pipe with limits.memory_mb: 32 whose
+// script allocates 200 MB is ended by the OOM killer (the memory limit is
+// enforced): exactly one failed run, reason `oom-kill`. It needs the memory
+// cgroup controller inside the container: a host on the legacy cgroup
+// hierarchy (v1) does not delegate it to systemd-nspawn and MemoryMax= is
+// not enforced there at all; the test then skips (fails when CI=true).
+func TestSystemScopeMemoryLimitBooted(t *testing.T) {
+	t.Parallel()
+	systemAccount(t, true)
+}
+
+func systemAccount(t *testing.T, oom bool) {
 	c := boottest.Boot(t, boottest.Options{})
+	if oom {
+		// Probe: does this container enforce MemoryMax= at all?
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_, _, _ = c.Output(ctx, "systemd-run", "--wait", "--unit=drover-oom-probe", "-p", "MemoryMax=16M", "-p", "MemorySwapMax=0",
+			"/bin/sh", "-c", "head -c 100000000 /dev/zero | tail -n 1 >/dev/null")
+		res, _, _ := c.Output(ctx, "systemctl", "show", "-P", "Result", "drover-oom-probe.service")
+		cg, _, _ := c.Output(ctx, "cat", "/proc/1/cgroup")
+		cancel()
+		if strings.TrimSpace(res) != "oom-kill" {
+			why := fmt.Sprintf("the container does not enforce MemoryMax= (a probe unit allocating 100 MB under MemoryMax=16M ended %q; the container's cgroups:\n%s)", strings.TrimSpace(res), cg)
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s (CI=true, so this fails)", why)
+			}
+			t.Skip(why)
+		}
+	}
 	root, err := moduleRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +85,7 @@ func TestSystemScopeAccountsBooted(t *testing.T) {
 	})
 	srv.putPipe("acc-nouser", pipeSpec{Schedule: far, Script: "echo never\n", RunAs: "no_such_user_e2e", Targets: byTags(tags)})
 	// tail -n 1 keeps a line without a newline whole: 200 MB of it.
-	srv.putPipe("acc-oom", pipeSpec{Schedule: far, Script: "cg=$(cut -d: -f3 /proc/self/cgroup); echo cg=$cg; cat /sys/fs/cgroup/cgroup.controllers; cat /sys/fs/cgroup$cg/memory.max; head -c 200000000 /dev/zero | tail -n 1 >/dev/null; echo tail=$?; cat /sys/fs/cgroup$cg/memory.events\necho survived\n",
+	srv.putPipe("acc-oom", pipeSpec{Schedule: far, Script: "head -c 200000000 /dev/zero | tail -n 1 >/dev/null\necho survived\n",
 		Limits: map[string]int{"memory_mb": 32}, Targets: byTags(tags)})
 	waitFor(t, 60*time.Second, "the pipes in the container", func() bool {
 		st := agentStatusInside(t, c)
@@ -70,10 +101,11 @@ func TestSystemScopeAccountsBooted(t *testing.T) {
 		t.Fatalf("MemoryMax=%q", mm)
 	}
 
-	for _, tc := range []struct{ pipe, reason string }{
-		{"acc-nouser", "systemd: 217/USER"},
-		{"acc-oom", "oom-kill"},
-	} {
+	cases := []struct{ pipe, reason string }{{"acc-nouser", "systemd: 217/USER"}}
+	if oom {
+		cases = []struct{ pipe, reason string }{{"acc-oom", "oom-kill"}}
+	}
+	for _, tc := range cases {
 		req := srv.runNow(tc.pipe, id).RequestID
 		run := srv.runOfRequest(req, 90*time.Second, "failed", "succeeded")
 		if run.Status != "failed" {
