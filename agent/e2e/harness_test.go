@@ -111,6 +111,7 @@ func shortDir(t testing.TB, prefix string) string {
 type serverProc struct {
 	t       testing.TB
 	dataDir string
+	env     []string // extra environment (DROVER_* settings)
 	log     *logSink
 	https   string // host:port
 	grpc    string
@@ -126,10 +127,10 @@ type serverProc struct {
 
 // startServer starts drover-server on fresh data and ports chosen by the
 // kernel (it reports them in its "drover-server ready" log line).
-func startServer(t testing.TB) *serverProc {
+func startServer(t testing.TB, env ...string) *serverProc {
 	t.Helper()
 	dir := t.TempDir()
-	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server")}
+	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server"), env: env}
 	s.start("127.0.0.1:0", "127.0.0.1:0")
 	t.Cleanup(func() { s.stop() })
 	caPEM, err := os.ReadFile(filepath.Join(s.dataDir, "ca.crt"))
@@ -150,7 +151,7 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 	t := s.t
 	t.Helper()
 	cmd := exec.Command(serverBin(), "serve", "--data-dir", s.dataDir, "--http-addr", httpAddr, "--grpc-addr", grpcAddr)
-	cmd.Env = childEnv("DROVER_LOG_FORMAT=json")
+	cmd.Env = childEnv(append([]string{"DROVER_LOG_FORMAT=json"}, s.env...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
