@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -183,5 +185,60 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	}
 	if n := len(srv.runs("acc-kill", id)); n != 2 {
 		t.Fatalf("acc-kill: %d runs, want 2", n)
+	}
+}
+
+// TestCronRunnerKilledAccounted: on the cron backend, a runner killed
+// mid-run is a failed run on the server, not one stuck running — while the
+// daemon runs, and when the daemon was killed first and the runner died
+// while it was down (settled at the next start from the spawn's record).
+func TestCronRunnerKilledAccounted(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	tags := map[string]string{"e2e": "cron-account"}
+	a := newAgent(t, srv, agentOpts{name: "agent-cron-account", backend: "cron", tags: tags})
+	a.start()
+	id := a.waitEnrolled()
+	srv.putPipe("ck", pipeSpec{Schedule: far, Script: "echo started\nsleep 300\n", Targets: byTags(tags)})
+	a.waitPipes(60*time.Second, "ck")
+	runnerPID := func(runID string) int {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(a.dataDir, "cron-runs", runID+".json"))
+		if err != nil {
+			t.Fatalf("the spawn's record: %v", err)
+		}
+		var rec struct {
+			PID int `json:"pid"`
+		}
+		if err := json.Unmarshal(b, &rec); err != nil || rec.PID <= 0 {
+			t.Fatalf("the spawn's record %s: %v", b, err)
+		}
+		return rec.PID
+	}
+
+	// Killed while the daemon runs.
+	run := srv.runOfRequest(srv.runNow("ck", id).RequestID, 60*time.Second, "running")
+	if err := syscall.Kill(runnerPID(run.ID), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitRun(t, srv, "ck", id, run.ID, 60*time.Second, "failed")
+	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" })
+	waitReason(t, a, "ck", run.ID, "signal SIGKILL")
+
+	// The daemon dies first; the runner dies while it is down.
+	run = srv.runOfRequest(srv.runNow("ck", id).RequestID, 60*time.Second, "running")
+	pid := runnerPID(run.ID)
+	a.kill()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	a.start()
+	waitRun(t, srv, "ck", id, run.ID, 60*time.Second, "failed")
+	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool { return r.Trigger == "api" })
+	waitReason(t, a, "ck", run.ID, "runner lost (it ended while the agent was down)")
+	for _, r := range srv.runs("ck", id) {
+		if r.Status == "running" {
+			t.Fatalf("a run is still running: %+v", r)
+		}
 	}
 }
