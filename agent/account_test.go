@@ -387,3 +387,73 @@ func TestFreezeAndTamper(t *testing.T) {
 		t.Fatalf("status pipes %+v", st.Pipes)
 	}
 }
+
+// TestMachineIDAndLoad: the machine id (from machine_id_file) goes with the
+// enrollment request and every Hello; heartbeats carry the host load as
+// /proc/loadavg (here a file the test writes) says.
+func TestMachineIDAndLoad(t *testing.T) {
+	srv := newFakeServer(t)
+	cfg := testConfig(t, srv)
+	cfg.HeartbeatInterval = time.Second
+	base := filepath.Dir(cfg.DataDir)
+	const mid = "0123456789abcdef0123456789abcdef"
+	cfg.MachineIDFile = filepath.Join(base, "machine-id")
+	must(t, os.WriteFile(cfg.MachineIDFile, []byte(strings.ToUpper(mid)+"\n"), 0o644))
+	load := filepath.Join(base, "loadavg")
+	must(t, os.WriteFile(load, []byte("0.52 1.25 2.50 3/456 7890\n"), 0o644))
+	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
+	ta := startAgent(t, cfg, nil, WithLoadAvgPath(load))
+	ta.enrolled(10 * time.Second)
+	waitFor(t, 15*time.Second, "a heartbeat", func() bool { return srv.lastHeartbeat() != nil })
+	srv.mu.Lock()
+	ids, hellos := slices.Clone(srv.enrollMachineIDs), slices.Clone(srv.hellos)
+	srv.mu.Unlock()
+	if len(ids) != 1 || ids[0] != mid {
+		t.Fatalf("enrollment machine ids %q", ids)
+	}
+	if len(hellos) == 0 || hellos[0].GetMachineId() != mid {
+		t.Fatalf("hello %v", hellos)
+	}
+	hb := srv.lastHeartbeat()
+	if hb.GetLoad1() != 0.52 || hb.GetLoad5() != 1.25 || hb.GetLoad15() != 2.5 {
+		t.Fatalf("heartbeat load %v", hb)
+	}
+	if ReadMachineID(filepath.Join(base, "nope")) != "" {
+		t.Fatal("a missing machine-id file gives an id")
+	}
+	must(t, os.WriteFile(filepath.Join(base, "bad"), []byte("not-hex\n"), 0o644))
+	if ReadMachineID(filepath.Join(base, "bad")) != "" {
+		t.Fatal("a malformed machine id is accepted")
+	}
+}
+
+// TestAgentPathDefault: an empty agent_path is the running binary; a path
+// that is not an executable file is refused at start with a clear error.
+func TestAgentPathDefault(t *testing.T) {
+	cfg := DefaultConfig()
+	if cfg.AgentPath != "" {
+		t.Fatalf("default agent_path %q", cfg.AgentPath)
+	}
+	must(t, cfg.ResolveAgentPath())
+	exe, _ := os.Executable()
+	exe, _ = filepath.EvalSymlinks(exe)
+	if cfg.AgentPath != exe {
+		t.Fatalf("agent_path %q, the running binary is %q", cfg.AgentPath, exe)
+	}
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "drover-agent")
+	must(t, os.WriteFile(notExec, []byte("x"), 0o644))
+	for _, p := range []string{filepath.Join(dir, "missing"), notExec, dir} {
+		c := DefaultConfig()
+		c.AgentPath = p
+		if err := c.ResolveAgentPath(); err == nil || !strings.Contains(err.Error(), "agent_path") {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	srv := newFakeServer(t)
+	c := testConfig(t, srv)
+	c.AgentPath = notExec
+	if _, err := New(c, nil, WithStore(&BoltStore{}), WithBackend(&fakeBackend{})); err == nil || !strings.Contains(err.Error(), "not executable") {
+		t.Fatalf("New with a non-executable agent_path: %v", err)
+	}
+}

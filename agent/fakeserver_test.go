@@ -83,6 +83,8 @@ type fakeServer struct {
 
 	// stream
 	hellos     []*agentpb.Hello
+	// enrollMachineIDs are the machine_id of every enrollment request.
+	enrollMachineIDs []string
 	heartbeats []*agentpb.Heartbeat
 	committed  map[uint64]*agentpb.AgentMessage // by seq
 	order      []uint64                         // seqs in commit order
@@ -324,6 +326,7 @@ func (s *fakeServer) enroll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
+	s.enrollMachineIDs = append(s.enrollMachineIDs, req.MachineID)
 	tok := s.tokens[parts[1]]
 	switch {
 	case tok == nil || tok.secret != parts[2]:
