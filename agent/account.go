@@ -33,7 +33,7 @@ const WrittenByDaemon = "daemon"
 
 // accountInterval bounds how long an ended invocation waits for a pass when
 // no signal came (the heartbeat's status pass also kicks one).
-const accountInterval = 15 * time.Second
+const accountInterval = 30 * time.Second
 
 // WithLoadAvgPath sets the file host load is read from (tests; default
 // /proc/loadavg).

@@ -82,17 +82,17 @@ type fakeServer struct {
 	manifestLifetime time.Duration
 
 	// stream
-	hellos     []*agentpb.Hello
+	hellos []*agentpb.Hello
 	// enrollMachineIDs are the machine_id of every enrollment request.
 	enrollMachineIDs []string
-	heartbeats []*agentpb.Heartbeat
-	committed  map[uint64]*agentpb.AgentMessage // by seq
-	order      []uint64                         // seqs in commit order
-	dupes      int                              // records received again after commit
-	holdAcks   bool
-	dropAfter  int // close a stream after this many records (0: never)
-	streams    map[string]chan *agentpb.ServerMessage
-	recvd      chan struct{}
+	heartbeats       []*agentpb.Heartbeat
+	committed        map[uint64]*agentpb.AgentMessage // by seq
+	order            []uint64                         // seqs in commit order
+	dupes            int                              // records received again after commit
+	holdAcks         bool
+	dropAfter        int // close a stream after this many records (0: never)
+	streams          map[string]chan *agentpb.ServerMessage
+	recvd            chan struct{}
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
