@@ -108,7 +108,7 @@ func (b *Systemd) Ended(ctx context.Context) ([]Ended, error) {
 	pipes := b.pipesOnDisk()
 	b.amu.Lock()
 	for p, r := range b.reqs {
-		if !b.managed(p) || r.job == "done" && b.cfg.Now().Sub(r.at) > 10*time.Minute {
+		if !b.managed(p) || r.job != "" && b.cfg.Now().Sub(r.at) > 10*time.Minute {
 			delete(b.reqs, p)
 		}
 	}
