@@ -38,6 +38,7 @@ type accountRig struct {
 
 func newAccountRig(t *testing.T) *accountRig {
 	sdtest.Require(t)
+	uniqBase.Store(time.Now().UnixNano())
 	r := &accountRig{t: t, srv: newFakeServer(t)}
 	r.cfg = testConfig(t, r.srv)
 	r.cfg.Backend = BackendSystemd
@@ -140,8 +141,8 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 
 	// 1. Run-now; the service's executable has an interpreter that does not exist.
 	r.setBin("#!/nonexistent/interpreter\n")
-	r.runNow("acct", "req-exec")
-	f := r.finishedOnce("the 203/EXEC run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-exec" })
+	r.runNow("acct", uniq("req-exec"))
+	f := r.finishedOnce("the 203/EXEC run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == uniq("req-exec") })
 	checkDaemonRecord(t, f, "systemd: 203/EXEC", agentpb.Trigger_TRIGGER_API)
 	if !invocationRE.MatchString(f.GetRunId()) || f.GetRunId() != strings.ReplaceAll(sdtest.Show(t, svc, "InvocationID"), "-", "") {
 		t.Fatalf("run id %q is not the service's InvocationID %q", f.GetRunId(), sdtest.Show(t, svc, "InvocationID"))
@@ -186,8 +187,8 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 
 	// 4. The real runner writes its own final record: no second one.
 	r.useRunner()
-	r.runNow("acct", "req-runner")
-	f = r.finishedOnce("the runner's record", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-runner" })
+	r.runNow("acct", uniq("req-runner"))
+	f = r.finishedOnce("the runner's record", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == uniq("req-runner") })
 	if f.GetWrittenBy() != "runner" || f.GetReason() != "exit 3" || f.GetStatus() != agentpb.RunStatus_RUN_STATUS_FAILED {
 		t.Fatalf("runner record %v", f)
 	}
@@ -199,10 +200,10 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 	waitFor(t, 20*time.Second, "version 2", func() bool {
 		return strings.Contains(sdtest.Show(t, svc, "ExecStart"), r.bin) && r.ta.a.pipeVersion("acct") == 2
 	})
-	r.runNow("acct", "req-kill")
+	r.runNow("acct", uniq("req-kill"))
 	waitFor(t, 30*time.Second, "the runner's RunStarted", func() bool {
 		for _, s := range r.srv.runsStarted() {
-			if s.GetRequestId() == "req-kill" {
+			if s.GetRequestId() == uniq("req-kill") {
 				return true
 			}
 		}
@@ -212,7 +213,7 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 	sdtest.Systemctl(t, "kill", "--signal=SIGKILL", svc)
 	f = r.finishedOnce("the killed runner's run", func(f *agentpb.RunFinished) bool { return f.GetRunId() == killed })
 	checkDaemonRecord(t, f, "signal SIGKILL", agentpb.Trigger_TRIGGER_API)
-	if f.GetRequestId() != "req-kill" {
+	if f.GetRequestId() != uniq("req-kill") {
 		t.Fatalf("request id %q", f.GetRequestId())
 	}
 }
@@ -222,6 +223,7 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 // by the daemon from the backend's account of its spawn, not in a run
 // stuck running; the account is a file that outlives the daemon.
 func TestCronAccountsForKilledRunner(t *testing.T) {
+	uniqBase.Store(time.Now().UnixNano())
 	srv := newFakeServer(t)
 	cfg := testConfig(t, srv)
 	cfg.HeartbeatInterval = time.Second
@@ -241,7 +243,7 @@ func TestCronAccountsForKilledRunner(t *testing.T) {
 	p, b := testPipe(t, "cronkill", "17 3 * * *", "true\n", 1)
 	srv.publish(agentID, []manifest.Pipe{p}, b)
 	waitFor(t, 20*time.Second, "the pipe", func() bool { return ta.a.pipeVersion("cronkill") == 1 })
-	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "cronkill", RequestId: "req-cron"}}})
+	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "cronkill", RequestId: uniq("req-cron")}}})
 	var runID string
 	waitFor(t, 20*time.Second, "the run", func() bool {
 		st, _ := backend.Status(context.Background())
@@ -267,7 +269,7 @@ func TestCronAccountsForKilledRunner(t *testing.T) {
 	rig := &accountRig{t: t, srv: srv, ta: ta}
 	f := rig.finishedOnce("the killed runner's run", func(f *agentpb.RunFinished) bool { return f.GetRunId() == runID })
 	checkDaemonRecord(t, f, "signal SIGKILL", agentpb.Trigger_TRIGGER_API)
-	if f.GetRequestId() != "req-cron" {
+	if f.GetRequestId() != uniq("req-cron") {
 		t.Fatalf("request id %q", f.GetRequestId())
 	}
 	if _, err := os.Stat(filepath.Join(cfg.DataDir, "cron-runs", runID+".json")); !os.IsNotExist(err) {
@@ -330,8 +332,8 @@ func TestFreezeAndTamper(t *testing.T) {
 	waitFor(t, expiredRetryMax+10*time.Second, "another pull", func() bool { return polls.Load() > before })
 
 	// The pipe keeps running.
-	r.runNow("frozen", "req-frozen")
-	f := r.finishedOnce("a run under the expired manifest", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-frozen" })
+	r.runNow("frozen", uniq("req-frozen"))
+	f := r.finishedOnce("a run under the expired manifest", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == uniq("req-frozen") })
 	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_SUCCEEDED || f.GetWrittenBy() != "runner" {
 		t.Fatalf("run %v", f)
 	}
@@ -339,8 +341,8 @@ func TestFreezeAndTamper(t *testing.T) {
 	// A payload edited on disk is refused at its next run...
 	payload := filepath.Join(r.cfg.DataDir, "pipes", "frozen", "payload", manifest.ScriptFile)
 	must(t, os.WriteFile(payload, []byte("echo tampered >> "+marker+"\n"), 0o755))
-	r.runNow("frozen", "req-tampered")
-	f = r.finishedOnce("the tampered run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-tampered" })
+	r.runNow("frozen", uniq("req-tampered"))
+	f = r.finishedOnce("the tampered run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == uniq("req-tampered") })
 	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_FAILED || f.GetReason() != "payload_mismatch" || f.GetWrittenBy() != "runner" {
 		t.Fatalf("tampered run %v", f)
 	}
@@ -352,8 +354,8 @@ func TestFreezeAndTamper(t *testing.T) {
 	if got, err := os.ReadFile(payload); err != nil || string(got) != script {
 		t.Fatalf("payload not restored: %q %v", got, err)
 	}
-	r.runNow("frozen", "req-restored")
-	f = r.finishedOnce("the restored run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == "req-restored" })
+	r.runNow("frozen", uniq("req-restored"))
+	f = r.finishedOnce("the restored run", func(f *agentpb.RunFinished) bool { return f.GetRequestId() == uniq("req-restored") })
 	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_SUCCEEDED {
 		t.Fatalf("restored run %v", f)
 	}
@@ -457,3 +459,14 @@ func TestAgentPathDefault(t *testing.T) {
 		t.Fatalf("New with a non-executable agent_path: %v", err)
 	}
 }
+
+// uniq makes a request id unique to this process: the runner remembers the
+// last request it served (in its spool, which outlives a test on the shared
+// user manager), so ids must not repeat between runs of a test.
+func uniq(id string) string { return fmt.Sprintf("%s-%d", id, uniqBase.Load()) }
+
+// uniqBase changes with every test that makes an accountRig (the tests of
+// this package do not run in parallel).
+var uniqBase atomic.Int64
+
+func init() { uniqBase.Store(time.Now().UnixNano()) }
