@@ -100,7 +100,12 @@ func (r *accountRig) runNow(pipe, req string) {
 // after more accounting passes, that exactly one arrived.
 func (r *accountRig) finishedOnce(what string, match func(*agentpb.RunFinished) bool) *agentpb.RunFinished {
 	r.t.Helper()
-	waitFor(r.t, 30*time.Second, what, func() bool { return len(r.srv.finishedWhere(match)) > 0 })
+	return r.finishedOnceWithin(30*time.Second, what, match)
+}
+
+func (r *accountRig) finishedOnceWithin(timeout time.Duration, what string, match func(*agentpb.RunFinished) bool) *agentpb.RunFinished {
+	r.t.Helper()
+	waitFor(r.t, timeout, what, func() bool { return len(r.srv.finishedWhere(match)) > 0 })
 	// More passes (signals, status passes, a pass at start) add nothing.
 	for range 3 {
 		r.ta.a.kickAccount()
@@ -470,3 +475,20 @@ func uniq(id string) string { return fmt.Sprintf("%s-%d", id, uniqBase.Load()) }
 var uniqBase atomic.Int64
 
 func init() { uniqBase.Store(time.Now().UnixNano()) }
+
+// TestSystemdTimerFailureHasScheduledAt: a timer-started invocation that
+// could not exec is recorded with trigger schedule and the fire time it
+// served (scheduled_at).
+func TestSystemdTimerFailureHasScheduledAt(t *testing.T) {
+	r := newAccountRig(t)
+	r.setBin("#!/nonexistent/interpreter\n")
+	p, b := testPipe(t, "ticking", "* * * * *", "true\n", 1)
+	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
+	waitFor(t, 20*time.Second, "the timer", func() bool { _, ok := sdtest.ListTimers(t)[units.TimerName("ticking")]; return ok })
+	f := r.finishedOnceWithin(90*time.Second, "the scheduled run", func(f *agentpb.RunFinished) bool { return f.GetPipe() == "ticking" })
+	checkDaemonRecord(t, f, "systemd: 203/EXEC", agentpb.Trigger_TRIGGER_SCHEDULE)
+	at := f.GetScheduledAt().AsTime()
+	if f.GetScheduledAt() == nil || at.Second() != 0 || at.Nanosecond() != 0 || f.GetStartedAt().AsTime().Sub(at) > time.Minute || at.After(f.GetStartedAt().AsTime()) {
+		t.Fatalf("scheduled_at %v for a run started %v", f.GetScheduledAt(), f.GetStartedAt())
+	}
+}
