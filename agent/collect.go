@@ -22,6 +22,8 @@ type RunSummary struct {
 	Trigger    string    `json:"trigger"`
 	ExitCode   int32     `json:"exit_code"`
 	Signal     string    `json:"signal,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	WrittenBy  string    `json:"written_by,omitempty"`
 	StartedAt  time.Time `json:"started_at,omitzero"`
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 }
@@ -81,8 +83,12 @@ func (a *Agent) kickSpool() {
 	}
 }
 
-// collectOnce drains every spool once.
-func (a *Agent) collectOnce() {
+// collectOnce drains every spool once; it reports whether every spool was
+// drained without an error.
+func (a *Agent) collectOnce() bool {
+	a.collectMu.Lock()
+	defer a.collectMu.Unlock()
+	ok := true
 	for _, root := range a.spoolRoots {
 		ents, err := os.ReadDir(root)
 		if err != nil {
@@ -94,14 +100,17 @@ func (a *Agent) collectOnce() {
 				continue
 			}
 			dir := filepath.Join(root, pipe, "spool")
-			a.drainSpool(dir, pipe)
+			if !a.drainSpool(dir, pipe) {
+				ok = false
+			}
 		}
 	}
+	return ok
 }
 
 // drainSpool commits one spool's records to the outbox (at most once each)
 // and deletes their files.
-func (a *Agent) drainSpool(dir, pipe string) {
+func (a *Agent) drainSpool(dir, pipe string) bool {
 	r := spool.Reader{Dir: dir, Pipe: pipe, OnBad: func(name string, err error) {
 		a.log.Warn("spool: set aside a bad record", "dir", dir, "file", name, "err", err)
 	}}
@@ -121,7 +130,7 @@ func (a *Agent) drainSpool(dir, pipe string) {
 	if n > 0 {
 		names, lerr := spool.List(dir)
 		if lerr != nil {
-			return
+			return err == nil
 		}
 		present := map[string]bool{}
 		for _, name := range names {
@@ -131,6 +140,7 @@ func (a *Agent) drainSpool(dir, pipe string) {
 			a.log.Warn("spool: prune", "dir", dir, "err", err)
 		}
 	}
+	return err == nil
 }
 
 // noteRecord remembers run ids (for CancelRun) and last results (for status).
@@ -145,7 +155,7 @@ func (a *Agent) noteRecord(msg *agentpb.AgentMessage) {
 		delete(a.runPipes, f.GetRunId())
 		a.lastRuns[f.GetPipe()] = RunSummary{
 			RunID: f.GetRunId(), Status: runStatusName(f.GetStatus()), Trigger: triggerName(f.GetTrigger()),
-			ExitCode: f.GetExitCode(), Signal: f.GetSignal(),
+			ExitCode: f.GetExitCode(), Signal: f.GetSignal(), Reason: f.GetReason(), WrittenBy: f.GetWrittenBy(),
 			StartedAt: f.GetStartedAt().AsTime(), FinishedAt: f.GetFinishedAt().AsTime(),
 		}
 	}

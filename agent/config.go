@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/sys/unix"
 
 	"github.com/drover/drover/manifest"
 )
@@ -22,7 +23,11 @@ const (
 	DefaultConfigFile = "/etc/drover/agent.yaml"
 	DefaultDataDir    = "/var/lib/drover"
 	DefaultTokenFile  = "/etc/drover/enroll.token"
-	DefaultAgentPath  = "/usr/bin/drover-agent"
+	// DefaultMachineIDFile is systemd's machine id (machine-id(5)).
+	DefaultMachineIDFile = "/etc/machine-id"
+	// DefaultAgentPath is where the packages install the agent. The daemon
+	// does not assume it: an empty agent_path is the running binary.
+	DefaultAgentPath = "/usr/bin/drover-agent"
 )
 
 // Backend and scope names.
@@ -56,7 +61,8 @@ type Config struct {
 	// Default: <data_dir>/control/agent.sock (the directory is 0700).
 	ControlSocket string `yaml:"control_socket"`
 	// AgentPath is the binary pipe services run (`<agent_path> run <pipe>`).
-	// Default: /usr/bin/drover-agent.
+	// Default (empty): the running drover-agent binary, symlinks resolved
+	// (ResolveAgentPath). The daemon checks at start that it is executable.
 	AgentPath string `yaml:"agent_path"`
 
 	SyncInterval      time.Duration `yaml:"sync_interval"`
@@ -72,6 +78,11 @@ type Config struct {
 	// RequestTimeout bounds one HTTP request to the server.
 	RequestTimeout time.Duration `yaml:"request_timeout"`
 
+	// MachineIDFile is the host's machine id (default /etc/machine-id),
+	// sent in Hello and at enrollment so that the server binds the identity
+	// to this machine.
+	MachineIDFile string `yaml:"machine_id_file"`
+
 	LogLevel  string `yaml:"log_level"`  // debug | info | warn | error
 	LogFormat string `yaml:"log_format"` // text | json
 }
@@ -84,7 +95,6 @@ func DefaultConfig() Config {
 		TokenFile:         DefaultTokenFile,
 		Backend:           BackendAuto,
 		Scope:             ScopeSystem,
-		AgentPath:         DefaultAgentPath,
 		SyncInterval:      30 * time.Second,
 		HeartbeatInterval: 30 * time.Second,
 		OutboxMaxBytes:    256 << 20,
@@ -92,6 +102,7 @@ func DefaultConfig() Config {
 		MaxPayloadBytes:   manifest.DefaultMaxBundleBytes,
 		MaxBackoff:        5 * time.Minute,
 		RequestTimeout:    60 * time.Second,
+		MachineIDFile:     DefaultMachineIDFile,
 		LogLevel:          "info",
 		LogFormat:         "text",
 	}
@@ -164,6 +175,7 @@ var envVars = []struct {
 	{"DROVER_MAX_PAYLOAD_BYTES", func(c *Config, v string) error { return setInt64(&c.MaxPayloadBytes, v) }},
 	{"DROVER_MAX_BACKOFF", func(c *Config, v string) error { return setDuration(&c.MaxBackoff, v) }},
 	{"DROVER_REQUEST_TIMEOUT", func(c *Config, v string) error { return setDuration(&c.RequestTimeout, v) }},
+	{"DROVER_MACHINE_ID_FILE", func(c *Config, v string) error { c.MachineIDFile = v; return nil }},
 	{"DROVER_LOG_LEVEL", func(c *Config, v string) error { c.LogLevel = v; return nil }},
 	{"DROVER_LOG_FORMAT", func(c *Config, v string) error { c.LogFormat = v; return nil }},
 }
@@ -231,7 +243,8 @@ func (c *Config) Validate() error {
 	abs("data_dir", c.DataDir, true)
 	abs("token_file", c.TokenFile, false)
 	abs("control_socket", c.ControlSocket, false)
-	abs("agent_path", c.AgentPath, true)
+	abs("machine_id_file", c.MachineIDFile, false)
+	abs("agent_path", c.AgentPath, false)
 	if len(c.SocketPath()) > 100 {
 		add("control_socket", "%q is longer than a unix socket path may be", c.SocketPath())
 	}
@@ -295,4 +308,40 @@ func EnvNames() []string {
 		names = append(names, e.name)
 	}
 	return names
+}
+
+// ResolveAgentPath fills an empty AgentPath with the running binary
+// (os.Executable, symlinks evaluated) and checks that the path pipe services
+// will run is an executable regular file: a unit whose ExecStart names a
+// missing binary fails every run with 203/EXEC.
+func (c *Config) ResolveAgentPath() error {
+	if c.AgentPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("agent_path: the running binary: %w", err)
+		}
+		if r, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = r
+		}
+		c.AgentPath = exe
+	}
+	return CheckAgentPath(c.AgentPath)
+}
+
+// CheckAgentPath reports whether path is an executable regular file.
+func CheckAgentPath(path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("agent_path: %q must be an absolute path", path)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("agent_path: %w (pipe services run `<agent_path> run <pipe>`; set agent_path or DROVER_AGENT_PATH)", err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("agent_path: %s is not a regular file", path)
+	}
+	if err := unix.Access(path, unix.X_OK); err != nil || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("agent_path: %s is not executable", path)
+	}
+	return nil
 }

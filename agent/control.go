@@ -36,39 +36,47 @@ type controlResponse struct {
 
 // Status is what `drover-agent status` shows.
 type Status struct {
-	Version         string     `json:"version"`
-	Enrolled        bool       `json:"enrolled"`
-	EnrollError     string     `json:"enroll_error,omitempty"`
-	IdentityError   string     `json:"identity_error,omitempty"` // enrolled, but the identity no longer works (reenroll.go)
-	AgentID         string     `json:"agent_id,omitempty"`
-	Server          string     `json:"server,omitempty"`
-	GRPCAddr        string     `json:"grpc_addr,omitempty"`
-	CertExpiresAt   time.Time  `json:"cert_expires_at,omitzero"`
-	Backend         string     `json:"backend"`
-	Scope           string     `json:"scope"`
-	SystemdVersion  string     `json:"systemd_version,omitempty"`
-	Serial          uint64     `json:"serial"`
-	Digest          string     `json:"digest,omitempty"`
-	AppliedSerial   uint64     `json:"applied_serial"`
-	LastSync        time.Time  `json:"last_sync,omitzero"`
-	LastSyncError   string     `json:"last_sync_error,omitempty"`
-	StreamConnected bool       `json:"stream_connected"`
-	OutboxRecords   uint64     `json:"outbox_records"`
-	OutboxBytes     uint64     `json:"outbox_bytes"`
-	Pipes           []PipeInfo `json:"pipes"`
+	Version        string    `json:"version"`
+	Enrolled       bool      `json:"enrolled"`
+	EnrollError    string    `json:"enroll_error,omitempty"`
+	IdentityError  string    `json:"identity_error,omitempty"` // enrolled, but the identity no longer works (reenroll.go)
+	AgentID        string    `json:"agent_id,omitempty"`
+	Server         string    `json:"server,omitempty"`
+	GRPCAddr       string    `json:"grpc_addr,omitempty"`
+	CertExpiresAt  time.Time `json:"cert_expires_at,omitzero"`
+	Backend        string    `json:"backend"`
+	Scope          string    `json:"scope"`
+	SystemdVersion string    `json:"systemd_version,omitempty"`
+	Serial         uint64    `json:"serial"`
+	Digest         string    `json:"digest,omitempty"`
+	AppliedSerial  uint64    `json:"applied_serial"`
+	// ManifestExpired: the manifest in force passed its expires_at and the
+	// server sent no newer one (a stuck server or a proxy answering 304):
+	// its pipes keep running, and the agent retries hard.
+	ManifestExpired   bool       `json:"manifest_expired,omitempty"`
+	ManifestExpiresAt time.Time  `json:"manifest_expires_at,omitzero"`
+	LastSync          time.Time  `json:"last_sync,omitzero"`
+	LastSyncError     string     `json:"last_sync_error,omitempty"`
+	StreamConnected   bool       `json:"stream_connected"`
+	OutboxRecords     uint64     `json:"outbox_records"`
+	OutboxBytes       uint64     `json:"outbox_bytes"`
+	Pipes             []PipeInfo `json:"pipes"`
 }
 
 // PipeInfo is one pipe in Status.
 type PipeInfo struct {
-	Name       string      `json:"name"`
-	Version    uint64      `json:"version"`
-	Enabled    bool        `json:"enabled"`
-	NextRun    time.Time   `json:"next_run,omitzero"`
-	Running    bool        `json:"running"`
-	RunID      string      `json:"run_id,omitempty"`
-	ApplyError string      `json:"apply_error,omitempty"`
-	LastResult string      `json:"last_result,omitempty"` // as the backend saw it
-	LastRun    *RunSummary `json:"last_run,omitempty"`    // as reported by the runner
+	Name       string    `json:"name"`
+	Version    uint64    `json:"version"`
+	Enabled    bool      `json:"enabled"`
+	NextRun    time.Time `json:"next_run,omitzero"`
+	Running    bool      `json:"running"`
+	RunID      string    `json:"run_id,omitempty"`
+	ApplyError string    `json:"apply_error,omitempty"`
+	// DropInsRemoved lists drop-ins found beside the pipe's units and
+	// removed at the last sync.
+	DropInsRemoved []string    `json:"drop_ins_removed,omitempty"`
+	LastResult     string      `json:"last_result,omitempty"` // as the backend saw it
+	LastRun        *RunSummary `json:"last_run,omitempty"`    // as reported by the runner
 
 	// ElapseMismatch: after the last apply, the scheduler's next elapse
 	// disagreed with the schedule.
@@ -233,6 +241,10 @@ func (a *Agent) Status(ctx context.Context) Status {
 	}
 	cur := a.current
 	a.mu.Unlock()
+	if cur != nil {
+		st.ManifestExpiresAt = cur.ExpiresAt
+		st.ManifestExpired = !cur.ExpiresAt.IsZero() && !a.clock.Now().Before(cur.ExpiresAt)
+	}
 	if id != nil {
 		st.Enrolled, st.AgentID, st.GRPCAddr, st.CertExpiresAt = true, id.AgentID, id.GRPCAddr, id.NotAfter()
 		st.Server = a.cfg.Server
@@ -264,6 +276,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 		pi := get(r.Name)
 		pi.ApplyError = r.Error
 		pi.ElapseMismatch = r.ElapseMismatch
+		pi.DropInsRemoved = r.DropInsRemoved
 		if len(r.NextFireTimes) > 0 {
 			pi.NextRun = r.NextFireTimes[0]
 		}

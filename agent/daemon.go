@@ -45,6 +45,10 @@ type Agent struct {
 	// reconnectCh cuts the stream's reconnect wait short (re-enrolled).
 	reconnectCh chan struct{}
 	spoolCh     chan struct{} // collect spools now (buffered 1)
+	accountCh   chan struct{} // settle ended invocations now (buffered 1)
+	accountMu   sync.Mutex    // one accounting pass at a time
+	collectMu   sync.Mutex    // one spool pass at a time
+	loadAvg     string        // host load file (default /proc/loadavg)
 
 	alive atomic.Int64 // unix nanos of the last main-loop turn, for the watchdog
 
@@ -59,15 +63,17 @@ type Agent struct {
 	secrets       map[string]string
 	applyOK       bool
 	lastReject    string // digest of the last envelope reported as rejected
-	results       []PipeResult
-	lastRuns      map[string]RunSummary
-	lastSync      time.Time
-	lastSyncErr   string
-	streamUp      bool
-	enrollErr     string
-	authLost      string            // why the server refuses the identity (reenroll.go); "" when it does not
-	runPipes      map[string]string // run id -> pipe, from RunStarted records
-	spoolRoots    []string
+	// reportedExpired: the last ManifestStatus said manifest_expired.
+	reportedExpired bool
+	results         []PipeResult
+	lastRuns        map[string]RunSummary
+	lastSync        time.Time
+	lastSyncErr     string
+	streamUp        bool
+	enrollErr       string
+	authLost        string            // why the server refuses the identity (reenroll.go); "" when it does not
+	runPipes        map[string]string // run id -> pipe, from RunStarted records
+	spoolRoots      []string
 }
 
 // Option configures an Agent.
@@ -106,6 +112,9 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.ResolveAgentPath(); err != nil {
+		return nil, err
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -119,12 +128,16 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		enrollCh:    make(chan enrollCall),
 		outboxCh:    make(chan struct{}, 1),
 		spoolCh:     make(chan struct{}, 1),
+		accountCh:   make(chan struct{}, 1),
 		reconnectCh: make(chan struct{}, 1),
 		lastRuns:    map[string]RunSummary{},
 		runPipes:    map[string]string{},
 	}
 	for _, o := range opts {
 		o(a)
+	}
+	if a.host.MachineID == "" || cfg.MachineIDFile != DefaultMachineIDFile {
+		a.host.MachineID = ReadMachineID(cfg.MachineIDFile)
 	}
 	if a.spoolRoots == nil {
 		a.spoolRoots = DefaultSpoolRoots(cfg)
@@ -177,6 +190,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.sdNotify("STATUS=enrolled as " + a.identity().AgentID)
 	a.applyStored(ctx)
+	wg.Go(func() { a.accountLoop(ctx) })
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.streamLoop(ctx) })
 	wg.Go(func() { a.reenrollLoop(ctx) })

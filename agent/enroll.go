@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/drover/drover/signing"
@@ -27,6 +28,8 @@ type HostInfo struct {
 	OS           string
 	Arch         string
 	AgentVersion string
+	// MachineID is the host's machine id (machine-id(5)); "" when unknown.
+	MachineID string
 }
 
 type enrollRequest struct {
@@ -36,6 +39,8 @@ type enrollRequest struct {
 	Arch         string `json:"arch"`
 	AgentVersion string `json:"agent_version"`
 	CSR          string `json:"csr"`
+	// MachineID binds the identity to this machine (omitted when unknown).
+	MachineID string `json:"machine_id,omitempty"`
 }
 
 type enrollResponse struct {
@@ -158,14 +163,22 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	}
 	c := newHTTPClient(server, pinnedConfig(hostName, tok.Pin), timeout, log)
 	var out enrollResponse
-	resp, err := c.R().SetContext(ctx).
-		SetBody(enrollRequest{
-			Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
-			AgentVersion: host.AgentVersion, CSR: csr,
-		}).
-		SetResult(&out).
-		Post(pathEnroll)
-	if err := checkResponse(resp, err); err != nil {
+	body := enrollRequest{
+		Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
+		AgentVersion: host.AgentVersion, CSR: csr, MachineID: host.MachineID,
+	}
+	resp, err := c.R().SetContext(ctx).SetBody(body).SetResult(&out).Post(pathEnroll)
+	err = checkResponse(resp, err)
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Status == 400 && body.MachineID != "" && strings.Contains(ae.Message, "machine_id") {
+		// A server older than machine binding refuses the field (it
+		// decodes strictly, before it looks at the token): enroll without.
+		log.Warn("the server does not know machine ids; enrolling without binding this machine")
+		body.MachineID = ""
+		resp, err = c.R().SetContext(ctx).SetBody(body).SetResult(&out).Post(pathEnroll)
+		err = checkResponse(resp, err)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
 	if resp.StatusCode() != 200 && resp.StatusCode() != 201 {
@@ -250,5 +263,24 @@ func Enroll(ctx context.Context, cfg Config, st Store, token string, host HostIn
 // DefaultHostInfo describes this host.
 func DefaultHostInfo() HostInfo {
 	h, _ := os.Hostname()
-	return HostInfo{Hostname: h, OS: runtime.GOOS, Arch: runtime.GOARCH, AgentVersion: Version}
+	return HostInfo{Hostname: h, OS: runtime.GOOS, Arch: runtime.GOARCH, AgentVersion: Version, MachineID: ReadMachineID(DefaultMachineIDFile)}
+}
+
+// ReadMachineID returns the machine id in path (32 hex digits, lower
+// case), or "" when the file is missing or holds something else.
+func ReadMachineID(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) > 256 {
+		return ""
+	}
+	id := strings.ToLower(strings.TrimSpace(string(b)))
+	if len(id) != 32 {
+		return ""
+	}
+	for _, c := range id {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return ""
+		}
+	}
+	return id
 }

@@ -77,16 +77,22 @@ type fakeServer struct {
 	nextAgent    int
 	intercept    func(w http.ResponseWriter, r *http.Request, agentID string) bool
 	renewals     int
+	// manifestLifetime overrides manifest.DefaultLifetime for the next
+	// manifests signed (0: the default).
+	manifestLifetime time.Duration
 
 	// stream
-	hellos    []*agentpb.Hello
-	committed map[uint64]*agentpb.AgentMessage // by seq
-	order     []uint64                         // seqs in commit order
-	dupes     int                              // records received again after commit
-	holdAcks  bool
-	dropAfter int // close a stream after this many records (0: never)
-	streams   map[string]chan *agentpb.ServerMessage
-	recvd     chan struct{}
+	hellos []*agentpb.Hello
+	// enrollMachineIDs are the machine_id of every enrollment request.
+	enrollMachineIDs []string
+	heartbeats       []*agentpb.Heartbeat
+	committed        map[uint64]*agentpb.AgentMessage // by seq
+	order            []uint64                         // seqs in commit order
+	dupes            int                              // records received again after commit
+	holdAcks         bool
+	dropAfter        int // close a stream after this many records (0: never)
+	streams          map[string]chan *agentpb.ServerMessage
+	recvd            chan struct{}
 }
 
 func newFakeServer(t *testing.T) *fakeServer {
@@ -320,6 +326,7 @@ func (s *fakeServer) enroll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
+	s.enrollMachineIDs = append(s.enrollMachineIDs, req.MachineID)
 	tok := s.tokens[parts[1]]
 	switch {
 	case tok == nil || tok.secret != parts[2]:
@@ -407,10 +414,14 @@ func testPipe(t *testing.T, name, schedule, script string, version uint64) (mani
 func (s *fakeServer) signManifest(agentID string, serial uint64, pipes []manifest.Pipe) ([]byte, string) {
 	s.mu.Lock()
 	klVer := s.klVer
+	lifetime := s.manifestLifetime
 	s.mu.Unlock()
+	if lifetime == 0 {
+		lifetime = manifest.DefaultLifetime
+	}
 	m := manifest.Manifest{
 		AgentID: agentID, Serial: serial, IssuedAt: time.Now().Add(-time.Second).UTC().Truncate(time.Second),
-		ExpiresAt: time.Now().Add(manifest.DefaultLifetime).UTC().Truncate(time.Second), KeyListVersion: klVer,
+		ExpiresAt: time.Now().Add(lifetime).UTC().Truncate(time.Second), KeyListVersion: klVer,
 		Pipes: pipes,
 	}
 	if m.Pipes == nil {
@@ -530,6 +541,11 @@ func (f *fakeStream) AgentStream(stream grpc.BidiStreamingServer[agentpb.AgentMe
 			return err
 		}
 		if msg.GetSeq() == 0 {
+			if hb := msg.GetHeartbeat(); hb != nil {
+				s.mu.Lock()
+				s.heartbeats = append(s.heartbeats, hb)
+				s.mu.Unlock()
+			}
 			continue
 		}
 		n++
@@ -569,4 +585,51 @@ func (s *fakeServer) manifestStatuses() []*agentpb.ManifestStatus {
 		}
 	}
 	return out
+}
+
+// runsFinished returns the committed RunFinished records in order.
+func (s *fakeServer) runsFinished() []*agentpb.RunFinished {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*agentpb.RunFinished
+	for _, seq := range s.order {
+		if f := s.committed[seq].GetRunFinished(); f != nil {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// runsStarted returns the committed RunStarted records in order.
+func (s *fakeServer) runsStarted() []*agentpb.RunStarted {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*agentpb.RunStarted
+	for _, seq := range s.order {
+		if r := s.committed[seq].GetRunStarted(); r != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// finishedWhere returns the committed RunFinished records match accepts.
+func (s *fakeServer) finishedWhere(match func(*agentpb.RunFinished) bool) []*agentpb.RunFinished {
+	var out []*agentpb.RunFinished
+	for _, f := range s.runsFinished() {
+		if match(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// lastHeartbeat returns the last heartbeat received, or nil.
+func (s *fakeServer) lastHeartbeat() *agentpb.Heartbeat {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.heartbeats) == 0 {
+		return nil
+	}
+	return s.heartbeats[len(s.heartbeats)-1]
 }

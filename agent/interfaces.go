@@ -63,6 +63,15 @@ type Store interface {
 	Ack(seq uint64) error
 	// OutboxStats returns the number and total size of unacknowledged records.
 	OutboxStats() (records, bytes uint64, err error)
+
+	// RunBook returns what is known of pipe's runs (account.go).
+	RunBook(pipe string) (RunBook, error)
+	// Settle enqueues records the daemon writes and marks invocation keys
+	// of pipe settled, in one transaction.
+	Settle(pipe string, keys []string, msgs ...*agentpb.AgentMessage) error
+	// AccountBaseline reports whether run accounting had started before
+	// (and marks it started).
+	AccountBaseline() (bool, error)
 }
 
 // Backend runs pipes on the host: systemd units or the internal cron

@@ -46,13 +46,14 @@ func (a *Agent) runNow(ctx context.Context, pipe, req string) {
 	}
 	status, exit := agentpb.RunStatus_RUN_STATUS_FAILED, int32(-1) // -1: nothing ran
 	reason := fmt.Sprintf("run now: %v", err)
+	short := "run now: start failed"
 	switch {
 	case errors.Is(err, apply.ErrAlreadyRunning):
 		status, exit = agentpb.RunStatus_RUN_STATUS_SKIPPED, 0 // as the runner records a skipped tick
-		reason = "run now: a run of this pipe is in progress (runs never overlap)"
+		reason, short = "run now: a run of this pipe is in progress (runs never overlap)", "overlap"
 		a.log.Info("run now skipped: a run is in progress", "pipe", pipe, "request_id", req)
 	case errors.Is(err, apply.ErrUnknownPipe):
-		reason = "run now: the pipe is not installed on this host (the manifest in force does not have it)"
+		reason, short = "run now: the pipe is not installed on this host (the manifest in force does not have it)", "unknown pipe"
 		a.log.Error("run now", "pipe", pipe, "request_id", req, "err", err)
 	default:
 		a.log.Error("run now", "pipe", pipe, "request_id", req, "err", err)
@@ -61,9 +62,14 @@ func (a *Agent) runNow(ctx context.Context, pipe, req string) {
 	msg := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{
 		RunId: newRunID(), Pipe: pipe, PipeVersion: a.pipeVersion(pipe), Trigger: agentpb.Trigger_TRIGGER_API,
 		Status: status, ExitCode: exit, StartedAt: now, FinishedAt: now, Error: reason, RequestId: req,
+		Reason: short, Attempts: 1, WrittenBy: WrittenByDaemon,
 	}}}
 	a.noteRecord(msg)
-	a.enqueue(msg)
+	if err := a.store.Settle(pipe, nil, msg); err != nil {
+		a.log.Error("outbox enqueue", "err", err)
+		return
+	}
+	a.kickOutbox()
 }
 
 // pipeVersion is the version of pipe in the manifest in force, or 0.

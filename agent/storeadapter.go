@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/drover/drover/agent/spool"
@@ -136,13 +137,151 @@ func (b *BoltStore) Enqueue(msgs ...*agentpb.AgentMessage) error {
 // transaction, each at most once per (source, name).
 func (b *BoltStore) EnqueueSpooled(source string, recs []spool.Record) error {
 	return b.S.Update(func(t *store.Tx) error {
+		books := map[string]*RunBook{}
 		for _, r := range recs {
 			if _, _, err := t.EnqueueSpooled(source, r.Name, r.Msg); err != nil {
 				return err
 			}
+			noteInBook(t, books, r.Msg, "")
 		}
+		return saveBooks(t, books)
+	})
+}
+
+// RunBook is what the agent remembers of one pipe's runs, to account for
+// every invocation exactly once (account.go): the runs whose final record
+// is in the outbox (or was sent), the invocations already settled, and the
+// runs started and not finished. Each list is bounded (runBookMax).
+type RunBook struct {
+	Finals    []string             `json:"finals,omitempty"`
+	Accounted []string             `json:"accounted,omitempty"`
+	Open      map[string]time.Time `json:"open,omitempty"`
+}
+
+const (
+	kvRunBook  = "agent.runs/" // + pipe
+	runBookMax = 64
+)
+
+// HasFinal reports whether a final record of runID is known.
+func (rb *RunBook) HasFinal(runID string) bool { return slices.Contains(rb.Finals, runID) }
+
+// IsAccounted reports whether key (an invocation) was settled.
+func (rb *RunBook) IsAccounted(key string) bool { return slices.Contains(rb.Accounted, key) }
+
+func pushBounded(list []string, v string) []string {
+	if slices.Contains(list, v) {
+		return list
+	}
+	list = append(list, v)
+	if len(list) > runBookMax {
+		list = list[len(list)-runBookMax:]
+	}
+	return list
+}
+
+func loadBook(t *store.Tx, books map[string]*RunBook, pipe string) *RunBook {
+	if rb := books[pipe]; rb != nil {
+		return rb
+	}
+	rb := &RunBook{}
+	if v := t.Get(kvRunBook + pipe); v != nil {
+		_ = json.Unmarshal(v, rb)
+	}
+	books[pipe] = rb
+	return rb
+}
+
+// noteInBook records a run record in its pipe's book; accounted, when not
+// "", marks an invocation settled.
+func noteInBook(t *store.Tx, books map[string]*RunBook, msg *agentpb.AgentMessage, accounted string) {
+	switch body := msg.GetBody().(type) {
+	case *agentpb.AgentMessage_RunStarted:
+		rs := body.RunStarted
+		rb := loadBook(t, books, rs.GetPipe())
+		if rb.HasFinal(rs.GetRunId()) {
+			return
+		}
+		if rb.Open == nil {
+			rb.Open = map[string]time.Time{}
+		}
+		rb.Open[rs.GetRunId()] = rs.GetStartedAt().AsTime()
+		for len(rb.Open) > runBookMax {
+			oldest, at := "", time.Time{}
+			for id, t := range rb.Open {
+				if oldest == "" || t.Before(at) {
+					oldest, at = id, t
+				}
+			}
+			delete(rb.Open, oldest)
+		}
+	case *agentpb.AgentMessage_RunFinished:
+		rf := body.RunFinished
+		rb := loadBook(t, books, rf.GetPipe())
+		delete(rb.Open, rf.GetRunId())
+		rb.Finals = pushBounded(rb.Finals, rf.GetRunId())
+	}
+}
+
+func saveBooks(t *store.Tx, books map[string]*RunBook) error {
+	for pipe, rb := range books {
+		b, err := json.Marshal(rb)
+		if err != nil {
+			return err
+		}
+		if err := t.Put(kvRunBook+pipe, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RunBook implements Store.
+func (b *BoltStore) RunBook(pipe string) (rb RunBook, err error) {
+	err = b.S.View(func(t *store.Tx) error {
+		rb = *loadBook(t, map[string]*RunBook{}, pipe)
 		return nil
 	})
+	return rb, err
+}
+
+// Settle implements Store: in one transaction, msgs (records the daemon
+// writes) go into the outbox and the invocations keys of pipe are marked
+// settled.
+func (b *BoltStore) Settle(pipe string, keys []string, msgs ...*agentpb.AgentMessage) error {
+	return b.S.Update(func(t *store.Tx) error {
+		if len(msgs) > 0 {
+			if _, err := t.Enqueue(msgs...); err != nil {
+				return err
+			}
+		}
+		books := map[string]*RunBook{}
+		for _, m := range msgs {
+			noteInBook(t, books, m, "")
+		}
+		rb := loadBook(t, books, pipe)
+		for _, k := range keys {
+			rb.Accounted = pushBounded(rb.Accounted, k)
+		}
+		return saveBooks(t, books)
+	})
+}
+
+// kvAccountBaseline marks a store whose run books were started: an agent
+// upgraded from a version without them does not judge the invocations
+// systemd still remembers from before (their records were sent already).
+const kvAccountBaseline = "agent.runs.baseline"
+
+// AccountBaseline implements Store.
+func (b *BoltStore) AccountBaseline() (done bool, err error) {
+	err = b.S.Update(func(t *store.Tx) error {
+		done = t.Get(kvAccountBaseline) != nil
+		if done {
+			return nil
+		}
+		return t.Put(kvAccountBaseline, []byte(time.Now().UTC().Format(time.RFC3339)))
+	})
+	return done, err
 }
 
 // PruneSpooled implements Store.

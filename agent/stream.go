@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -182,6 +186,7 @@ func (a *Agent) hello() *agentpb.AgentMessage {
 		SystemdVersion: a.systemdVersion(),
 		ManifestSerial: ms.Serial,
 		ManifestDigest: ms.Digest,
+		MachineId:      a.host.MachineID,
 	}
 	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: h}}
 }
@@ -198,13 +203,10 @@ func (a *Agent) systemdVersion() string {
 
 func (a *Agent) heartbeat(ctx context.Context) *agentpb.AgentMessage {
 	hb := &agentpb.Heartbeat{SentAt: timestamppb.New(a.clock.Now())}
-	if states, err := a.backend.Status(ctx); err == nil {
-		for _, s := range states {
-			if s.Running && s.RunID != "" {
-				hb.RunningRunIds = append(hb.RunningRunIds, s.RunID)
-			}
-		}
-	}
+	hb.RunningRunIds = a.runningRunIDs(ctx)
+	hb.Load1, hb.Load5, hb.Load15 = readLoadAvg(a.loadAvgPath())
+	// Every status pass also settles what ended while no signal said so.
+	a.kickAccount()
 	hb.OutboxRecords, hb.OutboxBytes, _ = a.store.OutboxStats()
 	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Heartbeat{Heartbeat: hb}}
 }
@@ -252,4 +254,66 @@ func (a *Agent) cancelRun(ctx context.Context, runID string) error {
 		return fmt.Errorf("run %s is not known to be running", runID)
 	}
 	return a.backend.Cancel(ctx, pipe, runID)
+}
+
+// runningRunIDs returns the ids of the runs in progress on this host: the
+// backend's (systemd: the service's InvocationID, which the runner uses as
+// its run id) and, for a pipe whose service is running, the runs its runner
+// reported started and not yet finished (catch-up runs have their own ids).
+func (a *Agent) runningRunIDs(ctx context.Context) []string {
+	states, err := a.backend.Status(ctx)
+	if err != nil {
+		return nil
+	}
+	running := map[string]bool{}
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range states {
+		if !s.Running {
+			continue
+		}
+		running[s.Name] = true
+		if s.RunID != "" && !seen[s.RunID] {
+			seen[s.RunID] = true
+			out = append(out, s.RunID)
+		}
+	}
+	a.mu.Lock()
+	for id, pipe := range a.runPipes {
+		if running[pipe] && !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	a.mu.Unlock()
+	sort.Strings(out)
+	return out
+}
+
+func (a *Agent) loadAvgPath() string {
+	if a.loadAvg != "" {
+		return a.loadAvg
+	}
+	return "/proc/loadavg"
+}
+
+// readLoadAvg reads the 1, 5 and 15 minute load averages (zeros when the
+// file cannot be read).
+func readLoadAvg(path string) (l1, l5, l15 float64) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return 0, 0, 0
+	}
+	parse := func(s string) float64 {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v < 0 {
+			return 0
+		}
+		return v
+	}
+	return parse(f[0]), parse(f[1]), parse(f[2])
 }

@@ -27,6 +27,9 @@ type SyncResult struct {
 	Serial      uint64    `json:"serial,omitempty"`
 	Error       string    `json:"error,omitempty"`
 	NotModified bool      `json:"not_modified,omitempty"`
+	// Expired: the manifest in force has expired (see ManifestStatus's
+	// manifest_expired); the sync loop retries within expiredRetryMax.
+	Expired bool `json:"expired,omitempty"`
 }
 
 // Sync outcomes.
@@ -50,6 +53,10 @@ type rejection struct{ err error }
 func (r *rejection) Error() string { return r.err.Error() }
 func (r *rejection) Unwrap() error { return r.err }
 
+// expiredRetryMax caps the retry delay while the manifest in force is
+// expired: "retried hard".
+const expiredRetryMax = 15 * time.Second
+
 // syncLoop pulls the manifest every interval (with jitter), at once when
 // asked, and with backoff after errors, until ctx is done.
 func (a *Agent) syncLoop(ctx context.Context) {
@@ -68,6 +75,9 @@ func (a *Agent) syncLoop(ctx context.Context) {
 		var d time.Duration
 		if res.Outcome == OutcomeError {
 			d = bo.next()
+			if res.Expired {
+				d = min(d, expiredRetryMax)
+			}
 			a.log.Warn("sync failed; retrying", "err", res.Error, "retry_in", d.Round(time.Millisecond))
 		} else {
 			bo.reset()
@@ -158,6 +168,17 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		}
 		res := a.reapply(ctx)
 		res.NotModified = true
+		if now := a.clock.Now(); !cur.ExpiresAt.IsZero() && !now.Before(cur.ExpiresAt) {
+			// Freeze: nothing newer comes, and what is in force expired.
+			// Its pipes keep running (a dead server must not stop the
+			// fleet); it is reported, and the next pulls ask for the full
+			// manifest, soon.
+			a.setETag("")
+			res.Outcome, res.Expired = OutcomeError, true
+			res.Error = fmt.Sprintf("the manifest in force (serial %d) expired at %s and the server sends nothing newer (304)",
+				cur.Serial, cur.ExpiresAt.UTC().Format(time.RFC3339))
+			a.log.Error("manifest in force expired; its pipes keep running", "serial", cur.Serial, "expired_at", cur.ExpiresAt)
+		}
 		return res
 	}
 	env := resp.Body()
@@ -388,11 +409,12 @@ func (a *Agent) fetchSecrets(ctx context.Context, m *manifest.Manifest) (map[str
 
 // PipeResult is what the last apply did for one pipe.
 type PipeResult struct {
-	Name          string
-	Version       uint64
-	NextFireTimes []time.Time
-	Error         string
-	DriftRestored bool
+	Name           string
+	Version        uint64
+	NextFireTimes  []time.Time
+	Error          string
+	DriftRestored  bool
+	DropInsRemoved []string
 	// ElapseMismatch: the scheduler's next elapse disagrees with the
 	// evaluator (apply.ElapseMismatch).
 	ElapseMismatch string
@@ -459,6 +481,15 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	a.mu.Unlock()
 
 	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(a.clock.Now()), Pipes: pipeStatuses(results)}
+	expired := !m.ExpiresAt.IsZero() && !a.clock.Now().Before(m.ExpiresAt)
+	if !m.ExpiresAt.IsZero() {
+		st.ExpiresAt = timestamppb.New(m.ExpiresAt)
+	}
+	st.ManifestExpired = expired
+	a.mu.Lock()
+	expiryChanged := a.reportedExpired != expired
+	a.reportedExpired = expired
+	a.mu.Unlock()
 	if err != nil {
 		a.log.Error("apply failed", "serial", m.Serial, "err", err)
 		st.State = agentpb.ManifestStatus_STATE_APPLY_FAILED
@@ -483,7 +514,7 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	for _, s := range drift {
 		a.log.Warn("restored drift", "step", s.String())
 	}
-	if report || !wasOK || len(drift) > 0 {
+	if report || !wasOK || len(drift) > 0 || expiryChanged || hasDropIns(results) {
 		a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
 	}
 	if report {
@@ -505,13 +536,17 @@ func (a *Agent) pipeResults(ctx context.Context, m *manifest.Manifest, errs map[
 		}
 	}
 	drifted := map[string]bool{}
+	dropIns := map[string][]string{}
 	for _, s := range drift {
 		drifted[s.Pipe] = true
+		if s.Reason == apply.DropInReason {
+			dropIns[s.Pipe] = append(dropIns[s.Pipe], s.File)
+		}
 	}
 	now := a.clock.Now()
 	out := make([]PipeResult, 0, len(m.Pipes))
 	for _, p := range m.Pipes {
-		r := PipeResult{Name: p.Name, Version: p.Version, Error: errs[p.Name], DriftRestored: drifted[p.Name]}
+		r := PipeResult{Name: p.Name, Version: p.Version, Error: errs[p.Name], DriftRestored: drifted[p.Name], DropInsRemoved: dropIns[p.Name]}
 		if p.Spec.IsEnabled() {
 			r.NextFireTimes = nextFires(&p.Spec, next[p.Name], now, 3)
 		}
@@ -636,7 +671,8 @@ func (a *Agent) reportRejected(env []byte, err error) {
 func pipeStatuses(rs []PipeResult) []*agentpb.PipeStatus {
 	out := make([]*agentpb.PipeStatus, 0, len(rs))
 	for _, r := range rs {
-		ps := &agentpb.PipeStatus{Name: r.Name, Version: r.Version, ApplyError: r.Error, DriftRestored: r.DriftRestored, ElapseMismatch: r.ElapseMismatch}
+		ps := &agentpb.PipeStatus{Name: r.Name, Version: r.Version, ApplyError: r.Error, DriftRestored: r.DriftRestored,
+			ElapseMismatch: r.ElapseMismatch, DropInsRemoved: r.DropInsRemoved}
 		for _, t := range r.NextFireTimes {
 			ps.NextFireTimes = append(ps.NextFireTimes, timestamppb.New(t))
 		}
@@ -659,4 +695,13 @@ func (a *Agent) kickOutbox() {
 	case a.outboxCh <- struct{}{}:
 	default:
 	}
+}
+
+func hasDropIns(rs []PipeResult) bool {
+	for _, r := range rs {
+		if len(r.DropInsRemoved) > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -35,12 +35,9 @@ done
 export DROVER_SERVER="https://$http" DROVER_CA="$run/server/ca.crt" DROVER_TOKEN
 DROVER_TOKEN=$(cat "$run/server/admin.token")
 
-# The agent: systemd user scope when a user manager answers, else the cron backend.
+# The agent: systemd user scope when a user manager answers, else the cron
+# backend (which needs no user session).
 backend=cron scope=user
-if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
-  export XDG_RUNTIME_DIR=$run/runtime   # the agent's run-request files live here
-  mkdir -p "$XDG_RUNTIME_DIR" && chmod 0700 "$XDG_RUNTIME_DIR"
-fi
 if systemctl --user show-environment >/dev/null 2>&1; then backend=systemd; fi
 mkdir -p "$run/agent"
 chmod 0700 "$run/agent"
@@ -48,7 +45,15 @@ bin/droverctl tokens create --ttl 10m --tag demo=true >"$run/agent/enroll.token.
 chmod 0600 "$run/agent/enroll.token.tmp"
 mv "$run/agent/enroll.token.tmp" "$run/agent/enroll.token"
 echo "make run: starting drover-agent (backend $backend, scope $scope, data in .run/agent), enrolling with a one-time token"
-DROVER_AGENT_PATH="$top/bin/drover-agent" DROVER_CONTROL_SOCKET="$run/agent/control/agent.sock" \
+# The control socket lives in the data dir (so `drover-agent status --data-dir`
+# finds it) unless that path is too long for a unix socket. Pipe services run
+# this very binary (agent_path defaults to the running drover-agent).
+sock=$run/agent/data/control/agent.sock status_cmd="bin/drover-agent status --data-dir $run/agent/data"
+if [ ${#sock} -gt 100 ]; then
+  sock=$(mktemp -d /tmp/drover-run-XXXXXX)/agent.sock
+  status_cmd="DROVER_CONTROL_SOCKET=$sock bin/drover-agent status --data-dir $run/agent/data"
+fi
+DROVER_CONTROL_SOCKET="$sock" \
   bin/drover-agent --server "https://$http" --data-dir "$run/agent/data" --token-file "$run/agent/enroll.token" \
   --backend "$backend" --scope "$scope" >"$run/agent.log" 2>&1 &
 pids+=($!)
@@ -61,7 +66,7 @@ Drover is running. The demo pipe "hello" runs every minute on this host.
   bin/droverctl get agents            # the enrolled agent
   bin/droverctl get runs              # runs as they are reported
   bin/droverctl logs <run-id>         # a run's output
-  bin/drover-agent status --data-dir $run/agent/data
+  $status_cmd
 MSG
 [ "$backend" = systemd ] && echo "  systemctl --user list-timers 'drover-pipe-*'"
 echo "Logs: $run/server.log, $run/agent.log. Ctrl-C stops everything."

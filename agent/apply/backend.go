@@ -9,7 +9,10 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
@@ -120,7 +123,11 @@ type Config struct {
 	Now    func() time.Time // tests
 }
 
-func (c Config) withDefaults() (Config, error) {
+func (c Config) withDefaults() (Config, error) { return c.defaults(true) }
+
+// defaults fills c in; manager is false for the cron backend, which talks to
+// no service manager and so needs no user session ($XDG_RUNTIME_DIR).
+func (c Config) defaults(manager bool) (Config, error) {
 	if c.DataDir == "" {
 		c.DataDir = units.DefaultDataDir
 	}
@@ -158,10 +165,14 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if c.RuntimeDir == "" {
 			rt := os.Getenv("XDG_RUNTIME_DIR")
-			if rt == "" {
-				return c, errors.New("user scope: XDG_RUNTIME_DIR is not set")
+			switch {
+			case rt != "":
+				c.RuntimeDir = filepath.Join(rt, "drover")
+			case !manager:
+				c.RuntimeDir = filepath.Join(c.DataDir, "run")
+			default:
+				return c, errors.New("user scope: XDG_RUNTIME_DIR is not set (the user manager's session)")
 			}
-			c.RuntimeDir = filepath.Join(rt, "drover")
 		}
 		if c.StampDir == "" {
 			base := os.Getenv("XDG_DATA_HOME")
@@ -376,4 +387,107 @@ func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *
 	}
 	removeSecretsExcept(dataDir, keep)
 	return failed
+}
+
+// Ended is the service manager's account of one invocation of a pipe that
+// has ended (the backend's side of "every run accounted for"). The daemon
+// settles it: when the runner wrote no final record for RunID, the daemon
+// writes one from this account.
+type Ended struct {
+	// Key identifies the invocation for Forget (systemd: InvocationID and
+	// the state change time, so that a start-limit-hit, which gets no new
+	// InvocationID, is an invocation of its own).
+	Key  string
+	Pipe string
+	// RunID is the run id the runner uses for this invocation (systemd:
+	// the InvocationID; cron: the DROVER_RUN_ID it was given), or one
+	// derived from Key when nothing could start.
+	RunID                 string
+	StartedAt, FinishedAt time.Time
+	// Result is systemd's Result (success, exit-code, signal, core-dump,
+	// oom-kill, timeout, watchdog, start-limit-hit, resources, ...).
+	Result   string
+	ExitCode int    // the main process's exit status, or -1
+	Signal   string // the signal that killed it ("SIGKILL"), if any
+	// Reason is the run record's reason when the daemon writes it
+	// ("systemd: 203/EXEC", "oom-kill", "signal SIGKILL", ...); "" for a
+	// success.
+	Reason string
+	// Trigger is "api" (RequestID set), "schedule" or "catchup"
+	// (ScheduledAt or TriggeredAt set), or "" when unknown.
+	Trigger     string
+	RequestID   string
+	ScheduledAt time.Time
+	TriggeredAt time.Time // when the timer elapsed (systemd)
+	// OneAtATime: the pipe's runs never overlap (systemd), so runs of the
+	// pipe started during the invocation and never finished died with it.
+	OneAtATime bool
+}
+
+// Accounter is implemented by backends that report ended invocations. The
+// daemon calls Ended at start, when Changes fires and on every status
+// pass, settles each invocation, then Forgets it.
+type Accounter interface {
+	Ended(ctx context.Context) ([]Ended, error)
+	Forget(keys ...string)
+	// Changes fires (buffered, coalesced) when an invocation may have ended.
+	Changes() <-chan struct{}
+}
+
+// notifier is a coalescing wake-up channel.
+type notifier chan struct{}
+
+func newNotifier() notifier { return make(notifier, 1) }
+
+func (n notifier) notify() {
+	select {
+	case n <- struct{}{}:
+	default:
+	}
+}
+
+// exitStatusNames are systemd's exit statuses for a service whose process
+// could not be set up (systemd.exec(5), "Process Exit Codes").
+var exitStatusNames = map[int]string{
+	200: "CHDIR", 201: "NICE", 202: "FDS", 203: "EXEC", 204: "MEMORY", 205: "LIMITS",
+	206: "OOM_ADJUST", 207: "SIGNAL_MASK", 208: "STDIN", 209: "STDOUT", 210: "CHROOT",
+	211: "IOPRIO", 212: "TIMERSLACK", 213: "SECUREBITS", 214: "SETSCHEDULER",
+	215: "CPUAFFINITY", 216: "GROUP", 217: "USER", 218: "CAPABILITIES", 219: "CGROUP",
+	220: "SETSID", 221: "CONFIRM", 222: "STDERR", 224: "PAM", 225: "NETWORK",
+	226: "NAMESPACE", 227: "NO_NEW_PRIVILEGES", 228: "SECCOMP", 229: "SELINUX_CONTEXT",
+	230: "PERSONALITY", 231: "APPARMOR_PROFILE", 232: "ADDRESS_FAMILIES",
+	233: "RUNTIME_DIRECTORY", 235: "CHOWN", 236: "SMACK_PROCESS_LABEL", 237: "KEYRING",
+	238: "STATE_DIRECTORY", 239: "CACHE_DIRECTORY", 240: "LOGS_DIRECTORY",
+	241: "CONFIGURATION_DIRECTORY", 242: "NUMA", 243: "CREDENTIALS", 245: "BPF",
+}
+
+// SystemdReason is the reason of a service invocation as systemd tells it:
+// Result, ExecMainCode (1 exited, 2 killed, 3 dumped) and ExecMainStatus.
+func SystemdReason(result string, code, status int) string {
+	switch result {
+	case "success", "":
+		if code == 1 && status != 0 {
+			return fmt.Sprintf("exit %d", status)
+		}
+		return ""
+	case "exit-code":
+		if n, ok := exitStatusNames[status]; ok {
+			return fmt.Sprintf("systemd: %d/%s", status, n)
+		}
+		return fmt.Sprintf("exit %d", status)
+	case "signal", "core-dump":
+		name := unix.SignalName(syscall.Signal(status))
+		if name == "" {
+			name = fmt.Sprintf("signal %d", status)
+		} else {
+			name = "signal " + name
+		}
+		if result == "core-dump" {
+			name += " (core dumped)"
+		}
+		return name
+	case "oom-kill", "timeout", "watchdog", "start-limit-hit":
+		return result
+	}
+	return "systemd: " + result
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,6 +40,7 @@ type Cron struct {
 	closed  bool
 	hostKey []byte
 	wg      sync.WaitGroup
+	changes notifier
 }
 
 type cronPipe struct {
@@ -76,15 +78,16 @@ const cronStateFile = "cron-state.json"
 // NewCron returns the cron backend. Scheduling starts with the first Apply,
 // which also starts the catch-up runs missed while the agent was down.
 func NewCron(cfg Config) (*Cron, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.defaults(false)
 	if err != nil {
 		return nil, err
 	}
 	b := &Cron{
-		cfg:    cfg,
-		sched:  cron.New(cron.WithLocation(time.UTC)),
-		output: os.Stderr,
-		pipes:  map[string]*cronPipe{},
+		cfg:     cfg,
+		sched:   cron.New(cron.WithLocation(time.UTC)),
+		output:  os.Stderr,
+		pipes:   map[string]*cronPipe{},
+		changes: newNotifier(),
 	}
 	id, err := os.ReadFile("/etc/machine-id")
 	if err != nil {
@@ -358,7 +361,7 @@ func (b *Cron) catchUp(p *cronPipe, missed []time.Time, policy string) {
 	go func() {
 		defer b.wg.Done()
 		for _, at := range missed {
-			proc, err := b.spawn(name, "catchup", at, "")
+			proc, err := b.spawn(name, "catchup", at, "", true)
 			if err != nil {
 				b.cfg.Logger.Error("catch-up run", "pipe", name, "err", err)
 				return
@@ -383,7 +386,7 @@ func (b *Cron) fire(name string) {
 		b.cfg.Logger.Warn("cron state", "err", err)
 	}
 	b.mu.Unlock()
-	if _, err := b.spawn(name, "schedule", at, ""); err != nil {
+	if _, err := b.spawn(name, "schedule", at, "", true); err != nil {
 		b.cfg.Logger.Error("start run", "pipe", name, "err", err)
 	}
 }
@@ -405,7 +408,9 @@ func (e evalSchedule) prev(now time.Time) time.Time {
 }
 
 // spawn starts one run of pipe.
-func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string) (*cronProc, error) {
+// A spawn that fails is recorded for the daemon to settle (a failed run)
+// when account is set; RunNow reports its own failure instead.
+func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string, account ...bool) (*cronProc, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	p := b.pipes[name]
@@ -418,12 +423,13 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 	}
 	runID := id.String()
 	cmd := exec.Command(b.cfg.AgentPath, append([]string{"run", name}, b.cfg.RunArgs...)...)
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(runnerBaseEnv(),
 		"DROVER_PIPE_DIR="+PipeDir(b.cfg.DataDir, name),
 		"DROVER_SECRETS_DIR="+SecretsDir(b.cfg.DataDir, name),
 		"DROVER_TRIGGER="+trigger,
 		"DROVER_SCHEDULED_AT="+scheduled.UTC().Format(time.RFC3339),
 		"DROVER_RUN_ID="+runID,
+		"DROVER_REQUEST_DIR="+filepath.Join(b.cfg.RuntimeDir, "requests"),
 	)
 	if requestID != "" {
 		cmd.Env = append(cmd.Env, "DROVER_REQUEST_ID="+requestID)
@@ -431,9 +437,20 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = b.output, b.output
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	acct := cronRun{Pipe: name, RunID: runID, Trigger: trigger, RequestID: requestID, StartedAt: b.cfg.Now()}
+	if trigger == "schedule" || trigger == "catchup" {
+		acct.ScheduledAt = scheduled
+	}
 	if err := cmd.Start(); err != nil {
+		if len(account) > 0 && account[0] {
+			acct.Ended, acct.FinishedAt, acct.ExitCode, acct.Result = true, b.cfg.Now(), -1, "resources"
+			acct.Reason = "spawn: " + err.Error()
+			b.saveRun(acct)
+		}
 		return nil, err
 	}
+	acct.PID = cmd.Process.Pid
+	b.saveRun(acct)
 	proc := &cronProc{runID: runID, cmd: cmd, done: make(chan struct{})}
 	p.procs[runID] = proc
 	if !scheduled.IsZero() {
@@ -464,6 +481,12 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 		} else if err != nil {
 			res = "resources"
 		}
+		acct.Ended, acct.FinishedAt, acct.Result, acct.ExitCode = true, b.cfg.Now(), res, code
+		if res == "signal" {
+			acct.Signal, acct.ExitCode = signalName(code), -1
+		}
+		acct.Reason = cronReason(res, code)
+		b.saveRun(acct)
 		b.mu.Lock()
 		delete(p.procs, runID)
 		p.lastRes, p.lastExit = res, code
@@ -590,3 +613,19 @@ func (b *Cron) Close() error {
 
 // Wait waits for the runs and catch-ups this backend started (tests).
 func (b *Cron) Wait() { b.wg.Wait() }
+
+// runnerBaseEnv is the agent's environment without what systemd set for the
+// agent's own service: a runner that saw INVOCATION_ID would take the
+// agent's invocation for its run id.
+func runnerBaseEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "INVOCATION_ID", strings.HasPrefix(k, "TRIGGER_"), k == "STATE_DIRECTORY", k == "CREDENTIALS_DIRECTORY":
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/drover/drover/agent/runner"
 	"github.com/drover/drover/manifest"
 )
 
@@ -77,15 +78,36 @@ func readPipeDirs(dataDir string) (map[string]string, error) {
 		if !ok || strings.ContainsAny(gen, "/.") {
 			continue
 		}
+		// A generation rebuilt in place (restoreSuffix) is the same one.
+		gen, _, _ = strings.Cut(gen, "-")
 		if st, err := os.Stat(filepath.Join(root, target, pipeJSON)); err != nil || !st.Mode().IsRegular() {
 			continue
 		}
 		if st, err := os.Stat(filepath.Join(root, target, payloadDir)); err != nil || !st.IsDir() {
 			continue
 		}
+		// A payload edited by hand is drift: the generation counts as
+		// broken and is rebuilt from the verified bundle.
+		if !payloadIntact(filepath.Join(root, target)) {
+			continue
+		}
 		out[name] = gen
 	}
 	return out, nil
+}
+
+// payloadIntact reports whether a generation's payload is still what was
+// unpacked from the bundle its pipe.json names.
+func payloadIntact(genDir string) bool {
+	b, err := os.ReadFile(filepath.Join(genDir, pipeJSON))
+	if err != nil {
+		return false
+	}
+	var p manifest.Pipe
+	if json.Unmarshal(b, &p) != nil {
+		return false
+	}
+	return runner.VerifyPayload(genDir, p.Payload.Digest) == nil
 }
 
 // buildGeneration writes a generation of a pipe's directory at its final
@@ -95,6 +117,12 @@ func readPipeDirs(dataDir string) (map[string]string, error) {
 // before publishGeneration makes any of them live.
 func buildGeneration(dataDir string, p *manifest.Pipe, pj []byte, bundle []byte, gen string) (string, error) {
 	final := filepath.Join(dataDir, pipesDir, "."+p.Name+"."+gen)
+	if t, err := os.Readlink(filepath.Join(dataDir, pipesDir, p.Name)); err == nil && strings.HasPrefix(t, "."+p.Name+"."+gen) {
+		// Restoring the live generation (its payload was edited): build
+		// beside it, so that a run starting meanwhile never sees it half
+		// gone; the old one is collected once the link moved.
+		final = filepath.Join(dataDir, pipesDir, "."+p.Name+"."+gen+"-"+randHex(3))
+	}
 	if err := os.RemoveAll(final); err != nil {
 		return "", err
 	}
@@ -121,6 +149,9 @@ func buildGeneration(dataDir string, p *manifest.Pipe, pj []byte, bundle []byte,
 		if err := fixModes(payload); err != nil {
 			return fail(err)
 		}
+	}
+	if err := runner.WritePayloadSum(final, p.Payload.Digest); err != nil {
+		return fail(err)
 	}
 	return final, nil
 }

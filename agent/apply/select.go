@@ -16,7 +16,9 @@ const (
 // systemd when the manager of that scope answers on D-Bus, else cron. It
 // logs the choice and, for auto, why.
 func Select(ctx context.Context, want string, cfg Config) (Backend, error) {
-	full, err := cfg.withDefaults()
+	// Only a service manager needs the user session; the cron backend
+	// (and auto's fallback to it) does not.
+	full, err := cfg.defaults(want == BackendSystemd)
 	if err != nil {
 		return nil, err
 	}

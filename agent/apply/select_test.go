@@ -2,6 +2,7 @@ package apply
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/drover/drover/agent/internal/sdtest"
@@ -34,4 +35,19 @@ func TestSelect(t *testing.T) {
 		t.Fatalf("auto with the test manager: %v %v", b, err)
 	}
 	b.Close()
+}
+
+// TestCronNeedsNoUserSession: the cron backend in user scope starts without
+// $XDG_RUNTIME_DIR (it talks to no service manager).
+func TestCronNeedsNoUserSession(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	dir := t.TempDir()
+	b, err := Select(t.Context(), BackendCron, Config{DataDir: dir, Scope: "user", AgentPath: "/bin/true"})
+	if err != nil {
+		t.Fatalf("cron backend without XDG_RUNTIME_DIR: %v", err)
+	}
+	b.Close()
+	if _, err := Select(t.Context(), BackendSystemd, Config{DataDir: dir, Scope: "user", AgentPath: "/bin/true"}); err == nil || !strings.Contains(err.Error(), "XDG_RUNTIME_DIR") {
+		t.Fatalf("systemd backend without XDG_RUNTIME_DIR: %v", err)
+	}
 }

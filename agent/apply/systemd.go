@@ -30,6 +30,13 @@ type Systemd struct {
 
 	mu   sync.Mutex // serialises Apply and Check
 	last *Input     // last applied input, for Check
+
+	// Run accounting (account_systemd.go).
+	changes notifier
+	done    chan struct{}
+	amu     sync.Mutex
+	settled map[string]string     // pipe -> the invocation key last forgotten
+	reqs    map[string]*runNowReq // pipe -> its last RunNow
 }
 
 // NewSystemd connects to the manager of cfg.Scope.
@@ -42,10 +49,12 @@ func NewSystemd(ctx context.Context, cfg Config) (*Systemd, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Systemd{cfg: cfg, conn: conn, runtimeUnitDir: "/run/systemd/system"}
+	b := &Systemd{cfg: cfg, conn: conn, runtimeUnitDir: "/run/systemd/system",
+		changes: newNotifier(), done: make(chan struct{}), settled: map[string]string{}, reqs: map[string]*runNowReq{}}
 	if cfg.Scope == units.ScopeUser {
 		b.runtimeUnitDir = filepath.Join(filepath.Dir(cfg.RuntimeDir), "systemd", "user")
 	}
+	b.watch()
 	return b, nil
 }
 
@@ -96,6 +105,11 @@ func connect(ctx context.Context, scope units.Scope, address string) (*sddbus.Co
 func (b *Systemd) Name() string { return "systemd" }
 
 func (b *Systemd) Close() error {
+	select {
+	case <-b.done:
+	default:
+		close(b.done)
+	}
 	b.conn.Close()
 	return nil
 }
@@ -212,6 +226,13 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	}
 
 	lap("read state and plan")
+	// Drop-ins beside managed units change what runs behind the
+	// manifest's back: drift, removed before the reload.
+	dropIns := removeDropIns(b.cfg.UnitDir, preps)
+	for _, d := range dropIns {
+		res.Steps = append(res.Steps, d)
+		res.Drift = append(res.Drift, d)
+	}
 	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
 	lap("pipe dirs and secrets")
 	wantedRendered := map[string][]byte{}
@@ -328,7 +349,7 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		}
 		defer os.Remove(filepath.Join(b.runtimeUnitDir, batchTarget))
 	}
-	if len(writes) > 0 || len(removes) > 0 || len(guarded) > 0 || len(enable) > 0 || len(disable) > 0 || batch {
+	if len(writes) > 0 || len(removes) > 0 || len(guarded) > 0 || len(enable) > 0 || len(disable) > 0 || batch || len(dropIns) > 0 {
 		if err := b.conn.ReloadContext(ctx); err != nil {
 			return res, fmt.Errorf("daemon-reload: %w", err)
 		}
@@ -695,14 +716,35 @@ func (b *Systemd) RunNow(ctx context.Context, pipe, requestID string) error {
 	if err != nil {
 		return err
 	}
+	_, before, _ := b.invocationKey(ctx, pipe)
+	req := &runNowReq{id: requestID, at: b.cfg.Now(), beforeKey: before}
+	b.amu.Lock()
+	b.reqs[pipe] = req
+	b.amu.Unlock()
 	ch := make(chan string, 1)
 	if _, err := b.conn.StartUnitContext(ctx, svc, "replace", ch); err != nil {
 		removeRequest(path, requestID)
+		b.amu.Lock()
+		if b.reqs[pipe] == req {
+			delete(b.reqs, pipe)
+		}
+		b.amu.Unlock()
 		return fmt.Errorf("start %s: %w", svc, err)
 	}
 	go func() {
-		<-ch // oneshot: the start job ends when the run does
+		// oneshot: the start job ends when the run does. A job that did
+		// not end "done" (the service could not start, or its run failed)
+		// is settled by the daemon from the service's account (Ended):
+		// never silence.
+		r := <-ch
 		removeRequest(path, requestID)
+		b.amu.Lock()
+		req.job = r
+		b.amu.Unlock()
+		if r != "done" {
+			b.cfg.Logger.Warn("run now: the start job did not succeed", "pipe", pipe, "request_id", requestID, "job", r)
+		}
+		b.changes.notify()
 	}()
 	return nil
 }
@@ -800,4 +842,43 @@ func ReadRequest(runtimeDir, pipe string, now time.Time) (requestID string, ok b
 		return "", false
 	}
 	return r.RequestID, true
+}
+
+// DropInReason is the reason of the drift step for a removed drop-in; its
+// File is "<unit>.d/<entry>" below the unit dir.
+const DropInReason = "drop-in beside a managed unit removed"
+
+// removeDropIns removes the drop-in directories (<unit>.d/) beside the units
+// of preps and returns one restore step per entry removed.
+func removeDropIns(unitDir string, preps []prepared) []Step {
+	var out []Step
+	for _, p := range preps {
+		for _, u := range p.desired.Units {
+			dir := filepath.Join(unitDir, u.Name+".d")
+			st, err := os.Lstat(dir)
+			if err != nil {
+				continue
+			}
+			var names []string
+			if st.IsDir() {
+				ents, _ := os.ReadDir(dir)
+				for _, e := range ents {
+					names = append(names, u.Name+".d/"+e.Name())
+				}
+			}
+			if len(names) == 0 {
+				names = []string{u.Name + ".d"}
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				continue
+			}
+			for _, n := range names {
+				out = append(out, Step{Action: ActionRestore, Pipe: p.pipe.Name, File: n, Reason: DropInReason})
+			}
+		}
+	}
+	if len(out) > 0 {
+		_ = syncDir(unitDir)
+	}
+	return out
 }

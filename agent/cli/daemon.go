@@ -96,6 +96,9 @@ func runDaemon(ctx context.Context, env *Env, cf *configFlags) error {
 	if err := cfg.Validate(); err != nil {
 		return usageError{fmt.Errorf("configuration: %w", err)}
 	}
+	if err := cfg.ResolveAgentPath(); err != nil {
+		return err
+	}
 	log := newLogger(cfg, env.Stderr)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -294,6 +297,9 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 	}
 	fmt.Fprintf(tw, "Backend:\t%s\n", backend)
 	fmt.Fprintf(tw, "Manifest:\tserial %d, applied %d\n", st.Serial, st.AppliedSerial)
+	if st.ManifestExpired {
+		fmt.Fprintf(tw, "Manifest:\tEXPIRED at %s: the server sends nothing newer; pipes keep running, the agent keeps asking\n", st.ManifestExpiresAt.Local().Format(time.RFC3339))
+	}
 	last := ago(st.LastSync)
 	if st.LastSyncError != "" {
 		last += ": " + st.LastSyncError
@@ -319,6 +325,9 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 		lastRun := "-"
 		if p.LastRun != nil {
 			lastRun = p.LastRun.Status
+			if p.LastRun.Reason != "" {
+				lastRun += " (" + p.LastRun.Reason + ")"
+			}
 			if !p.LastRun.FinishedAt.IsZero() {
 				lastRun += " " + p.LastRun.FinishedAt.Local().Format("2006-01-02 15:04:05")
 			}

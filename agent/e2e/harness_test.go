@@ -111,6 +111,7 @@ func shortDir(t testing.TB, prefix string) string {
 type serverProc struct {
 	t       testing.TB
 	dataDir string
+	env     []string // extra environment (DROVER_* settings)
 	log     *logSink
 	https   string // host:port
 	grpc    string
@@ -126,10 +127,10 @@ type serverProc struct {
 
 // startServer starts drover-server on fresh data and ports chosen by the
 // kernel (it reports them in its "drover-server ready" log line).
-func startServer(t testing.TB) *serverProc {
+func startServer(t testing.TB, env ...string) *serverProc {
 	t.Helper()
 	dir := t.TempDir()
-	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server")}
+	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server"), env: env}
 	s.start("127.0.0.1:0", "127.0.0.1:0")
 	t.Cleanup(func() { s.stop() })
 	caPEM, err := os.ReadFile(filepath.Join(s.dataDir, "ca.crt"))
@@ -150,7 +151,7 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 	t := s.t
 	t.Helper()
 	cmd := exec.Command(serverBin(), "serve", "--data-dir", s.dataDir, "--http-addr", httpAddr, "--grpc-addr", grpcAddr)
-	cmd.Env = childEnv("DROVER_LOG_FORMAT=json")
+	cmd.Env = childEnv(append([]string{"DROVER_LOG_FORMAT=json"}, s.env...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -289,6 +290,8 @@ type pipeSpec struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Secrets  []string          `json:"secrets,omitempty"`
 	Catchup  string            `json:"catchup,omitempty"`
+	RunAs    string            `json:"run_as,omitempty"`
+	Limits   map[string]int    `json:"limits,omitempty"`
 	Targets  map[string]any    `json:"targets"`
 }
 
@@ -406,6 +409,8 @@ type agentOpts struct {
 	heartbeat    time.Duration // default 5s
 	logLevel     string        // default debug
 	serverURL    string        // default the server's
+	binary       string        // the drover-agent to start; default the built one
+	noAgentPath  bool          // leave agent_path out: the daemon runs its own binary
 }
 
 // agentProc is drover-agent running as a child process.
@@ -482,6 +487,9 @@ request_timeout: 10s
 log_level: %s
 log_format: json
 `, serverURL, a.dataDir, a.token, a.opts.backend, a.opts.scope, agentBin(), a.opts.syncInterval, a.opts.heartbeat, a.opts.logLevel)
+	if a.opts.noAgentPath {
+		cfg = strings.Replace(cfg, "agent_path: "+agentBin()+"\n", "", 1)
+	}
 	if err := os.WriteFile(a.cfgPath, []byte(cfg), 0o600); err != nil {
 		a.t.Fatal(err)
 	}
@@ -490,7 +498,11 @@ log_format: json
 // start runs the daemon: `drover-agent --config FILE`.
 func (a *agentProc) start() {
 	a.t.Helper()
-	cmd := exec.Command(agentBin(), "--config", a.cfgPath)
+	bin := a.opts.binary
+	if bin == "" {
+		bin = agentBin()
+	}
+	cmd := exec.Command(bin, "--config", a.cfgPath)
 	cmd.Env = a.env
 	w := io.Writer(a.log.f)
 	if os.Getenv("DROVER_TEST_LOG") != "" {

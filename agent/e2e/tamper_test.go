@@ -32,6 +32,7 @@ const (
 	replayOld     = "replay an older manifest"
 	otherAgents   = "serve another agent's manifest"
 	corruptBundle = "serve a payload whose digest does not match"
+	notModified   = "answer 304 to every manifest request"
 )
 
 // tamperProxy is a FAULT INJECTOR for the tests, not a product component:
@@ -108,6 +109,17 @@ func (p *tamperProxy) tamper(resp *http.Response) error {
 	path := resp.Request.URL.Path
 	isManifest := path == "/api/v1/agents/self/manifest"
 	isPayload := strings.HasPrefix(path, "/api/v1/agents/self/payloads/")
+	if isManifest && mode == notModified {
+		// A frozen or stuck server: nothing newer, for ever.
+		resp.Body.Close()
+		resp.StatusCode, resp.Status = http.StatusNotModified, "304 Not Modified"
+		resp.Body, resp.ContentLength = http.NoBody, 0
+		resp.Header.Del("Content-Length")
+		p.mu.Lock()
+		p.hits[mode]++
+		p.mu.Unlock()
+		return nil
+	}
 	if mode == passThrough || resp.StatusCode != 200 || (!isManifest && !isPayload) {
 		return nil
 	}

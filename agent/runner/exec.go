@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -152,6 +154,7 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 	secrets, err := r.secrets()
 	if err != nil {
 		fail(ExitRunnerFailed, err)
+		rr.Reason = "secrets"
 		return
 	}
 	values := make([]string, 0, len(secrets))
@@ -183,6 +186,7 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 	cmd.Stdout = outW
 	cmd.Stderr = errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	ooms := oomKills()
 	start := time.Now()
 	err = cmd.Start()
 	outW.Close()
@@ -289,5 +293,51 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 	if cause == agentpb.RunStatus_RUN_STATUS_TIMED_OUT {
 		rr.Error = "timed out after " + timeout.String()
 	}
+	if rr.Status != agentpb.RunStatus_RUN_STATUS_SUCCEEDED && rr.Status != agentpb.RunStatus_RUN_STATUS_TIMED_OUT && ooms >= 0 {
+		if n := oomKills(); n > ooms {
+			// The kernel killed a process of the run for memory (the
+			// unit's MemoryMax=, limits.memory_mb); systemd then stops the
+			// unit, which the runner sees as a cancel.
+			rr.Status, rr.Reason = agentpb.RunStatus_RUN_STATUS_FAILED, "oom-kill"
+			rr.Error = "the kernel's OOM killer ended a process of the run (memory limit)"
+		}
+	}
 	return nil // set by the deferred close
+}
+
+// oomKills returns how many processes the kernel's OOM killer has killed in
+// the runner's own cgroup (the service's, under systemd): memory.events'
+// oom_kill on cgroup v2, memory.oom_control's on v1; -1 when unknown.
+func oomKills() int {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		var file string
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			file = filepath.Join("/sys/fs/cgroup", parts[2], "memory.events")
+		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+			file = filepath.Join("/sys/fs/cgroup/memory", parts[2], "memory.oom_control")
+		default:
+			continue
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(l, "oom_kill "); ok {
+				if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+					return n
+				}
+			}
+		}
+	}
+	return -1
 }

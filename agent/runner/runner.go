@@ -121,6 +121,9 @@ type RunResult struct {
 	Duration    time.Duration
 	LogChunks   uint64
 	Error       string
+	// Reason says why in a word or two when the run did not succeed
+	// ("exit 3", "timeout", "canceled", "signal SIGTERM", "payload_mismatch").
+	Reason string
 }
 
 // Result is the outcome of one invocation.
@@ -139,6 +142,9 @@ type runner struct {
 	spec   *manifest.Spec
 	pdir   string // the pipe directory, symlinks resolved once at start
 	loaded error  // why the pipe could not be loaded
+
+	verified   bool
+	payloadErr error
 }
 
 // plannedRun is one run the invocation will make.
@@ -147,7 +153,8 @@ type plannedRun struct {
 	trigger     agentpb.Trigger
 	scheduledAt time.Time
 	requestID   string
-	skip        string // non-empty: record a skipped run with this reason
+	skip        string // non-empty: record a skipped run with this message
+	skipReason  string // its reason, a word or two
 }
 
 // Run runs the pipe once (or once per missed fire time) and records every
@@ -416,7 +423,7 @@ func (r *runner) plan(st state, locked bool) []plannedRun {
 		p.runID = r.newRunID()
 	}
 	if !locked {
-		p.skip = "another run of this pipe is still running"
+		p.skip, p.skipReason = "another run of this pipe is still running", "overlap"
 		return []plannedRun{p}
 	}
 	if r.spec == nil || !fromTimer {
@@ -440,13 +447,13 @@ func (r *runner) plan(st state, locked bool) []plannedRun {
 	}
 	last := st.lastFireFor(r.spec)
 	if !last.IsZero() && !prev.After(last) {
-		p.skip = fmt.Sprintf("fire time %s already ran", prev.UTC().Format(time.RFC3339))
+		p.skip, p.skipReason = fmt.Sprintf("fire time %s already ran", prev.UTC().Format(time.RFC3339)), "already ran"
 		return []plannedRun{p}
 	}
 	switch r.spec.Catchup {
 	case manifest.CatchupSkip:
 		if p.trigger == agentpb.Trigger_TRIGGER_CATCHUP {
-			p.skip = "missed fire time skipped (catchup: skip)"
+			p.skip, p.skipReason = "missed fire time skipped (catchup: skip)", "catchup: skip"
 		}
 	case manifest.CatchupAll:
 		if last.IsZero() {
@@ -497,6 +504,7 @@ func (r *runner) execute(ctx context.Context, p *plannedRun) RunResult {
 	started := &agentpb.RunStarted{
 		RunId: p.runID, Pipe: r.opts.Pipe, PipeVersion: r.pipeVersion(), Trigger: p.trigger,
 		StartedAt: ts(rr.StartedAt), ScheduledAt: ts(p.scheduledAt), RequestId: p.requestID,
+		Attempt: 1,
 	}
 	startMsg := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: started}}
 	var spoolErr error
@@ -506,14 +514,21 @@ func (r *runner) execute(ctx context.Context, p *plannedRun) RunResult {
 	case p.skip != "":
 		rr.Status = agentpb.RunStatus_RUN_STATUS_SKIPPED
 		rr.ExitCode = 0
-		rr.Error = p.skip
+		rr.Error, rr.Reason = p.skip, p.skipReason
 		r.debugf("%s: run skipped: %s", r.opts.Pipe, p.skip)
 		batch = append(batch, startMsg)
 	case r.loaded != nil:
 		rr.Status = agentpb.RunStatus_RUN_STATUS_FAILED
-		rr.Error = r.loaded.Error()
+		rr.Error, rr.Reason = r.loaded.Error(), "runner: pipe unreadable"
 		rr.ExitCode = ExitRunnerFailed
 		r.debugf("%v", r.loaded)
+		batch = append(batch, startMsg)
+	case r.verifyPayload() != nil:
+		// Only bytes the manifest names run: not these.
+		rr.Status = agentpb.RunStatus_RUN_STATUS_FAILED
+		rr.Error, rr.Reason = r.verifyPayload().Error(), ReasonPayloadMismatch
+		rr.ExitCode = ExitRunnerFailed
+		r.debugf("%s: not run: %s", r.opts.Pipe, rr.Error)
 		batch = append(batch, startMsg)
 	default:
 		// RunStarted is in the spool (data fsync'd, visible to the daemon)
@@ -537,11 +552,15 @@ func (r *runner) execute(ctx context.Context, p *plannedRun) RunResult {
 	if spoolErr != nil && rr.Error == "" {
 		rr.Error = "spool: " + spoolErr.Error()
 	}
+	if rr.Reason == "" {
+		rr.Reason = runReason(rr)
+	}
 	fin := &agentpb.RunFinished{
 		RunId: p.runID, Pipe: r.opts.Pipe, PipeVersion: r.pipeVersion(), Trigger: p.trigger,
 		Status: rr.Status, ExitCode: int32(rr.ExitCode), Signal: rr.Signal,
 		StartedAt: ts(rr.StartedAt), FinishedAt: ts(finished), DurationMs: rr.Duration.Milliseconds(),
 		Error: rr.Error, LogChunks: rr.LogChunks, ScheduledAt: ts(p.scheduledAt), RequestId: p.requestID,
+		Reason: rr.Reason, Attempts: 1, WrittenBy: WrittenByRunner,
 	}
 	for _, ch := range final {
 		batch = append(batch, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: ch}})
@@ -551,4 +570,36 @@ func (r *runner) execute(ctx context.Context, p *plannedRun) RunResult {
 		r.debugf("spool: %v", err)
 	}
 	return rr
+}
+
+// WrittenByRunner is RunFinished.written_by of the records the runner writes.
+const WrittenByRunner = "runner"
+
+// verifyPayload checks the payload against the sum recorded when the agent
+// unpacked it (once per invocation; catch-up runs share the result).
+func (r *runner) verifyPayload() error {
+	if !r.verified {
+		r.verified = true
+		r.payloadErr = VerifyPayload(r.pdir, r.pipe.Payload.Digest)
+	}
+	return r.payloadErr
+}
+
+// runReason is the reason of a finished run that has none yet.
+func runReason(rr RunResult) string {
+	switch rr.Status {
+	case agentpb.RunStatus_RUN_STATUS_SUCCEEDED:
+		return ""
+	case agentpb.RunStatus_RUN_STATUS_TIMED_OUT:
+		return "timeout"
+	case agentpb.RunStatus_RUN_STATUS_CANCELED:
+		return "canceled"
+	}
+	switch {
+	case rr.Signal != "":
+		return "signal " + rr.Signal
+	case rr.ExitCode >= 0:
+		return fmt.Sprintf("exit %d", rr.ExitCode)
+	}
+	return "failed"
 }

@@ -80,9 +80,25 @@ func layoutPipe(t testing.TB, f *fixture, spec manifest.Spec) {
 	}
 	b, _ := json.Marshal(manifest.Pipe{Name: spec.Name, Version: 3, Spec: spec, Payload: manifest.Payload{Digest: "sha256:" + strings.Repeat("0", 64)}})
 	os.WriteFile(filepath.Join(f.pipeDir, "pipe.json"), b, 0o644)
+	sealPipe(t, f.pipeDir)
+}
+
+// seal records the payload's sum as the agent does after unpacking it
+// (tests lay payloads out by hand, after newPipe).
+func (f *fixture) seal() { sealPipe(f.t, f.pipeDir) }
+
+func sealPipe(t testing.TB, dir string) {
+	t.Helper()
+	var p manifest.Pipe
+	if b, err := os.ReadFile(filepath.Join(dir, "pipe.json")); err == nil && json.Unmarshal(b, &p) == nil {
+		if err := WritePayloadSum(dir, p.Payload.Digest); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func (f *fixture) opts(env ...string) Options {
+	f.seal()
 	return Options{
 		Pipe: "demo", PipeDir: f.pipeDir, SpoolDir: f.spoolDir,
 		Env:        append([]string{"PATH=" + os.Getenv("PATH"), "DROVER_SECRETS_DIR=" + f.secrets, "DROVER_REQUEST_DIR=" + filepath.Join(f.pipeDir, "requests")}, env...),
@@ -963,4 +979,59 @@ func skipOrFailInCI(t *testing.T, why string) {
 		t.Fatal("prerequisite missing in CI: " + why)
 	}
 	t.Skip(why)
+}
+
+// TestPayloadMismatchRefused: a payload edited after the agent unpacked it
+// does not run; the run is recorded failed with reason payload_mismatch.
+func TestPayloadMismatchRefused(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	f := newPipe(t, manifest.Spec{Script: "touch " + marker + "\n"})
+	opts := f.opts() // seals the payload as unpacked
+	os.WriteFile(filepath.Join(f.pipeDir, "payload", manifest.ScriptFile), []byte("touch "+marker+"; echo pwned\n"), 0o755)
+	res := f.run(opts)
+	r := only(t, f)
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the edited payload ran")
+	}
+	if res.ExitCode != ExitRunnerFailed || r.finished.Status != agentpb.RunStatus_RUN_STATUS_FAILED || r.finished.Reason != ReasonPayloadMismatch {
+		t.Fatalf("exit %d, %v", res.ExitCode, r.finished)
+	}
+	// A file added beside the payload is a mismatch too.
+	f = newPipe(t, manifest.Spec{Script: "touch " + marker + "\n"})
+	opts = f.opts()
+	os.WriteFile(filepath.Join(f.pipeDir, "payload", "extra"), []byte("x"), 0o644)
+	f.run(opts)
+	if r := only(t, f); r.finished.Reason != ReasonPayloadMismatch {
+		t.Fatalf("extra file: %v", r.finished)
+	}
+	// The intact payload runs.
+	f = newPipe(t, manifest.Spec{Script: "touch " + marker + "\n"})
+	f.run(f.opts())
+	if r := only(t, f); r.finished.Status != agentpb.RunStatus_RUN_STATUS_SUCCEEDED || r.finished.Reason != "" {
+		t.Fatalf("intact: %v", r.finished)
+	}
+}
+
+// TestRunnerRecordReason: runner records carry reason, attempts and
+// written_by.
+func TestRunnerRecordReason(t *testing.T) {
+	for _, c := range []struct {
+		script, reason string
+	}{
+		{"exit 3\n", "exit 3"},
+		{"kill -TERM $$\n", "signal SIGTERM"},
+		{"true\n", ""},
+	} {
+		f := newPipe(t, manifest.Spec{Script: c.script})
+		f.run(f.opts())
+		r := only(t, f)
+		if r.finished.Reason != c.reason || r.finished.Attempts != 1 || r.finished.WrittenBy != "runner" || r.started.Attempt != 1 {
+			t.Errorf("%q: started %v, finished %v", c.script, r.started, r.finished)
+		}
+	}
+	f := newPipe(t, manifest.Spec{Script: "sleep 30\n", Timeout: manifest.Duration(time.Second)})
+	f.run(f.opts())
+	if r := only(t, f); r.finished.Reason != "timeout" {
+		t.Errorf("timeout: %v", r.finished)
+	}
 }

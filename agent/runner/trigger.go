@@ -209,3 +209,20 @@ func missedFires(next nextFunc, after, upTo time.Time, limit int) []time.Time {
 	}
 	return out
 }
+
+// ScheduledFor returns the fire time a timer elapse at elapse stands for
+// (the latest fire time not after it) and whether it is a catch-up (later
+// than the pipe's jitter plus a minute), as the runner decides them; zero
+// when the schedule cannot say (@every, unparsable).
+func ScheduledFor(spec *manifest.Spec, elapse time.Time) (time.Time, bool) {
+	r := &runner{spec: spec}
+	next := r.schedule()
+	if next == nil {
+		return time.Time{}, false
+	}
+	prev := prevFire(next, elapse)
+	if prev.IsZero() {
+		return prev, false
+	}
+	return prev, elapse.Sub(prev) > spec.Jitter.D()+time.Minute
+}

@@ -380,3 +380,16 @@ func (s *Store) Applied(pipe string) (b []byte, err error) {
 func (s *Store) SetApplied(pipe string, state []byte) error {
 	return s.Update(func(t *Tx) error { return t.SetApplied(pipe, state) })
 }
+
+// Scan calls fn for every kv entry whose key starts with prefix, in key
+// order. fn must not change the store through t.
+func (t *Tx) Scan(prefix string, fn func(key string, val []byte) error) error {
+	c := t.tx.Bucket(bKV).Cursor()
+	p := []byte(prefix)
+	for k, v := c.Seek(p); k != nil && len(k) >= len(p) && string(k[:len(p)]) == prefix; k, v = c.Next() {
+		if err := fn(string(k), clone(v)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
