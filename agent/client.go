@@ -86,6 +86,9 @@ func serverHost(server string) (string, error) {
 	return u.Hostname(), nil
 }
 
+// machineIDHeader carries the host's machine id on every mTLS request.
+const machineIDHeader = "X-Drover-Machine-Id"
+
 // newHTTPClient returns a resty client for base with the given TLS config.
 func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log *slog.Logger) *resty.Client {
 	c := resty.New().

@@ -244,6 +244,11 @@ func (a *Agent) setIdentity(id *Identity) {
 	first := a.id == nil
 	a.id = id
 	a.http = newHTTPClient(server, mtlsConfig(host, id.caPool, a.currentCert), a.cfg.RequestTimeout, a.log)
+	if a.host.MachineID != "" {
+		// The server binds the identity to this machine and refuses the
+		// same certificate from another one (identity_conflict).
+		a.http.SetHeader(machineIDHeader, a.host.MachineID)
+	}
 	a.mu.Unlock()
 	if first {
 		close(a.enrolled)

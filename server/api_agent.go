@@ -64,7 +64,14 @@ const MachineIDHeader = "X-Drover-Machine-Id"
 func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
 	mid := r.Header.Get(MachineIDHeader)
 	if mid == "" {
-		return nil
+		// Once an identity is bound to a machine, its requests must say
+		// which machine they come from: a clone cannot get in by leaving
+		// the header out.
+		bound, err := s.boundMachine(r.Context(), agentID)
+		if err != nil || bound == "" {
+			return err
+		}
+		return s.identityConflict(r.Context(), agentID, "", sourceIP(r))
 	}
 	if !validMachineID(mid) {
 		return newError(ErrInvalidRequest, MachineIDHeader+" must be 32 hex digits")

@@ -303,6 +303,11 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	if r, err := cl.get("/api/v1/agents/self/manifest", MachineIDHeader, strings.ToUpper(machineA)); err != nil || r.code != 200 {
 		t.Fatalf("manifest for the bound machine: %v %v", r, err)
 	}
+	// Once bound, a request that does not say which machine it comes from
+	// is refused: a clone cannot get in by leaving the header out.
+	if r, err := cl.get("/api/v1/agents/self/manifest"); err != nil || r.code != 409 || !strings.Contains(string(r.body), "identity_conflict") {
+		t.Fatalf("manifest without a machine id: %v %v", r, err)
+	}
 	// The real agent's stream still works, and RunNow reaches it alone.
 	sendAll(t, real, 2, finished("r2", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
 	var rr RunPipeResponse

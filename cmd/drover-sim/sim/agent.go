@@ -365,6 +365,7 @@ func (a *simAgent) get(ctx context.Context, path, etag string) (*http.Response, 
 	if err != nil {
 		return nil, err
 	}
+	req.Header.Set("X-Drover-Machine-Id", a.machineID) // as a real agent does
 	if etag != "" {
 		req.Header.Set("If-None-Match", etag)
 	}
