@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -34,7 +35,9 @@ const (
 	maxOutbox       = 10000    // records waiting; runs are skipped beyond it
 	maxManifest     = 16 << 20 // envelope bytes
 	maxPayloadBytes = 10 << 20
-	maxBackoff      = 30 * time.Second
+	// maxPayloadDeferrals bounds the 429 answers one fetch waits out.
+	maxPayloadDeferrals = 20
+	maxBackoff          = 30 * time.Second
 )
 
 // AgentParams shape every simulated agent's behaviour.
@@ -580,9 +583,29 @@ func (a *simAgent) fetchPayload(ctx context.Context, digest string, size int64) 
 	if size < 0 || size > maxPayloadBytes {
 		return fmt.Errorf("payload %s: size %d out of bounds", digest, size)
 	}
-	resp, err := a.get(ctx, "/api/v1/agents/self/payloads/"+digest, "")
-	if err != nil {
-		return err
+	var resp *http.Response
+	for attempt := 0; ; attempt++ {
+		var err error
+		resp, err = a.get(ctx, "/api/v1/agents/self/payloads/"+digest, "")
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusTooManyRequests || attempt == maxPayloadDeferrals {
+			break
+		}
+		// The server bounds concurrent downloads and says when to come
+		// back; a real agent waits too. Counted, not an error.
+		resp.Body.Close()
+		a.w.rec.c.payloadsDeferred.Add(1)
+		wait := time.Duration(100+rand.IntN(400)) * time.Millisecond
+		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && ra > 0 && ra <= 5 {
+			wait += time.Duration(ra) * time.Second / 2
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -275,6 +275,7 @@ type ChangeFigures struct {
 	NotApplied    int64   `json:"not_applied"`
 	SyncNows      int64   `json:"sync_nows"`
 	PayloadsFetch int64   `json:"payload_fetches"`
+	Deferred      int64   `json:"payloads_deferred"` // 429 answers waited out
 }
 
 // StepReport is what one step measured.
@@ -781,6 +782,7 @@ func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Repor
 	ch.SimLag = s.Lag.sub(s0.Lag).summary()
 	ch.SyncNows = s.SyncNows - s0.SyncNows
 	ch.PayloadsFetch = s.Payloads - s0.Payloads
+	ch.Deferred = s.PayloadsDeferred - s0.PayloadsDeferred
 	return ch, s, nil
 }
 
@@ -831,8 +833,8 @@ func printStep(cfg Config, st StepReport) {
 		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, lat(st.IngestLag))
 	fmt.Fprintf(w, "  simulator   workers RSS %s, CPU %.1f%% of one core; own timer lag %s\n", mib(st.SimRSSBytes), st.SimCPUPercent, lat(st.SimLag))
 	for _, c := range st.Changes {
-		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches; simulator lag meanwhile p99 %s, max %s\n",
-			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch, ms(c.SimLag.P99), ms(c.SimLag.Max))
+		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches (%d deferred by 429); simulator lag meanwhile p99 %s, max %s\n",
+			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch, c.Deferred, ms(c.SimLag.P99), ms(c.SimLag.Max))
 	}
 	fmt.Fprintf(w, "  errors      %s\n", errorList(st.Errors))
 }

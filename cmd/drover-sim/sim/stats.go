@@ -149,34 +149,37 @@ func exactSummary(us []int64) Latency {
 
 // Counters are the cumulative counts of one worker (or, merged, of the fleet).
 type Counters struct {
-	Agents          int64 `json:"agents"`    // agents started
-	Enrolled        int64 `json:"enrolled"`  // agents enrolled
-	Connected       int64 `json:"connected"` // streams that got past Hello (gauge)
-	Polls           int64 `json:"polls"`
-	Polls200        int64 `json:"polls_200"`
-	Polls304        int64 `json:"polls_304"`
-	PollsResumed    int64 `json:"polls_tls_resumed"` // polls whose connection's TLS session was resumed
-	Verified        int64 `json:"manifests_verified"`
-	Payloads        int64 `json:"payloads"`
-	PayloadBytes    int64 `json:"payload_bytes"`
-	SyncNows        int64 `json:"sync_nows"`
-	Heartbeats      int64 `json:"heartbeats"`
-	StreamsOpened   int64 `json:"streams_opened"`
-	RecordsSent     int64 `json:"records_sent"` // durable records queued (each once)
-	RecordsAcked    int64 `json:"records_acked"`
-	RunsFinished    int64 `json:"runs_finished"` // RunFinished records queued
-	RunsAcked       int64 `json:"runs_acked"`    // RunFinished records acknowledged
-	LogChunksAcked  int64 `json:"log_chunks_acked"`
-	LogBytesAcked   int64 `json:"log_bytes_acked"`
-	StatusesApplied int64 `json:"statuses_applied_acked"`
-	AgentsApplied   int64 `json:"agents_applied"`      // agents whose first applied status was acknowledged
-	SimRSS          int64 `json:"simulator_rss_bytes"` // the workers' own RSS (gauge)
-	SimCPUTicks     int64 `json:"simulator_cpu_ticks"` // the workers' own CPU time, in clock ticks
+	Agents       int64 `json:"agents"`    // agents started
+	Enrolled     int64 `json:"enrolled"`  // agents enrolled
+	Connected    int64 `json:"connected"` // streams that got past Hello (gauge)
+	Polls        int64 `json:"polls"`
+	Polls200     int64 `json:"polls_200"`
+	Polls304     int64 `json:"polls_304"`
+	PollsResumed int64 `json:"polls_tls_resumed"` // polls whose connection's TLS session was resumed
+	Verified     int64 `json:"manifests_verified"`
+	Payloads     int64 `json:"payloads"`
+	PayloadBytes int64 `json:"payload_bytes"`
+	// PayloadsDeferred counts payload answers of 429 (the server bounds
+	// concurrent downloads) that the agent waited out and retried.
+	PayloadsDeferred int64 `json:"payloads_deferred"`
+	SyncNows         int64 `json:"sync_nows"`
+	Heartbeats       int64 `json:"heartbeats"`
+	StreamsOpened    int64 `json:"streams_opened"`
+	RecordsSent      int64 `json:"records_sent"` // durable records queued (each once)
+	RecordsAcked     int64 `json:"records_acked"`
+	RunsFinished     int64 `json:"runs_finished"` // RunFinished records queued
+	RunsAcked        int64 `json:"runs_acked"`    // RunFinished records acknowledged
+	LogChunksAcked   int64 `json:"log_chunks_acked"`
+	LogBytesAcked    int64 `json:"log_bytes_acked"`
+	StatusesApplied  int64 `json:"statuses_applied_acked"`
+	AgentsApplied    int64 `json:"agents_applied"`      // agents whose first applied status was acknowledged
+	SimRSS           int64 `json:"simulator_rss_bytes"` // the workers' own RSS (gauge)
+	SimCPUTicks      int64 `json:"simulator_cpu_ticks"` // the workers' own CPU time, in clock ticks
 }
 
 // counters is Counters updated with atomics.
 type counters struct {
-	agents, enrolled, connected, polls, polls200, polls304, pollsResumed, verified, payloads, payloadBytes,
+	agents, enrolled, connected, polls, polls200, polls304, pollsResumed, verified, payloads, payloadBytes, payloadsDeferred,
 	syncNows, heartbeats, streamsOpened, recordsSent, recordsAcked, runsFinished, runsAcked,
 	logChunksAcked, logBytesAcked, statusesApplied, agentsApplied atomic.Int64
 }
@@ -185,7 +188,7 @@ func (c *counters) snapshot() Counters {
 	return Counters{
 		Agents: c.agents.Load(), Enrolled: c.enrolled.Load(), Connected: c.connected.Load(),
 		Polls: c.polls.Load(), Polls200: c.polls200.Load(), Polls304: c.polls304.Load(), PollsResumed: c.pollsResumed.Load(), Verified: c.verified.Load(),
-		Payloads: c.payloads.Load(), PayloadBytes: c.payloadBytes.Load(), SyncNows: c.syncNows.Load(),
+		Payloads: c.payloads.Load(), PayloadBytes: c.payloadBytes.Load(), PayloadsDeferred: c.payloadsDeferred.Load(), SyncNows: c.syncNows.Load(),
 		Heartbeats: c.heartbeats.Load(), StreamsOpened: c.streamsOpened.Load(), RecordsSent: c.recordsSent.Load(),
 		RecordsAcked: c.recordsAcked.Load(), RunsFinished: c.runsFinished.Load(), RunsAcked: c.runsAcked.Load(),
 		LogChunksAcked: c.logChunksAcked.Load(), LogBytesAcked: c.logBytesAcked.Load(), StatusesApplied: c.statusesApplied.Load(),
@@ -204,6 +207,7 @@ func (c *Counters) add(o Counters) {
 	c.Verified += o.Verified
 	c.Payloads += o.Payloads
 	c.PayloadBytes += o.PayloadBytes
+	c.PayloadsDeferred += o.PayloadsDeferred
 	c.SyncNows += o.SyncNows
 	c.Heartbeats += o.Heartbeats
 	c.StreamsOpened += o.StreamsOpened
