@@ -36,7 +36,7 @@ func TestSystemScopeMemoryLimitBooted(t *testing.T) {
 }
 
 func systemAccount(t *testing.T, oom bool) {
-	c := boottest.Boot(t, boottest.Options{})
+	c := boottest.Boot(t, boottest.Options{MemoryLimits: oom})
 	if oom {
 		// Probe: does this container enforce MemoryMax= at all?
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -45,7 +45,9 @@ func systemAccount(t *testing.T, oom bool) {
 		res, _, _ := c.Output(ctx, "systemctl", "show", "-P", "Result", "drover-oom-probe.service")
 		cg, _, _ := c.Output(ctx, "cat", "/proc/1/cgroup")
 		cancel()
-		if strings.TrimSpace(res) != "oom-kill" {
+		// cgroup v1 has no memory.events, so systemd says exit-code there
+		// rather than oom-kill; what matters is that the limit killed it.
+		if strings.TrimSpace(res) == "success" {
 			why := fmt.Sprintf("the container does not enforce MemoryMax= (a probe unit allocating 100 MB under MemoryMax=16M ended %q; the container's cgroups:\n%s)", strings.TrimSpace(res), cg)
 			if os.Getenv("CI") == "true" {
 				t.Fatalf("%s (CI=true, so this fails)", why)

@@ -293,11 +293,14 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 	if cause == agentpb.RunStatus_RUN_STATUS_TIMED_OUT {
 		rr.Error = "timed out after " + timeout.String()
 	}
-	if rr.Status != agentpb.RunStatus_RUN_STATUS_SUCCEEDED && rr.Status != agentpb.RunStatus_RUN_STATUS_TIMED_OUT && ooms >= 0 {
+	if rr.Status != agentpb.RunStatus_RUN_STATUS_TIMED_OUT && ooms >= 0 {
 		if n := oomKills(); n > ooms {
 			// The kernel killed a process of the run for memory (the
-			// unit's MemoryMax=, limits.memory_mb); systemd then stops the
-			// unit, which the runner sees as a cancel.
+			// unit's MemoryMax=, limits.memory_mb). On cgroup v2 systemd
+			// then stops the unit (OOMPolicy=stop), which the runner sees
+			// as a cancel; on v1 nothing stops it, and a script may even
+			// go on and exit 0. Either way the run failed for memory, as
+			// systemd's own account says on v2.
 			rr.Status, rr.Reason = agentpb.RunStatus_RUN_STATUS_FAILED, "oom-kill"
 			rr.Error = "the kernel's OOM killer ended a process of the run (memory limit)"
 		}
@@ -323,6 +326,11 @@ func oomKills() int {
 		case parts[0] == "0" && parts[1] == "":
 			file = filepath.Join("/sys/fs/cgroup", parts[2], "memory.events")
 		case slices.Contains(strings.Split(parts[1], ","), "memory"):
+			if parts[2] == "/" {
+				// Not a cgroup of its own (a manager without the memory
+				// controller): the root's counter is the whole host's.
+				return -1
+			}
 			file = filepath.Join("/sys/fs/cgroup/memory", parts[2], "memory.oom_control")
 		default:
 			continue

@@ -124,6 +124,13 @@ func cgroupHierarchies() ([]hierarchy, error) {
 			if p, ok := own["name=systemd"]; ok {
 				out = append(out, hierarchy{fields[4], p})
 			}
+		case tailf[0] == "cgroup" && strings.Contains(","+tailf[2]+",", ",memory,"):
+			// A cgroup v1 memory controller: the container gets its own
+			// memory cgroup too, so what its systemd creates there
+			// (Options.MemoryLimits) stays inside it.
+			if p, ok := own["memory"]; ok {
+				out = append(out, hierarchy{fields[4], p})
+			}
 		}
 	}
 	return out, sc.Err()

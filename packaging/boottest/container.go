@@ -28,6 +28,13 @@ type Options struct {
 	Copy bool
 	// NspawnArgs are added to the systemd-nspawn command line (e.g. --bind=).
 	NspawnArgs []string
+	// MemoryLimits makes MemoryMax= and friends take effect on a cgroup v1
+	// host: systemd-nspawn mounts the v1 memory controller read-only in the
+	// container, so its systemd cannot limit anything. The container's mount
+	// is made writable (it is the container's own memory cgroup, see
+	// cgroup.go) and its systemd re-executed to pick the controller up. On a
+	// cgroup v2 host it changes nothing.
+	MemoryLimits bool
 	// BootTimeout bounds the wait for is-system-running (default 90 s).
 	BootTimeout time.Duration
 	// Logf receives progress lines (default: discarded).
@@ -198,8 +205,23 @@ exec "$@"`
 	if c.State, err = c.waitRunning(ctx, o.BootTimeout); err != nil {
 		return c, err
 	}
+	if o.MemoryLimits && hostHasV1Memory() {
+		out, err := c.Command(ctx, "sh", "-c", "mount -o remount,bind,rw /sys/fs/cgroup/memory && systemctl daemon-reexec").CombinedOutput()
+		if err != nil {
+			return c, fmt.Errorf("make the memory controller writable: %v: %s", err, out)
+		}
+		if c.State, err = c.waitRunning(ctx, o.BootTimeout); err != nil {
+			return c, err
+		}
+	}
 	c.BootTime = time.Since(start)
 	return c, nil
+}
+
+// hostHasV1Memory tells whether the host has a cgroup v1 memory controller.
+func hostHasV1Memory() bool {
+	_, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+	return err == nil
 }
 
 // findInit waits for systemd-nspawn's child to become the container's systemd.
