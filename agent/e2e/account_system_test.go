@@ -124,7 +124,7 @@ func systemAccount(t *testing.T, oom bool) {
 			}
 			return false
 		})
-		runsOnce(t, srv, tc.pipe, id, run.ID, func(r server.RunJSON) bool { return r.RequestID == req })
+		runsOnce(t, srv, tc.pipe, id, run.ID, func(r server.RunJSON) bool { return r.RequestID == req && r.Reason == tc.reason })
 	}
 }
 

@@ -128,7 +128,9 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	req := srv.runNow("acc-ok", id).RequestID
 	failed := srv.runOfRequest(req, 60*time.Second, "failed")
 	install(orig)
-	runsOnce(t, srv, "acc-ok", id, failed.ID, func(r server.RunJSON) bool { return r.Trigger == "api" && r.RequestID == req })
+	runsOnce(t, srv, "acc-ok", id, failed.ID, func(r server.RunJSON) bool {
+		return r.Trigger == "api" && r.RequestID == req && r.Reason == "systemd: 203/EXEC" && r.WrittenBy == "daemon"
+	})
 	waitReason(t, a, "acc-ok", failed.ID, "systemd: 203/EXEC")
 
 	// SIGKILL mid-run: the runner reported it running; it ends failed.
@@ -136,7 +138,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	running := srv.runOfRequest(req, 60*time.Second, "running")
 	mgr.Systemctl(t, "kill", "--signal=SIGKILL", units.ServiceName("acc-kill"))
 	waitRun(t, srv, "acc-kill", id, running.ID, 60*time.Second, "failed")
-	runsOnce(t, srv, "acc-kill", id, running.ID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" })
+	runsOnce(t, srv, "acc-kill", id, running.ID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
 	waitReason(t, a, "acc-kill", running.ID, "signal SIGKILL")
 
 	// Both again while the daemon is stopped.
@@ -166,8 +168,8 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	a.start()
 	waitRun(t, srv, "acc-ok", id, execID, 60*time.Second, "failed")
 	waitRun(t, srv, "acc-kill", id, killID, 60*time.Second, "failed")
-	runsOnce(t, srv, "acc-ok", id, execID, func(r server.RunJSON) bool { return r.Trigger == "manual" })
-	runsOnce(t, srv, "acc-kill", id, killID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" })
+	runsOnce(t, srv, "acc-ok", id, execID, func(r server.RunJSON) bool { return r.Trigger == "manual" && r.Reason == "systemd: 203/EXEC" })
+	runsOnce(t, srv, "acc-kill", id, killID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
 	waitReason(t, a, "acc-ok", execID, "systemd: 203/EXEC")
 	waitReason(t, a, "acc-kill", killID, "signal SIGKILL")
 	// Every run so far is on the server once, none is left running.
@@ -222,7 +224,7 @@ func TestCronRunnerKilledAccounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRun(t, srv, "ck", id, run.ID, 60*time.Second, "failed")
-	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" })
+	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
 	waitReason(t, a, "ck", run.ID, "signal SIGKILL")
 
 	// The daemon dies first; the runner dies while it is down.
@@ -234,7 +236,9 @@ func TestCronRunnerKilledAccounted(t *testing.T) {
 	}
 	a.start()
 	waitRun(t, srv, "ck", id, run.ID, 60*time.Second, "failed")
-	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool { return r.Trigger == "api" })
+	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool {
+		return r.Trigger == "api" && r.Reason == "runner lost (it ended while the agent was down)"
+	})
 	waitReason(t, a, "ck", run.ID, "runner lost (it ended while the agent was down)")
 	for _, r := range srv.runs("ck", id) {
 		if r.Status == "running" {
