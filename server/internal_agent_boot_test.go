@@ -1,0 +1,227 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/packaging/boottest"
+)
+
+// TestInternalAgentSystemdJobsCannotReadDataDirBooted is the proof for the
+// escalation through the internal agent on a host with systemd: a root
+// `drover-server --internal-agent` in a booted Debian (PID-1 systemd, so its
+// internal agent takes the systemd backend in system scope, not cron) runs
+// an admin's pipe that targets the internal agent and tries to read the
+// server's admin.token and CA key and list its data dir. The job runs as a
+// dynamic user (DynamicUser=yes, uid 61184–65519), every read is refused
+// with "Permission denied", and neither secret shows in the run's log.
+func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a container and builds the binaries")
+	}
+	c := boottest.Boot(t, boottest.Options{}) // the host's loopback: the test reaches the server inside
+
+	// The shipped binaries, static, so they run inside the container.
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", bin+"/",
+		"./cmd/drover-server", "./cmd/drover-agent")
+	build.Dir = ".."
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	c.CopyIn(t, filepath.Join(bin, "drover-server"), "/usr/bin/drover-server")
+	c.CopyIn(t, filepath.Join(bin, "drover-agent"), "/usr/bin/drover-agent")
+
+	const dataDir = "/var/lib/drover-server"
+	httpPort, grpcPort := freePort(t), freePort(t)
+	c.Exec(t, "systemd-run", "--unit=drover-server-ia.service", "--property=Restart=no",
+		"/usr/bin/drover-server", "--internal-agent", "--data-dir", dataDir,
+		"--http-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+		"--grpc-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(grpcPort)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			out, _, _ := c.Output(ctx, "journalctl", "--no-pager", "-n", "150", "-u", "drover-server-ia", "-u", "drover-pipe-*")
+			t.Logf("---- container journal ----\n%s", out)
+		}
+	})
+
+	// admin.token and the CA certificate, read as root inside the container.
+	var admin, caPEM string
+	waitFor(t, 60*time.Second, "the server in the container to write admin.token", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		tok, _, err1 := c.Output(ctx, "cat", dataDir+"/admin.token")
+		ca, _, err2 := c.Output(ctx, "cat", dataDir+"/ca.crt")
+		admin, caPEM = strings.TrimSpace(tok), ca
+		return err1 == nil && err2 == nil && admin != "" && strings.Contains(caPEM, "END CERTIFICATE")
+	})
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
+		t.Fatalf("ca.crt: no certificate:\n%s", caPEM)
+	}
+	api := &bootAPI{t: t, token: admin, base: "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+		c: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}
+
+	if got := strings.TrimSpace(c.Exec(t, "stat", "-c", "%a %U:%G", dataDir)); got != "700 root:root" {
+		t.Fatalf("%s is %s, want 700 root:root", dataDir, got)
+	}
+
+	var ag AgentJSON
+	waitFor(t, 90*time.Second, "the internal agent to come online", func() bool {
+		var list AgentList
+		if api.call("GET", "/api/v1/agents", nil, &list) != http.StatusOK {
+			return false
+		}
+		for _, a := range list.Agents {
+			if a.Tags[internalAgentTag] == "true" && a.Online && a.Backend != "" {
+				ag = a
+				return true
+			}
+		}
+		return false
+	})
+	if ag.Backend != "systemd" || ag.Scope != "system" {
+		t.Fatalf("the internal agent runs backend %q scope %q, want systemd in system scope", ag.Backend, ag.Scope)
+	}
+
+	script := "id -u\nrc=0\ncat " + dataDir + "/admin.token || rc=1\ncat " + dataDir + "/ca.key || rc=1\nls " + dataDir + " || rc=1\nexit $rc\n"
+	if code := api.call("PUT", "/api/v1/pipes/steal", map[string]any{"spec": map[string]any{"schedule": "@yearly", "script": script,
+		"targets": map[string]any{"tags": map[string]string{internalAgentTag: "true"}}}}, nil); code != http.StatusOK && code != http.StatusCreated {
+		t.Fatalf("PUT the pipe as admin: %d", code)
+	}
+	const unit = "drover-pipe-steal.service"
+	waitFor(t, 90*time.Second, "the internal agent to install "+unit, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, _, err := c.Output(ctx, "systemctl", "show", "-P", "DynamicUser", unit)
+		return err == nil && strings.TrimSpace(out) == "yes"
+	})
+	t.Logf("%s:\n%s", unit, c.Exec(t, "systemctl", "cat", unit))
+
+	var sent RunPipeResponse
+	if code := api.call("POST", "/api/v1/pipes/steal/run", RunPipeRequest{Agent: ag.ID}, &sent); code != http.StatusOK && code != http.StatusAccepted {
+		t.Fatalf("run now: %d", code)
+	}
+	if len(sent.Sent) != 1 || sent.Sent[0] != ag.ID {
+		t.Fatalf("run now: sent to %v, offline %v", sent.Sent, sent.Offline)
+	}
+	var run RunJSON
+	waitFor(t, 120*time.Second, "the run of request "+sent.RequestID+" to finish", func() bool {
+		var list RunList
+		if api.call("GET", "/api/v1/runs?request_id="+url.QueryEscape(sent.RequestID), nil, &list) != http.StatusOK {
+			return false
+		}
+		for _, r := range list.Runs {
+			if terminalStatus(r.Status) {
+				run = r
+				return true
+			}
+		}
+		return false
+	})
+	var logs LogsJSON
+	if code := api.call("GET", "/api/v1/runs/"+url.PathEscape(run.ID)+"/logs", nil, &logs); code != http.StatusOK {
+		t.Fatalf("logs of %s: %d", run.ID, code)
+	}
+	var b strings.Builder
+	for _, ch := range logs.Chunks {
+		b.Write(ch.Data)
+	}
+	log := b.String()
+	t.Logf("run %s: %s (%s), log:\n%s", run.ID, run.Status, run.Reason, log)
+
+	if strings.Contains(log, admin) || strings.Contains(log, "PRIVATE KEY") {
+		t.Fatal("the internal agent's job read the server's secrets")
+	}
+	uid := -1
+	for _, line := range strings.Split(log, "\n") {
+		if n, err := strconv.Atoi(strings.TrimSpace(line)); err == nil {
+			uid = n
+			break
+		}
+	}
+	if uid < 61184 || uid > 65519 {
+		t.Fatalf("the job ran as uid %d, want a dynamic user (61184–65519)", uid)
+	}
+	if n := strings.Count(log, "Permission denied"); n < 3 || !strings.Contains(log, "cat: "+dataDir+"/admin.token: Permission denied") {
+		t.Fatalf("want cat and ls of %s refused with Permission denied (%d seen)", dataDir, n)
+	}
+	if run.Status != StatusFailed {
+		t.Fatalf("run %s, want failed (the reads were refused)", run.Status)
+	}
+}
+
+// freePort returns a TCP port free on the host's 127.0.0.1 right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// bootAPI talks to a server in a container over the shared loopback.
+type bootAPI struct {
+	t     *testing.T
+	c     *http.Client
+	base  string
+	token string
+}
+
+// call sends a JSON request and decodes a 2xx answer into out; it returns
+// the status code (0 when the server did not answer).
+func (a *bootAPI) call(method, path string, body, out any) int {
+	a.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, a.base+path, rd)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	resp, err := a.c.Do(req)
+	if err != nil {
+		a.t.Logf("%s %s: %v", method, path, err)
+		return 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if resp.StatusCode >= 300 {
+		a.t.Logf("%s %s: %s: %s", method, path, resp.Status, b)
+		return resp.StatusCode
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			a.t.Fatalf("%s %s: %v\n%s", method, path, err, fmt.Sprintf("%.2000s", b))
+		}
+	}
+	return resp.StatusCode
+}
