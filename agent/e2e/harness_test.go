@@ -837,7 +837,23 @@ func agentTLS(t testing.TB, dataDir string) *tls.Config {
 
 // agentHTTP is an HTTP client that is the agent of dataDir to the server.
 func agentHTTP(t testing.TB, dataDir string) *http.Client {
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: agentTLS(t, dataDir)}}
+	return &http.Client{Timeout: 30 * time.Second, Transport: machineHeader{
+		id: agent.ReadMachineID(agent.DefaultMachineIDFile), next: &http.Transport{TLSClientConfig: agentTLS(t, dataDir)}}}
+}
+
+// machineHeader says which machine a request comes from, as the agent does
+// (the test agents run on this host, so they carry its machine id).
+type machineHeader struct {
+	id   string
+	next http.RoundTripper
+}
+
+func (m machineHeader) RoundTrip(r *http.Request) (*http.Response, error) {
+	if m.id != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("X-Drover-Machine-Id", m.id)
+	}
+	return m.next.RoundTrip(r)
 }
 
 // fetchManifest gets the agent's current signed manifest from the server
