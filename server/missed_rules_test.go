@@ -1,0 +1,191 @@
+package server
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentpb "github.com/drover/drover/proto"
+)
+
+func manifestStatus(state agentpb.ManifestStatus_State, expired bool, fires map[string]time.Time) *agentpb.AgentMessage {
+	st := &agentpb.ManifestStatus{State: state, At: timestamppb.Now(), ManifestExpired: expired, Error: "signature: unknown key"}
+	if expired {
+		st.ExpiresAt = timestamppb.New(time.Now().Add(-time.Hour))
+	}
+	for name, f := range fires {
+		st.Pipes = append(st.Pipes, &agentpb.PipeStatus{Name: name, Version: 1, NextFireTimes: []*timestamppb.Timestamp{timestamppb.New(f)}})
+	}
+	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}}
+}
+
+// missedOf maps an agent's missed runs of a pipe by fire time to reason.
+func (ts *testServer) missedOf(agent, pipe string) map[time.Time]string {
+	ts.t.Helper()
+	out := map[time.Time]string{}
+	for _, r := range ts.runsOf(agent, pipe) {
+		if r.Status == StatusMissed {
+			out[r.ScheduledAt.UTC()] = r.Reason
+		}
+	}
+	return out
+}
+
+// The deadline of a fire time is fire + jitter + grace; an online agent's
+// reported fire times count (an "@every" pipe's only those), and a missed
+// run of an online agent says "not reported"; an offline agent is expected
+// to serve the evaluator's fire times ("agent offline"), except for a
+// catchup: skip pipe, or an "@every" one, whose fire times only the host
+// knows.
+func TestMissedRunRules(t *testing.T) {
+	ts := startServer(t)
+	ctx := context.Background()
+	tags := map[string]string{"rules": "yes"}
+	on := ts.enrollAgent(tags)
+	off := ts.enrollAgent(tags)
+	ts.putMonPipe("jittered", tags, map[string]any{"schedule": "*/5 * * * *", "jitter": "2m", "grace": "1m"})
+	ts.putMonPipe("skipper", tags, map[string]any{"schedule": "*/5 * * * *", "grace": "1m", "catchup": "skip"})
+	ts.putMonPipe("interval", tags, map[string]any{"schedule": "@every 10m", "grace": "1m"})
+	st, err := on.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	if _, err := ts.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t0 := ts.clock.Now()
+	f := t0.UTC().Truncate(5 * time.Minute).Add(5 * time.Minute)
+	// The online agent reports its next elapses: F for jittered and for
+	// interval; nothing for skipper.
+	sendAll(t, st, 1, manifestStatus(agentpb.ManifestStatus_STATE_APPLIED, false, map[string]time.Time{"jittered": f, "interval": f}))
+
+	ts.clock.Advance(f.Add(2*time.Minute + 30*time.Second).Sub(t0))
+	if _, err := ts.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := ts.missedOf(on.id, "jittered"); len(m) != 0 {
+		t.Errorf("jittered missed before fire+jitter+grace: %v", m)
+	}
+	if m := ts.missedOf(on.id, "skipper"); len(m) != 1 || m[f] != reasonNotReported {
+		t.Errorf("skipper on the online agent: %v", m)
+	}
+	if m := ts.missedOf(on.id, "interval"); len(m) != 1 || m[f] != reasonNotReported {
+		t.Errorf("interval on the online agent: %v", m)
+	}
+
+	ts.clock.Advance(time.Minute)
+	if _, err := ts.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := ts.missedOf(on.id, "jittered"); len(m) != 1 || m[f] != reasonNotReported {
+		t.Errorf("jittered on the online agent after its deadline: %v", m)
+	}
+	if m := ts.missedOf(off.id, "jittered"); len(m) != 1 || m[f] != reasonOffline {
+		t.Errorf("jittered on the offline agent: %v", m)
+	}
+	for _, p := range []string{"skipper", "interval"} {
+		if m := ts.missedOf(off.id, p); len(m) != 0 {
+			t.Errorf("%s expects nothing of the offline agent: %v", p, m)
+		}
+	}
+	// The offline agent never was online: no agent.offline for it.
+	if ev := ts.events("kind=agent.offline"); len(ev) != 0 {
+		t.Errorf("agent.offline for an agent never seen: %+v", ev)
+	}
+}
+
+// A missed run is never stored beside a real record of its fire time, and
+// a real record that arrives later removes it in the same transaction.
+func TestMissedRunReplacedByRealRecord(t *testing.T) {
+	ts := startServer(t)
+	ctx := context.Background()
+	a := ts.jobAgent()
+	db := ts.db()
+	x := time.Date(2026, 3, 1, 2, 30, 0, 0, time.UTC)
+	y := x.Add(time.Hour)
+	real := &Run{ID: "real-x", Pipe: "job", PipeVersion: 1, Trigger: "schedule", Status: StatusSucceeded, ScheduledAt: x.Add(300 * time.Millisecond)}
+	if err := db.ApplyRecords(ctx, []*Record{{AgentID: a.id, Received: time.Now(), RunFinished: real}}, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	missed := func(f time.Time) *Run {
+		return &Run{ID: missedRunID(a.id, "job", f), AgentID: a.id, Pipe: "job", PipeVersion: 1, Status: StatusMissed, Reason: reasonOffline, ScheduledAt: f, CreatedAt: time.Now()}
+	}
+	stored, err := db.InsertMissed(ctx, []*Run{missed(x), missed(y)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != 1 || !stored[0].ScheduledAt.Equal(y) {
+		t.Fatalf("stored %+v, want only the fire time without a run", stored)
+	}
+	// Stored twice: still one.
+	if again, err := db.InsertMissed(ctx, []*Run{missed(y)}); err != nil || len(again) != 0 {
+		t.Fatalf("second insert: %v %v", again, err)
+	}
+	late := &Run{ID: "real-y", Pipe: "job", PipeVersion: 1, Trigger: "catchup", StartedAt: y.Add(3 * time.Hour), ScheduledAt: y}
+	if err := db.ApplyRecords(ctx, []*Record{{AgentID: a.id, Received: time.Now(), RunStarted: late}}, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	runs := ts.runsOf(a.id, "job")
+	if len(runs) != 2 {
+		t.Fatalf("runs: %+v", runs)
+	}
+	for _, r := range runs {
+		if r.Status == StatusMissed {
+			t.Errorf("a missed run sits beside the real one: %+v", r)
+		}
+	}
+	// Another agent's record of the same fire time does not touch it.
+	other := ts.enrollAgent(nil)
+	if _, err := db.InsertMissed(ctx, []*Run{missed(y.Add(time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.ApplyRecords(ctx, []*Record{{AgentID: other.id, Received: time.Now(), RunStarted: &Run{ID: "other", Pipe: "job", ScheduledAt: y.Add(time.Hour)}}}, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if m := ts.missedOf(a.id, "job"); len(m) != 1 {
+		t.Errorf("missed runs of the agent after another agent's record: %v", m)
+	}
+}
+
+// manifest.rejected and manifest.expired once per change of state;
+// identity.conflict when another machine presents the certificate.
+func TestManifestAndIdentityEvents(t *testing.T) {
+	ts := startServer(t)
+	a, err := enrollWithMachine(ts, machineA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.openStreamAs(machineA, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	seq := sendAll(t, st, 1, manifestStatus(agentpb.ManifestStatus_STATE_REJECTED, false, nil), manifestStatus(agentpb.ManifestStatus_STATE_REJECTED, false, nil))
+	seq = sendAll(t, st, seq, manifestStatus(agentpb.ManifestStatus_STATE_APPLIED, true, nil), manifestStatus(agentpb.ManifestStatus_STATE_APPLIED, true, nil))
+	if ev := ts.events("kind=manifest.rejected"); len(ev) != 1 || ev[0].Agent != a.id || ev[0].Message == "" {
+		t.Errorf("manifest.rejected: %+v", ev)
+	}
+	if ev := ts.events("kind=manifest.expired"); len(ev) != 1 {
+		t.Errorf("manifest.expired: %+v", ev)
+	}
+	// Rejected again after an applied one: a second event.
+	sendAll(t, st, seq, manifestStatus(agentpb.ManifestStatus_STATE_REJECTED, false, nil))
+	if ev := ts.events("kind=manifest.rejected"); len(ev) != 2 {
+		t.Errorf("manifest.rejected after a change: %+v", ev)
+	}
+	bad, err := a.clone(t).openStreamAs(machineB, "clone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.close()
+	if s := bad.ended(t, 10*time.Second); s.Code() != codes.PermissionDenied {
+		t.Fatalf("clone: %v", s)
+	}
+	if ev := ts.events("kind=identity.conflict&agent=" + a.id); len(ev) != 1 {
+		t.Errorf("identity.conflict: %+v", ev)
+	}
+}
