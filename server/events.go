@@ -96,8 +96,12 @@ func (m *monitor) observe(recs []*Record) {
 }
 
 // onlineChange appends agent.offline or agent.online when the agent's
-// state flipped. An agent never seen online has no state to leave.
+// state flipped: offline once it has had no stream for the offline grace,
+// online again only with a live stream (between the two, as just after a
+// restart, the state stays). An agent never seen online has no state to
+// leave.
 func (m *monitor) onlineChange(a *MonitorAgent, offline bool, now time.Time, dirty map[string]string, evs []*Event) []*Event {
+	live := m.s.hub.online(a.ID)
 	key := "agent/" + a.ID
 	m.stateMu.Lock()
 	old := m.state[key]
@@ -107,11 +111,11 @@ func (m *monitor) onlineChange(a *MonitorAgent, offline bool, now time.Time, dir
 		m.swap(key, "offline", dirty)
 		return append(evs, &Event{At: now, Kind: EventAgentOffline, AgentID: a.ID,
 			Message: "no stream since " + a.LastSeenAt.UTC().Format(time.RFC3339), Dedupe: EventAgentOffline + "/" + a.ID + "/" + strconv.FormatInt(now.UnixNano(), 10)})
-	case !offline && old == "offline":
+	case live && old == "offline":
 		m.swap(key, "online", dirty)
 		return append(evs, &Event{At: now, Kind: EventAgentOnline, AgentID: a.ID, Message: "stream re-established",
 			Dedupe: EventAgentOnline + "/" + a.ID + "/" + strconv.FormatInt(now.UnixNano(), 10)})
-	case !offline && old == "" && !a.LastSeenAt.IsZero():
+	case live && old == "":
 		m.swap(key, "online", dirty)
 	}
 	return evs

@@ -70,24 +70,28 @@ type monitor struct {
 
 	stateMu sync.Mutex
 	state   map[string]string // nil until loaded
+
+	lastPrune time.Time // events are kept as long as runs (runs.retention_age)
 }
 
 func newMonitor(s *Server) *monitor {
 	return &monitor{s: s, store: s.store, interval: missedInterval, scheds: map[string]*manifest.Schedule{}, locs: map[string]*time.Location{}}
 }
 
-// run runs detection passes until ctx ends.
+// run runs a detection pass every interval until ctx ends. The first
+// waits one interval too, so that after a restart the agents have
+// reconnected before anything is judged.
 func (m *monitor) run(ctx context.Context) {
 	t := time.NewTicker(m.interval)
 	defer t.Stop()
 	for {
-		if _, err := m.pass(ctx); err != nil && ctx.Err() == nil {
-			m.s.log.Error("missed-run detection", "err", err)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if _, err := m.pass(ctx); err != nil && ctx.Err() == nil {
+			m.s.log.Error("missed-run detection", "err", err)
 		}
 	}
 }
@@ -319,6 +323,14 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 	}
 	if err := m.store.AddEvents(ctx, events); err != nil {
 		return stats, err
+	}
+	if now.Sub(m.lastPrune) >= m.s.cfg.Runs.RetentionInterval {
+		if n, err := m.store.PruneEvents(ctx, now.Add(-m.s.cfg.Runs.RetentionAge)); err != nil {
+			return stats, err
+		} else if n > 0 {
+			m.s.log.Info("pruned events", "events", n)
+		}
+		m.lastPrune = now
 	}
 	m.swap(stateWatermark, fmt.Sprint(now.UnixNano()), dirty)
 	if err := m.store.SetMonitorState(ctx, dirty, now); err != nil {

@@ -189,3 +189,80 @@ func TestManifestAndIdentityEvents(t *testing.T) {
 		t.Errorf("identity.conflict: %+v", ev)
 	}
 }
+
+// The states behind the once-per-change events survive a restart: no
+// second agent.offline, a recovery after a failure seen before the restart
+// is announced once, and a failure replayed after it is not a second event.
+func TestEventStatesSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	ts := startServer(t, func(c *Config) { c.DataDir = dir })
+	a := ts.jobAgent()
+	st, err := a.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := finished("r-fail", "job", agentpb.RunStatus_RUN_STATUS_FAILED, "exit 1")
+	sendAll(t, st, 1, fail)
+	if _, err := ts.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st.close()
+	waitFor(t, 10*time.Second, "the stream to end", func() bool { return !ts.s.hub.online(a.id) })
+	ts.clock.Advance(3 * time.Minute)
+	if _, err := ts.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ev := ts.events("kind=agent.offline"); len(ev) != 1 {
+		t.Fatalf("agent.offline before the restart: %+v", ev)
+	}
+	ts.stop()
+
+	ts2 := startServer(t, func(c *Config) { c.DataDir = dir })
+	ts2.clock.Advance(3 * time.Minute)
+	if _, err := ts2.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ev := ts2.events("kind=agent.offline"); len(ev) != 1 {
+		t.Errorf("agent.offline after the restart: %+v", ev)
+	}
+	st2, err := a.openStream(ts2.s.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.close()
+	seq := sendAll(t, st2, 1, finished("r-fail", "job", agentpb.RunStatus_RUN_STATUS_FAILED, "exit 1"))
+	sendAll(t, st2, seq, finished("r-ok", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""), finished("r-ok2", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
+	if ev := ts2.events("kind=run.failed"); len(ev) != 1 {
+		t.Errorf("run.failed after the replay: %+v", ev)
+	}
+	if ev := ts2.events("kind=run.recovered"); len(ev) != 1 || ev[0].RunID != "r-ok" {
+		t.Errorf("run.recovered: %+v", ev)
+	}
+	if _, err := ts2.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ev := ts2.events("kind=agent.online"); len(ev) != 1 {
+		t.Errorf("agent.online: %+v", ev)
+	}
+}
+
+// The detection loop runs passes on its own (here every 10ms).
+func TestMissedLoopRuns(t *testing.T) {
+	ts := startServer(t)
+	tags := map[string]string{"loop": "yes"}
+	a := ts.enrollAgent(tags)
+	ts.putMonPipe("looped", tags, map[string]any{"schedule": "* * * * *", "grace": "1m"})
+	m := newMonitor(ts.s)
+	m.interval = 10 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); ts.s.leader.lead(ctx, "monitor", m.run) }()
+	defer func() { cancel(); <-done }()
+	waitFor(t, 10*time.Second, "the first pass", func() bool {
+		st, err := ts.db().MonitorState(context.Background())
+		return err == nil && st[stateWatermark] != ""
+	})
+	ts.clock.Advance(3 * time.Minute)
+	waitFor(t, 10*time.Second, "a missed run", func() bool { return len(ts.missedOf(a.id, "looped")) >= 1 })
+}

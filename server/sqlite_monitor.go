@@ -31,6 +31,8 @@ type monitorStore interface {
 	ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 	// MonitorState returns the durable monitoring state; SetMonitorState
 	// writes some keys of it.
+	// PruneEvents deletes events older than before.
+	PruneEvents(ctx context.Context, before time.Time) (int, error)
 	MonitorState(ctx context.Context) (map[string]string, error)
 	SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error
 }
@@ -289,4 +291,13 @@ func (s *SQLiteStore) SetMonitorState(ctx context.Context, kv map[string]string,
 		return fmt.Errorf("set monitor state: %w", err)
 	}
 	return nil
+}
+
+func (s *SQLiteStore) PruneEvents(ctx context.Context, before time.Time) (int, error) {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM events WHERE at<?`, ns(before))
+	if err != nil {
+		return 0, fmt.Errorf("prune events: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
 }
