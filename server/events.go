@@ -61,7 +61,7 @@ func (m *monitor) observe(recs []*Record) {
 				}
 				evs = append(evs, &Event{At: at, Kind: EventRunFailed, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID, Message: msg, Dedupe: EventRunFailed + "/" + x.ID})
 			case StatusSucceeded:
-				if m.swap(key, "ok", dirty) == "failing" {
+				if m.swap(key, "", dirty) == "failing" { // healthy is the absence of state
 					evs = append(evs, &Event{At: at, Kind: EventRunRecovered, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID,
 						Message: "succeeded after a failed or missed run", Dedupe: EventRunRecovered + "/" + x.ID})
 				}
@@ -76,7 +76,7 @@ func (m *monitor) observe(recs []*Record) {
 				evs = append(evs, &Event{At: at, Kind: EventManifestRejected, AgentID: r.AgentID, Message: cleanText(st.Error, 512, false),
 					Dedupe: EventManifestRejected + "/" + r.AgentID + "/" + strconv.FormatInt(at.UnixNano(), 10)})
 			}
-			exp := "0"
+			exp := ""
 			if st.Expired {
 				exp = "1"
 			}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -118,14 +119,19 @@ func (m *monitor) loadState(ctx context.Context) error {
 	return nil
 }
 
-// swap sets key to value in the state and reports the previous value;
-// changed keys are added to dirty.
+// swap sets key to value in the state ("" removes it: healthy states are
+// not kept) and reports the previous value; changed keys are added to
+// dirty.
 func (m *monitor) swap(key, value string, dirty map[string]string) string {
 	m.stateMu.Lock()
 	defer m.stateMu.Unlock()
 	old := m.state[key]
 	if old != value {
-		m.state[key] = value
+		if value == "" {
+			delete(m.state, key)
+		} else {
+			m.state[key] = value
+		}
 		dirty[key] = value
 	}
 	return old
@@ -373,8 +379,9 @@ func (m *monitor) expected(dst, fires []time.Time, lo, hi time.Time, every bool,
 			}
 		}
 	}
+	n := len(dst)
 	for _, f := range reported {
-		if f.After(lo) && !f.After(hi) {
+		if f.After(lo) && !f.After(hi) && !slices.ContainsFunc(dst[:n], func(g time.Time) bool { return g.Unix() == f.Unix() }) {
 			dst = append(dst, f)
 		}
 	}

@@ -30,7 +30,7 @@ type monitorStore interface {
 	// ListEvents lists events newest first.
 	ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 	// MonitorState returns the durable monitoring state; SetMonitorState
-	// writes some keys of it.
+	// writes some keys of it (an empty value deletes the key).
 	// PruneEvents deletes events older than before.
 	PruneEvents(ctx context.Context, before time.Time) (int, error)
 	MonitorState(ctx context.Context) (map[string]string, error)
@@ -280,6 +280,12 @@ func (s *SQLiteStore) SetMonitorState(ctx context.Context, kv map[string]string,
 	}
 	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
 		for k, v := range kv {
+			if v == "" {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM monitor_state WHERE key=?`, k); err != nil {
+					return err
+				}
+				continue
+			}
 			if _, err := tx.ExecContext(ctx, `INSERT INTO monitor_state(key, value, updated_at) VALUES(?,?,?)
 				ON CONFLICT(key) DO UPDATE SET value=excluded.value, updated_at=excluded.updated_at`, k, v, ns(now)); err != nil {
 				return err
