@@ -165,6 +165,9 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	if p.Spec.IsEnabled() {
 		if t := p.Spec.Targets; t != nil {
 			for _, a := range agents {
+				if err := decodeMonitorAgent(a, false); err != nil {
+					return err
+				}
 				if slices.Contains(t.Agents, a.ID) || matchesTags(t.Tags, a.Tags) {
 					holders = append(holders, a)
 				}

@@ -69,6 +69,8 @@ type monitor struct {
 	scheds map[string]*manifest.Schedule
 	locs   map[string]*time.Location
 
+	decoded map[string]*MonitorAgent // by agent id: tags and pipe status decoded (under passMu)
+
 	stateMu sync.Mutex
 	state   map[string]string // nil until loaded
 
@@ -76,7 +78,8 @@ type monitor struct {
 }
 
 func newMonitor(s *Server) *monitor {
-	return &monitor{s: s, store: s.store, interval: missedInterval, scheds: map[string]*manifest.Schedule{}, locs: map[string]*time.Location{}}
+	return &monitor{s: s, store: s.store, interval: missedInterval, scheds: map[string]*manifest.Schedule{}, locs: map[string]*time.Location{},
+		decoded: map[string]*MonitorAgent{}}
 }
 
 // run runs a detection pass every interval until ctx ends. The first
@@ -202,6 +205,21 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 	if err != nil {
 		return stats, err
 	}
+	// Tags and pipe status are decoded only when they changed since the
+	// last pass.
+	decoded := make(map[string]*MonitorAgent, len(agents))
+	for i, a := range agents {
+		if d := m.decoded[a.ID]; d != nil && d.TagsJSON == a.TagsJSON && d.StatusSeq == a.StatusSeq && d.PipesJSON == a.PipesJSON {
+			a.Tags, a.Pipes = d.Tags, d.Pipes
+		} else if err := decodeMonitorAgent(a, true); err != nil {
+			m.s.log.Error("missed-run detection: skipping an agent", "err", err)
+			agents[i] = nil
+			continue
+		}
+		decoded[a.ID] = a
+	}
+	m.decoded = decoded
+	agents = slices.DeleteFunc(agents, func(a *MonitorAgent) bool { return a == nil })
 	offline := make(map[string]bool, len(agents))
 	byID := make(map[string]*MonitorAgent, len(agents))
 	var events []*Event

@@ -37,14 +37,21 @@ type monitorStore interface {
 	SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error
 }
 
-// MonitorAgent is what missed-run detection needs about one agent.
+// MonitorAgent is what missed-run detection needs about one agent. Its
+// tags and pipe status come as stored JSON (TagsJSON, PipesJSON), with the
+// sequence number of the status, so that a caller can keep what it decoded
+// until they change; Tags and Pipes are filled by the caller.
 type MonitorAgent struct {
 	ID         string
-	Tags       map[string]string
 	CreatedAt  time.Time
 	LastSeenAt time.Time
 	StatusAt   time.Time
-	Pipes      []PipeStatus
+	StatusSeq  int64
+	TagsJSON   string
+	PipesJSON  string
+
+	Tags  map[string]string
+	Pipes []PipeStatus
 }
 
 // ScheduledRun is a run found by the fire time it serves.
@@ -112,7 +119,7 @@ func (s *SQLiteStore) MonitorInputs(ctx context.Context) ([]*PipeVersion, []*Mon
 	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT id, tags, created_at, last_seen_at, status_at, pipe_status FROM agents WHERE revoked_at=0 ORDER BY id`)
+	rows, err = tx.QueryContext(ctx, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, pipe_status FROM agents WHERE revoked_at=0 ORDER BY id`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
 	}
@@ -120,18 +127,9 @@ func (s *SQLiteStore) MonitorInputs(ctx context.Context) ([]*PipeVersion, []*Mon
 	var agents []*MonitorAgent
 	for rows.Next() {
 		var a MonitorAgent
-		var tags, ps string
 		var created, seen, statusAt int64
-		if err := rows.Scan(&a.ID, &tags, &created, &seen, &statusAt, &ps); err != nil {
+		if err := rows.Scan(&a.ID, &a.TagsJSON, &created, &seen, &statusAt, &a.StatusSeq, &a.PipesJSON); err != nil {
 			return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-		}
-		if err := json.Unmarshal([]byte(tags), &a.Tags); err != nil {
-			return nil, nil, fmt.Errorf("monitor inputs: agent %s tags: %w", a.ID, err)
-		}
-		if ps != "" && ps != "[]" {
-			if err := json.Unmarshal([]byte(ps), &a.Pipes); err != nil {
-				return nil, nil, fmt.Errorf("monitor inputs: agent %s pipe status: %w", a.ID, err)
-			}
 		}
 		a.CreatedAt, a.LastSeenAt, a.StatusAt = fromNS(created), fromNS(seen), fromNS(statusAt)
 		agents = append(agents, &a)
@@ -306,4 +304,17 @@ func (s *SQLiteStore) PruneEvents(ctx context.Context, before time.Time) (int, e
 	}
 	n, _ := res.RowsAffected()
 	return int(n), nil
+}
+
+// decodeMonitorAgent fills a's Tags and Pipes from their JSON.
+func decodeMonitorAgent(a *MonitorAgent, withPipes bool) error {
+	if err := json.Unmarshal([]byte(a.TagsJSON), &a.Tags); err != nil {
+		return fmt.Errorf("agent %s tags: %w", a.ID, err)
+	}
+	if withPipes && a.PipesJSON != "" && a.PipesJSON != "[]" {
+		if err := json.Unmarshal([]byte(a.PipesJSON), &a.Pipes); err != nil {
+			return fmt.Errorf("agent %s pipe status: %w", a.ID, err)
+		}
+	}
+	return nil
 }
