@@ -67,8 +67,13 @@ func (m *monitor) observe(recs []*Record) {
 				}
 			}
 		case r.Settle != nil:
-			for _, id := range r.Settle.Settled {
-				evs = append(evs, &Event{At: at, Kind: EventRunFailed, AgentID: r.AgentID, RunID: id, Message: "failed: " + ReasonLost, Dedupe: EventRunFailed + "/" + id})
+			for _, id := range r.Settle.Settled { // rare: the pipe is looked up
+				pipe := ""
+				if run, err := m.store.GetRun(ctx, id); err == nil {
+					pipe = run.Pipe
+					m.swap(runStateKey(r.AgentID, pipe), "failing", dirty)
+				}
+				evs = append(evs, &Event{At: at, Kind: EventRunFailed, Pipe: pipe, AgentID: r.AgentID, RunID: id, Message: "failed: " + ReasonLost, Dedupe: EventRunFailed + "/" + id})
 			}
 		case r.Status != nil:
 			st := r.Status

@@ -62,7 +62,10 @@ func (soleLeader) lead(ctx context.Context, _ string, fn func(context.Context)) 
 // monitor detects missed runs and records events.
 type monitor struct {
 	s        *Server
-	store    monitorStore
+	store    interface {
+		monitorStore
+		GetRun(ctx context.Context, id string) (*Run, error)
+	}
 	interval time.Duration
 
 	passMu sync.Mutex // one pass at a time

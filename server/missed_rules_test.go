@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -265,4 +267,29 @@ func TestMissedLoopRuns(t *testing.T) {
 	})
 	ts.clock.Advance(3 * time.Minute)
 	waitFor(t, 10*time.Second, "a missed run", func() bool { return len(ts.missedOf(a.id, "looped")) >= 1 })
+}
+
+// A run settled lost is a run.failed event of its pipe.
+func TestLostRunIsFailedEvent(t *testing.T) {
+	ts := startServer(t)
+	a := ts.jobAgent()
+	st, err := a.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	t0 := time.Now().Add(-time.Minute)
+	seq := sendAll(t, st, 1, started("r-lost", "job", t0))
+	for range 2 {
+		// A drained heartbeat that does not list r-lost, then a durable
+		// record whose ack says the heartbeat was committed before it.
+		if err := st.stream.Send(heartbeat(0, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		seq = sendAll(t, st, seq, started(fmt.Sprintf("r-other-%d", seq), "job", time.Now().Add(time.Hour)))
+	}
+	waitFor(t, 10*time.Second, "the run.failed event", func() bool {
+		ev := ts.events("kind=run.failed")
+		return len(ev) == 1 && ev[0].RunID == "r-lost" && ev[0].Pipe == "job" && strings.Contains(ev[0].Message, ReasonLost)
+	})
 }
