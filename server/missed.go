@@ -61,8 +61,8 @@ func (soleLeader) lead(ctx context.Context, _ string, fn func(context.Context)) 
 
 // monitor detects missed runs and records events.
 type monitor struct {
-	s        *Server
-	store    interface {
+	s     *Server
+	store interface {
 		monitorStore
 		GetRun(ctx context.Context, id string) (*Run, error)
 	}
