@@ -94,7 +94,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	if len(details) > 0 {
 		return newError(ErrInvalidRequest, "invalid fire-time query", details...)
 	}
-	pipes, agents, err := s.store.MonitorInputs(r.Context())
+	pipes, agents, err := s.store.MonitorInputs(r.Context(), false)
 	if err != nil {
 		return err
 	}

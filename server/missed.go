@@ -204,7 +204,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 		from = now.Add(-maxMissedLookback)
 	}
 
-	pipes, agents, err := m.store.MonitorInputs(ctx)
+	pipes, agents, err := m.store.MonitorInputs(ctx, true)
 	if err != nil {
 		return stats, err
 	}

@@ -15,8 +15,9 @@ import (
 // fire-time view and the event log.
 type monitorStore interface {
 	// MonitorInputs returns every live pipe's current version and every
-	// non-revoked agent with what it last reported, from one snapshot.
-	MonitorInputs(ctx context.Context) ([]*PipeVersion, []*MonitorAgent, error)
+	// non-revoked agent (with its last pipe status when withStatus), from
+	// one snapshot.
+	MonitorInputs(ctx context.Context, withStatus bool) ([]*PipeVersion, []*MonitorAgent, error)
 	// ScheduledRuns lists the runs serving a fire time in [since, until),
 	// of one pipe or (pipe "") of all.
 	ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]ScheduledRun, error)
@@ -96,7 +97,7 @@ func missedRunID(agent, pipe string, fire time.Time) string {
 	return "missed-" + hex.EncodeToString(h[:16])
 }
 
-func (s *SQLiteStore) MonitorInputs(ctx context.Context) ([]*PipeVersion, []*MonitorAgent, error) {
+func (s *SQLiteStore) MonitorInputs(ctx context.Context, withStatus bool) ([]*PipeVersion, []*MonitorAgent, error) {
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
@@ -119,7 +120,11 @@ func (s *SQLiteStore) MonitorInputs(ctx context.Context) ([]*PipeVersion, []*Mon
 	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, pipe_status FROM agents WHERE revoked_at=0 ORDER BY id`)
+	status := `pipe_status`
+	if !withStatus {
+		status = `''`
+	}
+	rows, err = tx.QueryContext(ctx, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, `+status+` FROM agents WHERE revoked_at=0 ORDER BY id`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
 	}
