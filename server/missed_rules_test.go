@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -292,4 +293,25 @@ func TestLostRunIsFailedEvent(t *testing.T) {
 		ev := ts.events("kind=run.failed")
 		return len(ev) == 1 && ev[0].RunID == "r-lost" && ev[0].Pipe == "job" && strings.Contains(ev[0].Message, ReasonLost)
 	})
+}
+
+// grace is the server's alone: the manifest an agent gets leaves it out
+// (as it leaves out targets), so agents that predate the field accept it.
+func TestGraceNotInManifest(t *testing.T) {
+	ts := startServer(t)
+	tags := map[string]string{"g": "yes"}
+	a := ts.enrollAgent(tags)
+	ts.putMonPipe("graced", tags, map[string]any{"schedule": "* * * * *", "grace": "5m"})
+	acc, err := a.pullManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acc.Manifest.Pipe("graced") == nil || strings.Contains(string(acc.Payload), `"grace":`) {
+		t.Fatalf("manifest: %s", acc.Payload)
+	}
+	var p PipeJSON
+	ts.adminOK("GET", "/api/v1/pipes/graced", nil, &p)
+	if b, _ := json.Marshal(p); !strings.Contains(string(b), `"grace":"5m"`) {
+		t.Fatalf("the pipe as stored: %s", b)
+	}
 }
