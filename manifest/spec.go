@@ -25,6 +25,7 @@ const (
 	DefaultTimezone    = "UTC"
 	DefaultTimeout     = Duration(time.Hour)
 	DefaultInterpreter = "/bin/sh"
+	DefaultGrace       = Duration(10 * time.Minute)
 )
 
 // Spec is a pipe as an operator writes it (docs/design.md, "Pipe spec"). The field
@@ -45,7 +46,11 @@ type Spec struct {
 	Timeout     Duration          `json:"timeout,omitempty" yaml:"timeout,omitempty"`
 	Catchup     string            `json:"catchup,omitempty" yaml:"catchup,omitempty"`
 	Jitter      Duration          `json:"jitter,omitempty" yaml:"jitter,omitempty"`
-	Hardening   string            `json:"hardening,omitempty" yaml:"hardening,omitempty"`
+	// Grace is how long after a fire time (plus its jitter) a run must have
+	// started before the server records the fire time as missed; zero
+	// means DefaultGrace.
+	Grace     Duration `json:"grace,omitempty" yaml:"grace,omitempty"`
+	Hardening string   `json:"hardening,omitempty" yaml:"hardening,omitempty"`
 	// WritablePaths are the places outside its state directory a job under
 	// the default or strict profile may write (e.g. /var/backups).
 	WritablePaths []string `json:"writable_paths,omitempty" yaml:"writable_paths,omitempty"`
@@ -66,6 +71,14 @@ type Limits struct {
 type Targets struct {
 	Tags   map[string]string `json:"tags,omitempty" yaml:"tags,omitempty"`
 	Agents []string          `json:"agents,omitempty" yaml:"agents,omitempty"`
+}
+
+// GraceOrDefault is the pipe's grace, DefaultGrace when unset.
+func (s *Spec) GraceOrDefault() time.Duration {
+	if s.Grace == 0 {
+		return DefaultGrace.D()
+	}
+	return s.Grace.D()
 }
 
 // IsEnabled reports whether the pipe is enabled (the default).

@@ -27,6 +27,8 @@ const (
 	MaxTimeout        = Duration(7 * 24 * time.Hour)
 	MinTimeout        = Duration(time.Second)
 	MaxJitter         = Duration(24 * time.Hour)
+	MinGrace          = Duration(time.Minute)
+	MaxGrace          = Duration(24 * time.Hour)
 	MaxCPUPercent     = 100 * 1024
 	MaxMemoryMB       = 1 << 20
 	MaxTasks          = 1 << 22
@@ -206,6 +208,9 @@ func (s *Spec) validate(p *problems, at string) {
 	}
 	if s.Jitter < 0 || s.Jitter > MaxJitter {
 		p.add(f("jitter"), "%s out of range 0s-%s", s.Jitter, MaxJitter)
+	}
+	if s.Grace != 0 && (s.Grace < MinGrace || s.Grace > MaxGrace) {
+		p.add(f("grace"), "%s out of range %s-%s", s.Grace, MinGrace, MaxGrace)
 	}
 	switch s.Catchup {
 	case "", CatchupOnce, CatchupAll, CatchupSkip:

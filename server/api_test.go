@@ -322,6 +322,9 @@ func TestAPIEndpoints(t *testing.T) {
 	// ---- schedule preview in the pipe's zone, across the spring DST gap: cron runs the
 	// 02:30 that does not exist on 2026-03-29 at the end of the gap, 03:00
 	var sp SchedulePreview
+	// The fire-time view and the events (missed_test.go covers them).
+	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/fires", nil, nil)
+	ts.as(viewer, 200, "GET", "/api/v1/events?kind=run.failed", nil, nil)
 	r = ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/schedule?count=3&after=2026-03-28T00:00:00Z", nil, &sp)
 	var times struct {
 		FireTimes []string `json:"fire_times"`

@@ -161,6 +161,7 @@ type pipeEntry struct {
 func newPipeEntry(p *PipeVersion) (pipeEntry, error) {
 	spec := p.Spec.Clone()
 	spec.Targets = nil
+	spec.Grace = 0 // the server's alone (missed.go); agents that predate the field would refuse it
 	mp := manifest.Pipe{Name: p.Name, Version: p.Version, Spec: *spec, Payload: manifest.Payload{Digest: p.PayloadDigest, Size: p.PayloadSize}}
 	b, err := encodeJSON(mp)
 	if err != nil {

@@ -171,6 +171,7 @@
 //	GET    /api/v1/pipes/{name}/versions/{version}          viewer
 //	POST   /api/v1/pipes/{name}/versions/{version}/restore  operator; pipes.restore
 //	GET    /api/v1/pipes/{name}/schedule?count=&after=      viewer
+//	GET    /api/v1/pipes/{name}/fires?since=&until=&limit=  viewer (per fire time: expected, runs per status)
 //	POST   /api/v1/pipes/{name}/dry-run                     viewer (stores nothing)
 //	POST   /api/v1/pipes/{name}/run {agent | tags}          operator; pipes.run
 //	GET    /api/v1/agents?tag=k=v&status=online|offline|revoked  viewer
@@ -193,6 +194,7 @@
 //	PUT    /api/v1/secrets/{name}                           operator; secrets.write
 //	DELETE /api/v1/secrets/{name}                           operator; secrets.delete
 //	GET    /api/v1/audit?actor=&action=&target=&since=&until=  viewer
+//	GET    /api/v1/events?kind=&pipe=&agent=&since=         viewer
 //	POST   /api/v1/keys/rotate                              admin; keys.rotate
 //
 // Setting or deleting a secret re-publishes the manifests that reference
@@ -269,6 +271,18 @@
 // "lost", written_by "server" (two, so that one heartbeat built while the
 // agent could not read its scheduler settles nothing). A later RunFinished
 // replaces it. Only the live stream settles.
+//
+// Missed runs (missed.go): a detection pass every 30 s, run by a leader
+// (one server alone always leads), expects of every agent holding an
+// enabled pipe a run for each fire time (its reported next fire times
+// while online, the evaluator's otherwise) by fire + jitter + grace, and
+// stores a run with status missed, reason "not reported" or "agent
+// offline", under an id derived from agent, pipe and fire time. A
+// RunStarted or RunFinished whose scheduled_at names that fire time deletes
+// it in the ingest transaction. Events (events.go) are stored per
+// occurrence, deduplicated by a key, and the states behind run.recovered,
+// agent.offline/online and manifest.rejected/expired are kept in
+// monitor_state so each is announced once per change.
 //
 // A run's log is capped (runs.max_log_bytes,
 // 1 MiB): the first chunk over the cap is stored as a truncation marker and

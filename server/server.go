@@ -53,6 +53,8 @@ type Server struct {
 	compiler   *compiler
 	hub        *hub
 	ingest     *ingester
+	monitor    *monitor // missed.go, events.go
+	leader     leader
 	streams    *streamService
 	publicHost string
 
@@ -156,6 +158,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	s.compiler = &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
 	s.ingest = newIngester(st, cfg.Store.IngestBatch, IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes}, logger)
 	s.ingest.onCommit = s.afterCommit
+	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	s.streams = &streamService{s: s}
 	s.metrics = newMetrics(s)
 	s.metricsHandler = newMetricsHandler(s.metrics)
@@ -239,6 +242,7 @@ func (s *Server) CACertPEM() []byte { return s.ca.pem }
 func (s *Server) afterCommit(recs []*Record) {
 	s.metrics.committed(recs, s.clock.Now())
 	s.logWatch.notify(recs)
+	s.monitor.observe(recs)
 }
 
 // published tells an agent's live stream that a new manifest is out.
@@ -286,6 +290,8 @@ func (s *Server) Run(ctx context.Context) error {
 	bgWG.Add(2)
 	go func() { defer bgWG.Done(); s.maintain(bg) }()
 	go func() { defer bgWG.Done(); s.watchdog(bg) }()
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "monitor", s.monitor.run) }()
 	if s.cfg.InternalAgent.Enabled {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()

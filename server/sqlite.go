@@ -944,9 +944,15 @@ func (t *ingestTx) apply(recs []*Record, lim IngestLimits) error {
 				st.Expired, ns(st.ExpiresAt), r.AgentID, r.Seq)
 		case r.RunStarted != nil:
 			x := r.RunStarted
+			if err = t.dropMissed(r.AgentID, x); err != nil {
+				return err
+			}
 			_, err = t.exec(sqlRunStarted, x.ID, r.AgentID, x.Pipe, x.PipeVersion, x.Trigger, ns(x.StartedAt), ns(x.ScheduledAt), x.RequestID, x.Attempts, ns(now), ns(now))
 		case r.RunFinished != nil:
 			x := r.RunFinished
+			if err = t.dropMissed(r.AgentID, x); err != nil {
+				return err
+			}
 			_, err = t.exec(sqlRunFinished, x.ID, r.AgentID, x.Pipe, x.PipeVersion, x.Trigger, x.Status, x.ExitCode, x.Signal, x.Error, x.RequestID,
 				ns(x.ScheduledAt), ns(x.StartedAt), ns(x.FinishedAt), x.DurationMS, x.LogChunks, x.Reason, x.Attempts, x.WrittenBy, ns(now), ns(now))
 		case r.Chunk != nil:
@@ -971,6 +977,20 @@ func (t *ingestTx) apply(recs []*Record, lim IngestLimits) error {
 		}
 	}
 	return nil
+}
+
+// dropMissed removes the missed run that the server recorded for the fire
+// time a real record serves (sqlite_monitor.go): the truth replaces it.
+func (t *ingestTx) dropMissed(agentID string, x *Run) error {
+	if x.ScheduledAt.IsZero() || x.Pipe == "" {
+		return nil
+	}
+	id := missedRunID(agentID, x.Pipe, x.ScheduledAt)
+	if id == x.ID {
+		return nil
+	}
+	_, err := t.exec(`DELETE FROM runs WHERE id=? AND agent_id=? AND status='missed'`, id, agentID)
+	return err
 }
 
 func (t *ingestTx) chunk(r *Record, runs map[string]*runLog, lim IngestLimits) error {

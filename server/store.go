@@ -25,6 +25,7 @@ type Store interface {
 	ingestStore
 	authStore
 	auditStore
+	monitorStore // sqlite_monitor.go
 	Close() error
 }
 

@@ -484,6 +484,7 @@ func (s *Server) identityConflict(ctx context.Context, agentID, machineID, sourc
 		s.log.Error("recording an identity conflict", "agent", agentID, "err", err)
 	}
 	if s.agentMem(agentID).shouldAudit("identity_conflict", now, 10*time.Second) {
+		s.monitor.identityConflict(agentID, shown, now)
 		s.audit(&AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: "machine " + shown, Role: roleAgent.String(),
 			Action: "agent.identity_conflict", Target: "agent/" + agentID, Source: source})
 	}

@@ -25,6 +25,7 @@ var resourceAliases = map[string]string{
 	"tokens": "tokens", "token": "tokens", "enrollment-tokens": "tokens",
 	"secrets": "secrets", "secret": "secrets",
 	"api-tokens": "api-tokens", "api-token": "api-tokens",
+	"fires": "fires", "fire": "fires", "events": "events", "event": "events",
 }
 
 // listOpts are the filters of get (and audit).
@@ -41,12 +42,13 @@ type listOpts struct {
 	reason         string
 	scheduledSince string
 	scheduledUntil string
+	kind           string // events (monitor.go)
 }
 
 func (a *app) newGetCmd() *cobra.Command {
 	var o listOpts
 	cmd := &cobra.Command{
-		Use:   "get pipes|agents|runs|tokens|secrets|api-tokens [NAME...]",
+		Use:   "get pipes|agents|runs|fires|events|tokens|secrets|api-tokens [NAME...]",
 		Short: "List pipes, agents, runs, enrollment tokens, secrets or API tokens",
 		Long: `List objects as a table, or as the API's JSON or YAML with -o.
 
@@ -54,6 +56,10 @@ func (a *app) newGetCmd() *cobra.Command {
   get agents [ID...] [--tag k=v] [--status S]    agents (carrying the tags; online, offline, revoked)
   get runs [ID...] [--pipe P] [--agent ID] [--status S] [--reason R] [--since T] [--until T]
            [--scheduled-since T] [--scheduled-until T] [--limit N]
+  get fires PIPE [--since T] [--until T] [--limit N]
+                                                 per fire time: agents expected, runs per status
+  get events [--kind K] [--pipe P] [--agent ID] [--since T] [--limit N]
+                                                 runs failed, missed, recovered; agents offline...
   get tokens                                     enrollment tokens (never their secrets)
   get secrets                                    secret names (values are write-only)
   get api-tokens                                 operator API tokens and their roles
@@ -62,14 +68,14 @@ func (a *app) newGetCmd() *cobra.Command {
 duration before now (2h). -o wide adds columns: runs get REASON, SCHEDULED, ATTEMPTS and
 WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLICTS.`,
 		Args:      cobra.ArbitraryArgs,
-		ValidArgs: []string{"pipes", "agents", "runs", "tokens", "secrets", "api-tokens"},
+		ValidArgs: []string{"pipes", "agents", "runs", "fires", "events", "tokens", "secrets", "api-tokens"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return usagef("get wants a resource: pipes, agents, runs, tokens, secrets or api-tokens")
+				return usagef("get wants a resource: pipes, agents, runs, fires, events, tokens, secrets or api-tokens")
 			}
 			kind, ok := resourceAliases[args[0]]
 			if !ok {
-				return usagef("unknown resource %q: use pipes, agents, runs, tokens, secrets or api-tokens", args[0])
+				return usagef("unknown resource %q: use pipes, agents, runs, fires, events, tokens, secrets or api-tokens", args[0])
 			}
 			if err := o.check(cmd, kind); err != nil {
 				return err
@@ -87,7 +93,8 @@ WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLI
 	f.StringVar(&o.scheduledUntil, "scheduled-until", "", "runs serving a fire time before this time")
 	f.StringVar(&o.since, "since", "", "runs recorded at or after this time (RFC 3339, or a duration before now)")
 	f.StringVar(&o.until, "until", "", "runs recorded before this time (RFC 3339, or a duration before now)")
-	f.IntVar(&o.limit, "limit", 100, "at most this many runs (1-1000)")
+	f.IntVar(&o.limit, "limit", 100, "at most this many runs, fire times or events (1-1000)")
+	f.StringVar(&o.kind, "kind", "", "events of this kind (run.failed, run.missed, agent.offline, ...)")
 	return cmd
 }
 
@@ -97,11 +104,13 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 		"pipes":  {"tag", "agent"},
 		"agents": {"tag", "status"},
 		"runs":   {"agent", "pipe", "status", "since", "until", "limit", "reason", "scheduled-since", "scheduled-until"},
+		"fires":  {"since", "until", "limit"},
+		"events": {"kind", "pipe", "agent", "since", "limit"},
 	}[kind]
 	var bad error
 	cmd.Flags().Visit(func(f *pflag.Flag) {
 		switch f.Name {
-		case "tag", "agent", "pipe", "status", "since", "until", "limit", "reason", "scheduled-since", "scheduled-until":
+		case "tag", "agent", "pipe", "status", "since", "until", "limit", "reason", "scheduled-since", "scheduled-until", "kind":
 			for _, ok := range allowed {
 				if ok == f.Name {
 					return
@@ -122,7 +131,7 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 			return usagef("--status %q: agents are online, offline or revoked", o.status)
 		}
 	}
-	if kind == "runs" {
+	if kind == "runs" || kind == "fires" || kind == "events" {
 		if o.limit < 1 || o.limit > 1000 {
 			return usagef("--limit %d out of range 1-1000", o.limit)
 		}
@@ -178,6 +187,10 @@ func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) 
 		return a.getAgents(ctx, c, names, o)
 	case "runs":
 		return a.getRuns(ctx, c, names, o)
+	case "fires":
+		return a.getFires(ctx, c, names, o)
+	case "events":
+		return a.getEvents(ctx, c, names, o)
 	case "tokens":
 		return a.getList(ctx, c, names, "/api/v1/enrollment-tokens", "tokens", a.tokensTable)
 	case "secrets":

@@ -1,0 +1,201 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/drover/drover/manifest"
+)
+
+// Event kinds (DESIGN.md, "Fleet monitoring").
+const (
+	EventRunFailed        = "run.failed"
+	EventRunMissed        = "run.missed"
+	EventRunLong          = "run.long"
+	EventRunRecovered     = "run.recovered"
+	EventAgentOffline     = "agent.offline"
+	EventAgentOnline      = "agent.online"
+	EventManifestRejected = "manifest.rejected"
+	EventManifestExpired  = "manifest.expired"
+	EventIdentityConflict = "identity.conflict"
+)
+
+// eventKinds lists every event kind.
+var eventKinds = []string{EventRunFailed, EventRunMissed, EventRunLong, EventRunRecovered, EventAgentOffline, EventAgentOnline,
+	EventManifestRejected, EventManifestExpired, EventIdentityConflict}
+
+// Events are recorded per occurrence (every final failed run, every missed
+// fire time, every refused identity) but a state is announced once per
+// change: run.recovered only after a failed or missed run of the same agent
+// and pipe, agent.offline and agent.online only when the agent's state
+// flips, manifest.rejected and manifest.expired only when the agent's
+// report turns to them. The states live in the store, so a restart does not
+// repeat them.
+
+// observe records the events of a committed batch of agent records.
+func (m *monitor) observe(recs []*Record) {
+	ctx := context.Background()
+	if err := m.loadState(ctx); err != nil {
+		m.s.log.Error("events: loading monitor state", "err", err)
+		return
+	}
+	var evs []*Event
+	dirty := map[string]string{}
+	for _, r := range recs {
+		at := r.Received
+		switch {
+		case r.RunFinished != nil:
+			x := r.RunFinished
+			key := runStateKey(r.AgentID, x.Pipe)
+			switch x.Status {
+			case StatusFailed, StatusTimedOut:
+				m.swap(key, "failing", dirty)
+				msg := x.Status
+				if x.Reason != "" {
+					msg += ": " + x.Reason
+				}
+				evs = append(evs, &Event{At: at, Kind: EventRunFailed, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID, Message: msg, Dedupe: EventRunFailed + "/" + x.ID})
+			case StatusSucceeded:
+				if m.swap(key, "", dirty) == "failing" { // healthy is the absence of state
+					evs = append(evs, &Event{At: at, Kind: EventRunRecovered, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID,
+						Message: "succeeded after a failed or missed run", Dedupe: EventRunRecovered + "/" + x.ID})
+				}
+			}
+		case r.Settle != nil:
+			for _, id := range r.Settle.Settled { // rare: the pipe is looked up
+				pipe := ""
+				if run, err := m.store.GetRun(ctx, id); err == nil {
+					pipe = run.Pipe
+					m.swap(runStateKey(r.AgentID, pipe), "failing", dirty)
+				}
+				evs = append(evs, &Event{At: at, Kind: EventRunFailed, Pipe: pipe, AgentID: r.AgentID, RunID: id, Message: "failed: " + ReasonLost, Dedupe: EventRunFailed + "/" + id})
+			}
+		case r.Status != nil:
+			st := r.Status
+			if old := m.swap("manifest/"+r.AgentID, st.State, dirty); st.State == "rejected" && old != "rejected" {
+				evs = append(evs, &Event{At: at, Kind: EventManifestRejected, AgentID: r.AgentID, Message: cleanText(st.Error, 512, false),
+					Dedupe: EventManifestRejected + "/" + r.AgentID + "/" + strconv.FormatInt(at.UnixNano(), 10)})
+			}
+			exp := ""
+			if st.Expired {
+				exp = "1"
+			}
+			if old := m.swap("expired/"+r.AgentID, exp, dirty); exp == "1" && old != "1" {
+				evs = append(evs, &Event{At: at, Kind: EventManifestExpired, AgentID: r.AgentID,
+					Message: "the manifest in force on the host expired at " + st.ExpiresAt.UTC().Format(time.RFC3339),
+					Dedupe:  EventManifestExpired + "/" + r.AgentID + "/" + strconv.FormatInt(at.UnixNano(), 10)})
+			}
+		}
+	}
+	if err := m.store.AddEvents(ctx, evs); err != nil {
+		m.s.log.Error("recording events", "err", err)
+	}
+	if err := m.store.SetMonitorState(ctx, dirty, m.s.clock.Now()); err != nil {
+		m.s.log.Error("recording monitor state", "err", err)
+	}
+}
+
+// onlineChange appends agent.offline or agent.online when the agent's
+// state flipped: offline once it has had no stream for the offline grace,
+// online again only with a live stream (between the two, as just after a
+// restart, the state stays). An agent never seen online has no state to
+// leave.
+func (m *monitor) onlineChange(a *MonitorAgent, offline bool, now time.Time, dirty map[string]string, evs []*Event) []*Event {
+	live := m.s.hub.online(a.ID)
+	key := "agent/" + a.ID
+	m.stateMu.Lock()
+	old := m.state[key]
+	m.stateMu.Unlock()
+	switch {
+	case offline && old == "online":
+		m.swap(key, "offline", dirty)
+		return append(evs, &Event{At: now, Kind: EventAgentOffline, AgentID: a.ID,
+			Message: "no stream since " + a.LastSeenAt.UTC().Format(time.RFC3339), Dedupe: EventAgentOffline + "/" + a.ID + "/" + strconv.FormatInt(now.UnixNano(), 10)})
+	case live && old == "offline":
+		m.swap(key, "online", dirty)
+		return append(evs, &Event{At: now, Kind: EventAgentOnline, AgentID: a.ID, Message: "stream re-established",
+			Dedupe: EventAgentOnline + "/" + a.ID + "/" + strconv.FormatInt(now.UnixNano(), 10)})
+	case live && old == "":
+		m.swap(key, "online", dirty)
+	}
+	return evs
+}
+
+// identityConflict records an identity.conflict event (the caller throttles).
+func (m *monitor) identityConflict(agentID, machineID string, now time.Time) {
+	e := &Event{At: now, Kind: EventIdentityConflict, AgentID: agentID, Message: "machine " + machineID + " presented this agent's certificate",
+		Dedupe: EventIdentityConflict + "/" + agentID + "/" + strconv.FormatInt(now.UnixNano(), 10)}
+	if err := m.store.AddEvents(context.Background(), []*Event{e}); err != nil {
+		m.s.log.Error("recording an event", "err", err)
+	}
+}
+
+// EventJSON is an event as the API shows it.
+type EventJSON struct {
+	ID      int64     `json:"id"`
+	At      time.Time `json:"at"`
+	Kind    string    `json:"kind"`
+	Pipe    string    `json:"pipe,omitempty"`
+	Agent   string    `json:"agent,omitempty"`
+	RunID   string    `json:"run_id,omitempty"`
+	Message string    `json:"message,omitempty"`
+}
+
+// EventList is a page of events, newest first.
+type EventList struct {
+	Events     []EventJSON `json:"events"`
+	NextCursor string      `json:"next_cursor,omitempty"`
+}
+
+func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
+	f := EventFilter{Kind: q.Get("kind"), Pipe: q.Get("pipe"), Agent: q.Get("agent"), Limit: pg.limit + 1}
+	var details []Detail
+	if f.Kind != "" && !slices.Contains(eventKinds, f.Kind) {
+		details = append(details, Detail{Field: "kind", Message: "not an event kind (" + strings.Join(eventKinds, ", ") + ")"})
+	}
+	if f.Pipe != "" && !manifest.ValidName(f.Pipe) {
+		details = append(details, Detail{Field: "pipe", Message: "not a pipe name"})
+	}
+	if len(f.Agent) > 128 || cleanText(f.Agent, 128, false) != f.Agent {
+		details = append(details, Detail{Field: "agent", Message: "at most 128 printable characters"})
+	}
+	if f.Since, err = queryTime(r, "since"); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			details = append(details, ae.details...)
+		}
+	}
+	if len(details) > 0 {
+		return newError(ErrInvalidRequest, "invalid event filter", details...)
+	}
+	if pg.cursor != "" {
+		n, err := strconv.ParseInt(pg.cursor, 10, 64)
+		if err != nil || n <= 0 {
+			return errBadCursor
+		}
+		f.BeforeID = n
+	}
+	evs, err := s.store.ListEvents(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	out := EventList{Events: make([]EventJSON, 0, len(evs))}
+	for i, e := range evs {
+		if i == pg.limit {
+			out.NextCursor = encodeCursor(strconv.FormatInt(evs[i-1].ID, 10))
+			break
+		}
+		out.Events = append(out.Events, EventJSON{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
+	}
+	return writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,201 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/drover/drover/manifest"
+)
+
+// The fire-time view: for each fire time of a pipe, how many agents were
+// expected to serve it and what became of their runs (DESIGN.md, "Fleet
+// monitoring"). Fire times are the evaluator's in the pipe's time zone
+// plus any fire time a run reports (an "@every" pipe's, or the previous
+// schedule's). Expected agents are those that hold the pipe now and had
+// enrolled before the fire time, when the pipe version in force existed,
+// plus any other agent that reported a run for it. Drill down with GET
+// /api/v1/runs?pipe=NAME&scheduled_since=T&scheduled_until=T+1s.
+
+const (
+	// maxFiresWindow bounds the since-until window of the view.
+	maxFiresWindow = 31 * 24 * time.Hour
+	// defaultFires and maxFires bound the fire times listed (the newest).
+	defaultFires = 100
+	maxFires     = 1000
+	// maxFireScan bounds the evaluator steps of one request.
+	maxFireScan = 100000
+	// maxUnreportedShown bounds the agents listed per fire time.
+	maxUnreportedShown = 100
+)
+
+// FireJSON is one fire time of a pipe.
+type FireJSON struct {
+	At       time.Time      `json:"at"`
+	Expected int            `json:"expected"`
+	Counts   map[string]int `json:"counts"`
+	// Unreported counts the expected agents with no run for this fire time
+	// yet (before its grace ends, or before detection ran); the first of
+	// them are listed.
+	Unreported       int      `json:"unreported"`
+	UnreportedAgents []string `json:"unreported_agents,omitempty"`
+}
+
+// FireList is the fire-time view of a pipe, oldest first.
+type FireList struct {
+	Pipe     string     `json:"pipe"`
+	Schedule string     `json:"schedule"`
+	Timezone string     `json:"timezone"`
+	Since    time.Time  `json:"since"`
+	Until    time.Time  `json:"until"`
+	Fires    []FireJSON `json:"fires"`
+	// Truncated: older fire times in the window were left out.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
+	name, err := pipeName(r)
+	if err != nil {
+		return err
+	}
+	var details []Detail
+	limit := defaultFires
+	if c := r.URL.Query().Get("limit"); c != "" {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 || n > maxFires {
+			details = append(details, Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxFires)})
+		}
+		limit = n
+	}
+	since, err1 := queryTime(r, "since")
+	until, err2 := queryTime(r, "until")
+	for _, err := range []error{err1, err2} {
+		if ae, ok := err.(*apiError); ok {
+			details = append(details, ae.details...)
+		}
+	}
+	now := s.clock.Now()
+	if until.IsZero() {
+		until = now
+	}
+	if since.IsZero() {
+		since = until.Add(-24 * time.Hour)
+	}
+	if err1 == nil && err2 == nil {
+		if !since.Before(until) {
+			details = append(details, Detail{Field: "until", Message: "must be after since"})
+		} else if until.Sub(since) > maxFiresWindow {
+			details = append(details, Detail{Field: "since", Message: "the window may span at most 31 days"})
+		}
+	}
+	if len(details) > 0 {
+		return newError(ErrInvalidRequest, "invalid fire-time query", details...)
+	}
+	pipes, agents, err := s.store.MonitorInputs(r.Context(), false)
+	if err != nil {
+		return err
+	}
+	var p *PipeVersion
+	for _, x := range pipes {
+		if x.Name == name {
+			p = x
+		}
+	}
+	if p == nil {
+		if _, err := s.store.GetPipe(r.Context(), name); err != nil {
+			return err
+		}
+		return notFound("pipe")
+	}
+	sc, err := manifest.ParseSchedule(p.Spec.Schedule)
+	if err != nil {
+		return fmt.Errorf("stored schedule of %s: %w", name, err)
+	}
+	tz := p.Spec.Timezone
+	if tz == "" {
+		tz = manifest.DefaultTimezone
+	}
+	loc, err := manifest.LoadLocation(tz)
+	if err != nil {
+		return fmt.Errorf("stored time zone of %s: %w", name, err)
+	}
+
+	fires := map[int64]time.Time{}
+	if _, every := sc.Every(); !every {
+		steps := 0
+		start := since.Add(-time.Nanosecond)
+		if p.CreatedAt.After(start) {
+			start = p.CreatedAt // a pipe version expects nothing before it existed
+		}
+		for f := sc.Next(start, loc); !f.IsZero() && f.Before(until) && steps < maxFireScan; f = sc.Next(f, loc) {
+			fires[f.Unix()] = f
+			steps++
+		}
+	}
+	runs, err := s.store.ScheduledRuns(r.Context(), name, since, until)
+	if err != nil {
+		return err
+	}
+	ran := map[int64]map[string]string{} // fire -> agent -> status
+	for _, x := range runs {
+		if _, ok := fires[x.ScheduledAt]; !ok {
+			fires[x.ScheduledAt] = time.Unix(x.ScheduledAt, 0).In(loc)
+		}
+		m := ran[x.ScheduledAt]
+		if m == nil {
+			m = map[string]string{}
+			ran[x.ScheduledAt] = m
+		}
+		m[x.Agent] = x.Status
+	}
+	keys := make([]int64, 0, len(fires))
+	for k := range fires {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := FireList{Pipe: name, Schedule: p.Spec.Schedule, Timezone: tz, Since: since.UTC(), Until: until.UTC(), Fires: []FireJSON{}}
+	if len(keys) > limit {
+		keys, out.Truncated = keys[len(keys)-limit:], true
+	}
+
+	var holders []*MonitorAgent
+	if p.Spec.IsEnabled() {
+		if t := p.Spec.Targets; t != nil {
+			for _, a := range agents {
+				if err := decodeMonitorAgent(a, false); err != nil {
+					return err
+				}
+				if slices.Contains(t.Agents, a.ID) || matchesTags(t.Tags, a.Tags) {
+					holders = append(holders, a)
+				}
+			}
+		}
+	}
+	sort.Slice(holders, func(i, j int) bool { return holders[i].ID < holders[j].ID })
+	for _, k := range keys {
+		f := fires[k]
+		fj := FireJSON{At: f, Counts: map[string]int{}}
+		got := ran[k]
+		for _, a := range holders {
+			if !f.After(a.CreatedAt) || !f.After(p.CreatedAt) {
+				continue
+			}
+			if _, ok := got[a.ID]; !ok {
+				fj.Expected++
+				fj.Unreported++
+				if len(fj.UnreportedAgents) < maxUnreportedShown {
+					fj.UnreportedAgents = append(fj.UnreportedAgents, a.ID)
+				}
+			}
+		}
+		for _, st := range got {
+			fj.Expected++
+			fj.Counts[st]++
+		}
+		out.Fires = append(out.Fires, fj)
+	}
+	return writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,420 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/drover/drover/manifest"
+)
+
+// Missed runs (DESIGN.md, "Fleet monitoring"). For every agent that holds
+// a pipe and every fire time the agent was expected to serve, a run must
+// have started within the pipe's grace after the fire time plus its
+// jitter (the stable per-host delay is at most the jitter). A detection
+// pass records each fire time that has no run by then as a run with status
+// missed; a real record for the same agent, pipe and fire time replaces it
+// when it arrives (ingestion deletes the missed row in the same
+// transaction, see dropMissed), however late.
+//
+// Expected fire times: while the agent is online, the next fire times it
+// reported in its last ManifestStatus, and the evaluator's outside the span
+// those cover; while it is offline, the evaluator's (schedule Next in the
+// pipe's time zone). "@every" schedules count from the timer's activation,
+// which only the host knows: they are checked against reported fire times
+// only. Nothing is expected of a disabled pipe, before the pipe version in
+// force was created or the agent enrolled, or of an offline agent for a
+// pipe with catchup: skip (the host drops those fire times by design).
+//
+// Each pass looks at the fire times whose deadline fell since the last
+// pass (a watermark kept in the store, so a restart continues where the
+// server stopped, up to maxMissedLookback back).
+
+const (
+	// missedInterval is how often a detection pass runs.
+	missedInterval = 30 * time.Second
+	// maxMissedLookback bounds how far back the first pass after a long
+	// stop looks.
+	maxMissedLookback = 24 * time.Hour
+	// maxFiresPerPass bounds the fire times of one pipe in one pass.
+	maxFiresPerPass = 2000
+
+	reasonNotReported = "not reported"
+	reasonOffline     = "agent offline"
+
+	stateWatermark = "missed/watermark"
+)
+
+// leader runs fn while this server is the one that does fleet-wide
+// periodic work. With one server it always is; several replicas wrap fn in
+// a lock (DESIGN.md, "Several servers") without changing the loop.
+type leader interface {
+	lead(ctx context.Context, name string, fn func(context.Context))
+}
+
+// soleLeader is the leader of a server that runs alone.
+type soleLeader struct{}
+
+func (soleLeader) lead(ctx context.Context, _ string, fn func(context.Context)) { fn(ctx) }
+
+// monitor detects missed runs and records events.
+type monitor struct {
+	s     *Server
+	store interface {
+		monitorStore
+		GetRun(ctx context.Context, id string) (*Run, error)
+	}
+	interval time.Duration
+
+	passMu sync.Mutex // one pass at a time
+	scheds map[string]*manifest.Schedule
+	locs   map[string]*time.Location
+
+	decoded map[string]*MonitorAgent // by agent id: tags and pipe status decoded (under passMu)
+
+	stateMu sync.Mutex
+	state   map[string]string // nil until loaded
+
+	lastPrune time.Time // events are kept as long as runs (runs.retention_age)
+}
+
+func newMonitor(s *Server) *monitor {
+	return &monitor{s: s, store: s.store, interval: missedInterval, scheds: map[string]*manifest.Schedule{}, locs: map[string]*time.Location{},
+		decoded: map[string]*MonitorAgent{}}
+}
+
+// run runs a detection pass every interval until ctx ends. The first
+// waits one interval too, so that after a restart the agents have
+// reconnected before anything is judged.
+func (m *monitor) run(ctx context.Context) {
+	t := time.NewTicker(m.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := m.pass(ctx); err != nil && ctx.Err() == nil {
+			m.s.log.Error("missed-run detection", "err", err)
+		}
+	}
+}
+
+// passStats is what one pass did.
+type passStats struct {
+	Pairs    int // (agent, pipe) pairs looked at
+	Expected int // fire times expected
+	Missed   int // missed runs stored
+}
+
+// loadState loads the durable state once.
+func (m *monitor) loadState(ctx context.Context) error {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	if m.state != nil {
+		return nil
+	}
+	st, err := m.store.MonitorState(ctx)
+	if err != nil {
+		return err
+	}
+	m.state = st
+	return nil
+}
+
+// swap sets key to value in the state ("" removes it: healthy states are
+// not kept) and reports the previous value; changed keys are added to
+// dirty.
+func (m *monitor) swap(key, value string, dirty map[string]string) string {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	old := m.state[key]
+	if old != value {
+		if value == "" {
+			delete(m.state, key)
+		} else {
+			m.state[key] = value
+		}
+		dirty[key] = value
+	}
+	return old
+}
+
+func (m *monitor) schedule(p *PipeVersion) (*manifest.Schedule, *time.Location, error) {
+	sc, ok := m.scheds[p.Spec.Schedule]
+	if !ok {
+		var err error
+		if sc, err = manifest.ParseSchedule(p.Spec.Schedule); err != nil {
+			return nil, nil, err
+		}
+		m.scheds[p.Spec.Schedule] = sc
+	}
+	tz := p.Spec.Timezone
+	if tz == "" {
+		tz = manifest.DefaultTimezone
+	}
+	loc, ok := m.locs[tz]
+	if !ok {
+		var err error
+		if loc, err = manifest.LoadLocation(tz); err != nil {
+			return nil, nil, err
+		}
+		m.locs[tz] = loc
+	}
+	return sc, loc, nil
+}
+
+type fireKey struct {
+	agent, pipe string
+	at          int64 // Unix seconds
+}
+
+// agentOffline: the agent has no live stream and was not heard from
+// within the offline grace (a reconnect blip is not offline).
+func (m *monitor) agentOffline(a *MonitorAgent, now time.Time) bool {
+	return !m.s.hub.online(a.ID) && now.Sub(a.LastSeenAt) >= m.s.cfg.GRPC.OfflineAfter
+}
+
+// pass runs one detection pass at the server's clock.
+func (m *monitor) pass(ctx context.Context) (passStats, error) {
+	m.passMu.Lock()
+	defer m.passMu.Unlock()
+	var stats passStats
+	if err := m.loadState(ctx); err != nil {
+		return stats, err
+	}
+	now := m.s.clock.Now()
+	dirty := map[string]string{}
+	m.stateMu.Lock()
+	mark := m.state[stateWatermark]
+	m.stateMu.Unlock()
+	var from time.Time
+	if mark == "" {
+		// A new server expects nothing from before it started.
+		from = now
+	} else if n, err := parseNS(mark); err == nil {
+		from = n
+	} else {
+		from = now
+	}
+	if from.Before(now.Add(-maxMissedLookback)) {
+		from = now.Add(-maxMissedLookback)
+	}
+
+	pipes, agents, err := m.store.MonitorInputs(ctx, true)
+	if err != nil {
+		return stats, err
+	}
+	// Tags and pipe status are decoded only when they changed since the
+	// last pass.
+	decoded := make(map[string]*MonitorAgent, len(agents))
+	for i, a := range agents {
+		if d := m.decoded[a.ID]; d != nil && d.TagsJSON == a.TagsJSON && d.StatusSeq == a.StatusSeq && d.PipesJSON == a.PipesJSON {
+			a.Tags, a.Pipes = d.Tags, d.Pipes
+		} else if err := decodeMonitorAgent(a, true); err != nil {
+			m.s.log.Error("missed-run detection: skipping an agent", "err", err)
+			agents[i] = nil
+			continue
+		}
+		decoded[a.ID] = a
+	}
+	m.decoded = decoded
+	agents = slices.DeleteFunc(agents, func(a *MonitorAgent) bool { return a == nil })
+	offline := make(map[string]bool, len(agents))
+	byID := make(map[string]*MonitorAgent, len(agents))
+	var events []*Event
+	for _, a := range agents {
+		byID[a.ID] = a
+		off := m.agentOffline(a, now)
+		offline[a.ID] = off
+		events = m.onlineChange(a, off, now, dirty, events)
+	}
+
+	type plan struct {
+		p       *PipeVersion
+		fires   []time.Time // evaluator fire times in the window
+		lo, hi  time.Time   // the window of fire times: (lo, hi]
+		every   bool
+		holders []*MonitorAgent
+	}
+	var plans []plan
+	var winLo, winHi time.Time
+	for _, p := range pipes {
+		if !p.Spec.IsEnabled() {
+			continue
+		}
+		sc, loc, err := m.schedule(p)
+		if err != nil {
+			m.s.log.Error("missed-run detection: pipe schedule", "pipe", p.Name, "err", err)
+			continue
+		}
+		lag := p.Spec.Jitter.D() + p.Spec.GraceOrDefault()
+		pl := plan{p: p, lo: from.Add(-lag), hi: now.Add(-lag)}
+		if !pl.hi.After(pl.lo) {
+			continue
+		}
+		if _, pl.every = sc.Every(); !pl.every {
+			start := pl.lo
+			if c := p.CreatedAt; c.After(start) {
+				start = c
+			}
+			for f := sc.Next(start, loc); !f.IsZero() && !f.After(pl.hi) && len(pl.fires) < maxFiresPerPass; f = sc.Next(f, loc) {
+				pl.fires = append(pl.fires, f)
+			}
+		}
+		if t := p.Spec.Targets; t != nil {
+			seen := map[string]bool{}
+			for _, id := range t.Agents {
+				if a := byID[id]; a != nil && !seen[id] {
+					seen[id] = true
+					pl.holders = append(pl.holders, a)
+				}
+			}
+			if len(t.Tags) > 0 {
+				for _, a := range agents {
+					if !seen[a.ID] && matchesTags(t.Tags, a.Tags) {
+						pl.holders = append(pl.holders, a)
+					}
+				}
+			}
+		}
+		if len(pl.holders) == 0 {
+			continue
+		}
+		if winLo.IsZero() || pl.lo.Before(winLo) {
+			winLo = pl.lo
+		}
+		if pl.hi.After(winHi) {
+			winHi = pl.hi
+		}
+		plans = append(plans, pl)
+	}
+
+	var missed []*Run
+	if len(plans) > 0 {
+		runs, err := m.store.ScheduledRuns(ctx, "", winLo, winHi.Add(time.Second))
+		if err != nil {
+			return stats, err
+		}
+		have := make(map[fireKey]struct{}, len(runs))
+		for _, r := range runs {
+			have[fireKey{r.Agent, r.Pipe, r.ScheduledAt}] = struct{}{}
+		}
+		var exp []time.Time
+		for _, pl := range plans {
+			p := pl.p
+			for _, a := range pl.holders {
+				stats.Pairs++
+				off := offline[a.ID]
+				if off && p.Spec.Catchup == manifest.CatchupSkip {
+					continue
+				}
+				exp = m.expected(exp[:0], pl.fires, pl.lo, pl.hi, pl.every, p, a, off)
+				floor := a.CreatedAt
+				if p.CreatedAt.After(floor) {
+					floor = p.CreatedAt
+				}
+				for _, f := range exp {
+					if !f.After(floor) {
+						continue
+					}
+					stats.Expected++
+					if _, ok := have[fireKey{a.ID, p.Name, f.Unix()}]; ok {
+						continue
+					}
+					reason := reasonNotReported
+					if off {
+						reason = reasonOffline
+					}
+					missed = append(missed, &Run{ID: missedRunID(a.ID, p.Name, f), AgentID: a.ID, Pipe: p.Name, PipeVersion: p.Version,
+						Trigger: "schedule", Status: StatusMissed, Reason: reason, WrittenBy: "server", ScheduledAt: f, CreatedAt: now,
+						Error: fmt.Sprintf("no run started within %s (grace) after this fire time plus its jitter of %s", p.Spec.GraceOrDefault(), p.Spec.Jitter.D())})
+				}
+			}
+		}
+	}
+	if len(missed) > 0 {
+		stored, err := m.store.InsertMissed(ctx, missed)
+		if err != nil {
+			return stats, err
+		}
+		stats.Missed = len(stored)
+		for _, r := range stored {
+			m.swap(runStateKey(r.AgentID, r.Pipe), "failing", dirty)
+			events = append(events, &Event{At: now, Kind: EventRunMissed, Pipe: r.Pipe, AgentID: r.AgentID, RunID: r.ID,
+				Message: "fire time " + r.ScheduledAt.UTC().Format(time.RFC3339) + " missed: " + r.Reason, Dedupe: EventRunMissed + "/" + r.ID})
+		}
+	}
+	if err := m.store.AddEvents(ctx, events); err != nil {
+		return stats, err
+	}
+	if now.Sub(m.lastPrune) >= m.s.cfg.Runs.RetentionInterval {
+		if n, err := m.store.PruneEvents(ctx, now.Add(-m.s.cfg.Runs.RetentionAge)); err != nil {
+			return stats, err
+		} else if n > 0 {
+			m.s.log.Info("pruned events", "events", n)
+		}
+		m.lastPrune = now
+	}
+	m.swap(stateWatermark, fmt.Sprint(now.UnixNano()), dirty)
+	if err := m.store.SetMonitorState(ctx, dirty, now); err != nil {
+		return stats, err
+	}
+	return stats, nil
+}
+
+// expected appends to dst the fire times in (lo, hi] that agent a was
+// expected to serve for pipe p: the evaluator's, except that while the
+// agent is online the next fire times it reported replace the evaluator's
+// over the span they cover.
+func (m *monitor) expected(dst, fires []time.Time, lo, hi time.Time, every bool, p *PipeVersion, a *MonitorAgent, offline bool) []time.Time {
+	var reported []time.Time
+	if !offline {
+		for i := range a.Pipes {
+			if a.Pipes[i].Name == p.Name {
+				reported = a.Pipes[i].NextFireTimes
+				break
+			}
+		}
+	}
+	if len(reported) == 0 {
+		if every {
+			return dst
+		}
+		return append(dst, fires...)
+	}
+	last := reported[0]
+	for _, f := range reported {
+		if f.After(last) {
+			last = f
+		}
+	}
+	covered := func(f time.Time) bool { return !f.Before(a.StatusAt) && !f.After(last) }
+	if !every {
+		for _, f := range fires {
+			if !covered(f) {
+				dst = append(dst, f)
+			}
+		}
+	}
+	n := len(dst)
+	for _, f := range reported {
+		if f.After(lo) && !f.After(hi) && !slices.ContainsFunc(dst[:n], func(g time.Time) bool { return g.Unix() == f.Unix() }) {
+			dst = append(dst, f)
+		}
+	}
+	return dst
+}
+
+func runStateKey(agent, pipe string) string { return "run/" + agent + "/" + pipe }
+
+func parseNS(s string) (time.Time, error) {
+	var n int64
+	if _, err := fmt.Sscan(s, &n); err != nil {
+		return time.Time{}, err
+	}
+	return time.Unix(0, n), nil
+}
