@@ -292,6 +292,7 @@ type pipeSpec struct {
 	Catchup  string            `json:"catchup,omitempty"`
 	RunAs    string            `json:"run_as,omitempty"`
 	Limits   map[string]int    `json:"limits,omitempty"`
+	Grace    string            `json:"grace,omitempty"`
 	Targets  map[string]any    `json:"targets"`
 }
 

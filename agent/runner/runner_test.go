@@ -99,7 +99,7 @@ func sealPipe(t testing.TB, dir string) {
 
 func (f *fixture) opts(env ...string) Options {
 	f.seal()
-	return Options{
+	o := Options{
 		Pipe: "demo", PipeDir: f.pipeDir, SpoolDir: f.spoolDir,
 		Env:        append([]string{"PATH=" + os.Getenv("PATH"), "DROVER_SECRETS_DIR=" + f.secrets, "DROVER_REQUEST_DIR=" + filepath.Join(f.pipeDir, "requests")}, env...),
 		Stdout:     f.stdout,
@@ -107,6 +107,17 @@ func (f *fixture) opts(env ...string) Options {
 		KillGrace:  2 * time.Second,
 		FlushEvery: 100 * time.Millisecond,
 	}
+	// A timer-started runner starts right after the elapse it is given:
+	// its clock reads the elapse plus a start latency.
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "TRIGGER_TIMER_REALTIME_USEC="); ok {
+			if usec, err := strconv.ParseInt(v, 10, 64); err == nil {
+				elapse := time.UnixMicro(usec)
+				o.Now = func() time.Time { return elapse.Add(300 * time.Millisecond) }
+			}
+		}
+	}
+	return o
 }
 
 func (f *fixture) run(opts Options) Result {
@@ -1033,5 +1044,26 @@ func TestRunnerRecordReason(t *testing.T) {
 	f.run(f.opts())
 	if r := only(t, f); r.finished.Reason != "timeout" {
 		t.Errorf("timeout: %v", r.finished)
+	}
+}
+
+// systemd 252 gives a timer-started service the timer's previous trigger in
+// TRIGGER_TIMER_REALTIME_USEC. The runner must serve the fire time it was
+// started for, not skip it as the one that already ran.
+func TestTriggerStaleTimerElapse(t *testing.T) {
+	f := newPipe(t, manifest.Spec{Script: "true", Schedule: "* * * * *"})
+	fire := time.Now().Truncate(time.Minute)
+	prev := fire.Add(-time.Minute)
+	writeStateFile(t, f, state{LastFire: prev, Schedule: "* * * * *", Timezone: "UTC"})
+	opts := f.opts(timerEnv(prev.Add(20 * time.Millisecond))...)
+	opts.Now = func() time.Time { return fire.Add(400 * time.Millisecond) }
+	opts.Schedule = func(after time.Time) time.Time { return after.Truncate(time.Minute).Add(time.Minute) }
+	f.run(opts)
+	r := only(t, f)
+	if r.started == nil || r.started.Trigger != agentpb.Trigger_TRIGGER_SCHEDULE || !r.started.ScheduledAt.AsTime().Equal(fire) {
+		t.Fatalf("started %v, finished %v; want a scheduled run for %s", r.started, r.finished, fire)
+	}
+	if r.finished.GetStatus() == agentpb.RunStatus_RUN_STATUS_SKIPPED {
+		t.Fatalf("skipped: %v", r.finished)
 	}
 }

@@ -140,11 +140,24 @@ func (r *runner) timerElapse() (time.Time, bool) {
 	if r.env["INVOCATION_ID"] == "" || !strings.HasSuffix(r.env["TRIGGER_UNIT"], ".timer") {
 		return time.Time{}, false
 	}
+	now := r.now()
 	if usec, err := strconv.ParseInt(r.env["TRIGGER_TIMER_REALTIME_USEC"], 10, 64); err == nil && usec > 0 {
-		return time.UnixMicro(usec), true
+		// systemd 252 passes the timer's previous trigger here, not this
+		// one (seen on a real manager: the run at 12:06 got 12:05's
+		// elapse, and every run after the first was skipped as "already
+		// ran"). A service starts within a second or two of its elapse,
+		// so a value much older than that is stale and the start time is
+		// the better account of when the timer elapsed.
+		if e := time.UnixMicro(usec); now.Sub(e) <= staleElapse && !e.After(now.Add(time.Second)) {
+			return e, true
+		}
 	}
-	return r.now(), true
+	return now, true
 }
+
+// staleElapse is how long before the runner's start a timer elapse can be
+// and still be this invocation's (start latency under load).
+const staleElapse = 30 * time.Second
 
 // nextFunc is a schedule: the first fire time strictly after t, zero if none.
 type nextFunc func(after time.Time) time.Time
