@@ -273,12 +273,7 @@ func TestMissedLoopRuns(t *testing.T) {
 // A run settled lost is a run.failed event of its pipe.
 func TestLostRunIsFailedEvent(t *testing.T) {
 	ts := startServer(t)
-	a := ts.jobAgent()
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	_, st := ts.jobStream()
 	t0 := time.Now().Add(-time.Minute)
 	seq := sendAll(t, st, 1, started("r-lost", "job", t0))
 	for range 2 {

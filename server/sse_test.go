@@ -107,12 +107,7 @@ func nextEvent(t *testing.T, ch <-chan sseEvent, timeout time.Duration) sseEvent
 func TestLiveLogsSSE(t *testing.T) {
 	ts := startServer(t, func(c *Config) { c.HTTP.WriteTimeout, c.HTTP.ReadTimeout = time.Second, time.Second })
 	viewer, _ := ts.apiToken("tail", "viewer", "")
-	a := ts.jobAgent()
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	_, st := ts.jobStream()
 	seq := sendAll(t, st, 1, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{RunId: "live", Pipe: "job", PipeVersion: 1}}})
 	// A chunk stored before the client connects comes first.
 	seq = sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: &agentpb.LogChunk{RunId: "live", ChunkSeq: 0, Data: []byte("line 0\n")}}})

@@ -30,6 +30,18 @@ func (ts *testServer) jobAgent() *testAgent {
 	return a
 }
 
+// jobStream is jobAgent with its stream open (closed at the test's end).
+func (ts *testServer) jobStream() (*testAgent, *testStream) {
+	ts.t.Helper()
+	a := ts.jobAgent()
+	st, err := a.openStream("")
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	ts.t.Cleanup(st.close)
+	return a, st
+}
+
 const (
 	machineA = "0123456789abcdef0123456789abcdef"
 	machineB = "fedcba9876543210fedcba9876543210"
@@ -118,12 +130,7 @@ func metricValue(text, name string) float64 {
 // the runs API filters on them, refusing bad filters with their fields.
 func TestRunRecordFieldsAndFilters(t *testing.T) {
 	ts := startServer(t)
-	a := ts.jobAgent()
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	_, st := ts.jobStream()
 	fire := time.Date(2026, 3, 1, 2, 0, 0, 0, time.UTC)
 	oom := finished("r-oom", "job", agentpb.RunStatus_RUN_STATUS_FAILED, "oom-kill")
 	oom.GetRunFinished().ScheduledAt = timestamppb.New(fire)
@@ -185,12 +192,7 @@ func TestRunRecordFieldsAndFilters(t *testing.T) {
 // RunFinished replaces it; a cancel of it is 409.
 func TestLostRunSettledAfterDrain(t *testing.T) {
 	ts := startServer(t)
-	a := ts.jobAgent()
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	_, st := ts.jobStream()
 	t0 := time.Now().Add(-time.Minute)
 	seq := sendAll(t, st, 1, started("r-lost", "job", t0), started("r-alive", "job", t0))
 	// barrier sends a heartbeat, then a durable record, and waits for the
@@ -460,12 +462,7 @@ func TestAgentRecordsValidated(t *testing.T) {
 // pipes are refused; manifest_expired is stored, shown and counted.
 func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 	ts := startServer(t)
-	a := ts.jobAgent()
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	a, st := ts.jobStream()
 	exp := time.Now().Add(-time.Hour).Truncate(time.Second).UTC()
 	pipes := []*agentpb.PipeStatus{{Name: "job", Version: 1, ApplyError: strings.Repeat("e", 5000),
 		ElapseMismatch: "systemd next elapse 2027-03-14T08:00:00Z, evaluator 2027-03-14T07:00:00Z"}}
@@ -506,12 +503,7 @@ func TestStreamRunQuota(t *testing.T) {
 	ts := startServer(t, func(c *Config) {
 		c.Agents.RunRecordsPerSecond, c.Agents.RunRecordsBurst = 20, 5
 	})
-	a := ts.jobAgent()
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	_, st := ts.jobStream()
 	var msgs []*agentpb.AgentMessage
 	for i := range 25 {
 		msgs = append(msgs, finished(fmt.Sprintf("q%d", i), "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))

@@ -165,12 +165,7 @@ func sendAll(t *testing.T, st *testStream, first uint64, msgs ...*agentpb.AgentM
 
 func TestRunUpsertsAndLogCap(t *testing.T) {
 	ts := startServer(t, func(c *Config) { c.Runs.MaxLogBytes = 1024 })
-	a := ts.jobAgent()
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	a, st := ts.jobStream()
 	chunk := func(run string, seq uint64, n int) *agentpb.AgentMessage {
 		return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: &agentpb.LogChunk{RunId: run, ChunkSeq: seq, Data: bytes.Repeat([]byte{'x'}, n)}}}
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -55,26 +54,9 @@ func systemAccount(t *testing.T, oom bool) {
 			t.Skip(why)
 		}
 	}
-	root, err := moduleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := startServer(t)
 	tags := map[string]string{"e2e": "system-account"}
-	c.CopyIn(t, agentBin(), "/usr/bin/drover-agent")
-	c.CopyIn(t, filepath.Join(root, "packaging", "systemd", "drover-agent.service"), "/etc/systemd/system/drover-agent.service")
-	c.WriteFile(t, "/etc/drover/agent.yaml", fmt.Appendf(nil, "server: %s\nbackend: systemd\nscope: system\nsync_interval: 10s\nheartbeat_interval: 5s\nmax_backoff: 2s\nlog_format: json\n", srv.base), 0o644)
-	c.WriteFile(t, "/etc/drover/enroll.token", []byte(srv.token(tags)+"\n"), 0o600)
-	c.Exec(t, "systemctl", "daemon-reload")
-	c.Exec(t, "systemctl", "start", "drover-agent.service")
-	t.Cleanup(func() {
-		if t.Failed() {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			out, _, _ := c.Output(ctx, "journalctl", "--no-pager", "-n", "80", "-u", "drover-agent", "-u", "drover-pipe-*")
-			t.Logf("---- container journal ----\n%s", out)
-		}
-	})
+	startAgentInContainer(t, c, srv, tags)
 	var id string
 	waitFor(t, 60*time.Second, "the agent in the container to enroll and connect", func() bool {
 		var list server.AgentList

@@ -44,27 +44,9 @@ echo "cred=$(cat "$CREDENTIALS_DIRECTORY/E2E_SECRET")"
 func TestSystemScopeBooted(t *testing.T) {
 	t.Parallel()
 	c := boottest.Boot(t, boottest.Options{})
-	root, err := moduleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := startServer(t)
 	tags := map[string]string{"e2e": "system"}
-
-	c.CopyIn(t, agentBin(), "/usr/bin/drover-agent")
-	c.CopyIn(t, filepath.Join(root, "packaging", "systemd", "drover-agent.service"), "/etc/systemd/system/drover-agent.service")
-	c.WriteFile(t, "/etc/drover/agent.yaml", fmt.Appendf(nil, "server: %s\nbackend: systemd\nscope: system\nsync_interval: 10s\nheartbeat_interval: 5s\nmax_backoff: 2s\nlog_format: json\n", srv.base), 0o644)
-	c.WriteFile(t, "/etc/drover/enroll.token", []byte(srv.token(tags)+"\n"), 0o600)
-	c.Exec(t, "systemctl", "daemon-reload")
-	c.Exec(t, "systemctl", "start", "drover-agent.service")
-	t.Cleanup(func() {
-		if t.Failed() {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			out, _, _ := c.Output(ctx, "journalctl", "--no-pager", "-n", "80", "-u", "drover-agent", "-u", "drover-pipe-*")
-			t.Logf("---- container journal: drover-agent, drover-pipe-* ----\n%s", out)
-		}
-	})
+	startAgentInContainer(t, c, srv, tags)
 	inside := func(args ...string) (string, string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -205,4 +187,30 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// startAgentInContainer installs the agent binary and its packaged unit in
+// the booted container, configures it for system scope against srv with a
+// token carrying tags, and starts it; on failure the test logs the
+// container's journal of the agent and its pipes.
+func startAgentInContainer(t *testing.T, c *boottest.Container, srv *serverProc, tags map[string]string) {
+	t.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CopyIn(t, agentBin(), "/usr/bin/drover-agent")
+	c.CopyIn(t, filepath.Join(root, "packaging", "systemd", "drover-agent.service"), "/etc/systemd/system/drover-agent.service")
+	c.WriteFile(t, "/etc/drover/agent.yaml", fmt.Appendf(nil, "server: %s\nbackend: systemd\nscope: system\nsync_interval: 10s\nheartbeat_interval: 5s\nmax_backoff: 2s\nlog_format: json\n", srv.base), 0o644)
+	c.WriteFile(t, "/etc/drover/enroll.token", []byte(srv.token(tags)+"\n"), 0o600)
+	c.Exec(t, "systemctl", "daemon-reload")
+	c.Exec(t, "systemctl", "start", "drover-agent.service")
+	t.Cleanup(func() {
+		if t.Failed() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			out, _, _ := c.Output(ctx, "journalctl", "--no-pager", "-n", "80", "-u", "drover-agent", "-u", "drover-pipe-*")
+			t.Logf("---- container journal: drover-agent, drover-pipe-* ----\n%s", out)
+		}
+	})
 }
