@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/go-resty/resty/v2"
 
 	"github.com/drover/drover/signing"
@@ -28,41 +29,7 @@ const (
 // maxJSONBytes caps JSON responses (enrollment, renewal, trust, secrets).
 const maxJSONBytes = 4 << 20
 
-// APIError is an error response from the server: its HTTP status and the
-// code and message of its JSON body ({"error":{"code","message"}}).
-type APIError struct {
-	Status  int
-	Code    string
-	Message string
-}
-
-func (e *APIError) Error() string {
-	switch {
-	case e.Code != "" && e.Message != "":
-		return fmt.Sprintf("server: %s (%d %s)", e.Message, e.Status, e.Code)
-	case e.Code != "":
-		return fmt.Sprintf("server: %d %s", e.Status, e.Code)
-	}
-	return fmt.Sprintf("server: HTTP %d", e.Status)
-}
-
-// Permanent reports whether retrying the same request cannot help.
-func (e *APIError) Permanent() bool {
-	switch e.Code {
-	case "invalid_token", "token_expired", "token_used", "agent_revoked", "certificate_refused":
-		return true
-	}
-	return false
-}
-
-type errorBody struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-// checkResponse turns a non-2xx (and non-304) response into an *APIError.
+// checkResponse turns a non-2xx (and non-304) response into an *api.Error.
 func checkResponse(resp *resty.Response, err error) error {
 	if err != nil {
 		return err
@@ -70,11 +37,11 @@ func checkResponse(resp *resty.Response, err error) error {
 	if resp.StatusCode() >= 200 && resp.StatusCode() < 300 || resp.StatusCode() == 304 {
 		return nil
 	}
-	e := &APIError{Status: resp.StatusCode()}
-	if eb, ok := resp.Error().(*errorBody); ok && eb != nil {
-		e.Code, e.Message = eb.Error.Code, eb.Error.Message
+	e := &api.Error{Status: resp.StatusCode()}
+	if eb, ok := resp.Error().(*api.ErrorBody); ok && eb != nil {
+		e.ErrorInfo = eb.Error
 	}
-	return e
+	return fmt.Errorf("server: %w", e)
 }
 
 // serverHost returns the host name the server certificate must carry.
@@ -86,9 +53,6 @@ func serverHost(server string) (string, error) {
 	return u.Hostname(), nil
 }
 
-// machineIDHeader carries the host's machine id on every mTLS request.
-const machineIDHeader = "X-Drover-Machine-Id"
-
 // newHTTPClient returns a resty client for base with the given TLS config.
 func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log *slog.Logger) *resty.Client {
 	c := resty.New().
@@ -96,7 +60,7 @@ func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log 
 		SetTLSClientConfig(tlsConf).
 		SetTimeout(timeout).
 		SetRetryCount(0).
-		SetError(&errorBody{}).
+		SetError(&api.ErrorBody{}).
 		SetResponseBodyLimit(maxJSONBytes).
 		SetLogger(restyLogger{log}).
 		SetHeader("User-Agent", "drover-agent/"+Version)

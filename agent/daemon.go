@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/go-resty/resty/v2"
 
 	"github.com/drover/drover/manifest"
@@ -247,7 +248,7 @@ func (a *Agent) setIdentity(id *Identity) {
 	if a.host.MachineID != "" {
 		// The server binds the identity to this machine and refuses the
 		// same certificate from another one (identity_conflict).
-		a.http.SetHeader(machineIDHeader, a.host.MachineID)
+		a.http.SetHeader(api.MachineIDHeader, a.host.MachineID)
 	}
 	a.mu.Unlock()
 	if first {

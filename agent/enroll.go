@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/api"
 	"log/slog"
 	"net"
 	"os"
@@ -30,36 +31,6 @@ type HostInfo struct {
 	AgentVersion string
 	// MachineID is the host's machine id (machine-id(5)); "" when unknown.
 	MachineID string
-}
-
-type enrollRequest struct {
-	Token        string `json:"token"`
-	Hostname     string `json:"hostname"`
-	OS           string `json:"os"`
-	Arch         string `json:"arch"`
-	AgentVersion string `json:"agent_version"`
-	CSR          string `json:"csr"`
-	// MachineID binds the identity to this machine (omitted when unknown).
-	MachineID string `json:"machine_id,omitempty"`
-}
-
-type enrollResponse struct {
-	AgentID       string            `json:"agent_id"`
-	Certificate   string            `json:"certificate"`
-	CABundle      string            `json:"ca_bundle"`
-	TrustRoot     signing.TrustRoot `json:"trust_root"`
-	GRPCAddr      string            `json:"grpc_addr"`
-	CertExpiresAt time.Time         `json:"cert_expires_at"`
-}
-
-type renewRequest struct {
-	CSR string `json:"csr"`
-}
-
-type renewResponse struct {
-	Certificate   string    `json:"certificate"`
-	CABundle      string    `json:"ca_bundle"`
-	CertExpiresAt time.Time `json:"cert_expires_at"`
 }
 
 // newKeyAndCSR generates an ECDSA P-256 key and a CSR for it.
@@ -162,14 +133,14 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 		return nil, fmt.Errorf("enroll: key: %w", err)
 	}
 	c := newHTTPClient(server, pinnedConfig(hostName, tok.Pin), timeout, log)
-	var out enrollResponse
-	body := enrollRequest{
+	var out api.EnrollResponse
+	body := api.EnrollRequest{
 		Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
 		AgentVersion: host.AgentVersion, CSR: csr, MachineID: host.MachineID,
 	}
 	resp, err := c.R().SetContext(ctx).SetBody(body).SetResult(&out).Post(pathEnroll)
 	err = checkResponse(resp, err)
-	var ae *APIError
+	var ae *api.Error
 	if errors.As(err, &ae) && ae.Status == 400 && body.MachineID != "" && strings.Contains(ae.Message, "machine_id") {
 		// A server older than machine binding refuses the field (it
 		// decodes strictly, before it looks at the token): enroll without.

@@ -30,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -243,7 +244,7 @@ func (s *fakeServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case r.Method == "POST" && r.URL.Path == pathRenew:
-		var req renewRequest
+		var req api.RenewRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 			writeErr(w, 400, "invalid_request", err.Error())
 			return
@@ -256,7 +257,7 @@ func (s *fakeServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.renewals++
 		s.mu.Unlock()
-		writeJSON(w, 200, renewResponse{Certificate: string(cert), CABundle: string(s.caPEM)})
+		writeJSON(w, 200, api.RenewResponse{Certificate: string(cert), CABundle: string(s.caPEM)})
 	case r.Method == "GET" && r.URL.Path == pathManifest:
 		s.mu.Lock()
 		a := s.agents[agentID]
@@ -315,7 +316,7 @@ func (s *fakeServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *fakeServer) enroll(w http.ResponseWriter, r *http.Request) {
-	var req enrollRequest
+	var req api.EnrollRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		writeErr(w, 400, "invalid_request", err.Error())
 		return

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"github.com/drover/drover/api"
 	"io"
 	"log/slog"
 	"net/http"
@@ -91,8 +92,8 @@ func (rs *realServer) api(method, path string, body, out any) {
 // arriving at the server exactly once.
 func TestRealServer(t *testing.T) {
 	rs := startRealServer(t)
-	var tok server.TokenResponse
-	rs.api("POST", "/api/v1/enrollment-tokens", server.TokenRequest{Tags: map[string]string{"role": "agenttest"}}, &tok)
+	var tok api.EnrollmentTokenCreated
+	rs.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: map[string]string{"role": "agenttest"}}, &tok)
 
 	cfg := testConfig(t, nil)
 	cfg.Server = rs.base
@@ -111,12 +112,12 @@ func TestRealServer(t *testing.T) {
 		t.Fatal("token file not removed")
 	}
 	waitFor(t, 15*time.Second, "the agent online on the server", func() bool {
-		var ag server.AgentJSON
+		var ag api.Agent
 		rs.api("GET", "/api/v1/agents/"+id.AgentID, nil, &ag)
 		return ag.Online && ta.a.Status(t.Context()).StreamConnected
 	})
 
-	var put server.PutPipeResponse
+	var put api.PutPipeResponse
 	rs.api("PUT", "/api/v1/pipes/rs-hello", map[string]any{"spec": map[string]any{
 		"schedule": "11 4 * * *", "script": "echo hello", "targets": map[string]any{"tags": map[string]string{"role": "agenttest"}},
 	}}, &put)
@@ -136,7 +137,7 @@ func TestRealServer(t *testing.T) {
 	runs := spoolRuns(t, cfg.DataDir, "rs-hello", 0, 20)
 	waitFor(t, 20*time.Second, "20 runs on the server", func() bool {
 		var out struct {
-			Runs []server.RunJSON `json:"runs"`
+			Runs []api.Run `json:"runs"`
 		}
 		rs.api("GET", "/api/v1/runs?pipe=rs-hello&agent="+id.AgentID, nil, &out)
 		if len(out.Runs) != len(runs) {
@@ -153,7 +154,7 @@ func TestRealServer(t *testing.T) {
 		n, _, _ := ta.store.OutboxStats()
 		return n == 0
 	})
-	var ag server.AgentJSON
+	var ag api.Agent
 	rs.api("GET", "/api/v1/agents/"+id.AgentID, nil, &ag)
 	if ag.AppliedSerial == 0 || ag.Backend != ta.backend.Name() || ag.Scope != "user" || ag.ManifestState != "applied" {
 		t.Fatalf("the server's view of the agent: %+v", ag)
@@ -182,8 +183,8 @@ func TestRealServerReenroll(t *testing.T) {
 	rs := startRealServer(t)
 	tags := map[string]string{"role": "reenroll"}
 	newToken := func() string {
-		var tok server.TokenResponse
-		rs.api("POST", "/api/v1/enrollment-tokens", server.TokenRequest{Tags: tags}, &tok)
+		var tok api.EnrollmentTokenCreated
+		rs.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: tags}, &tok)
 		return tok.Token
 	}
 	cfg := testConfig(t, nil)
@@ -252,12 +253,12 @@ func TestRealServerReenroll(t *testing.T) {
 	})
 	waitFor(t, 30*time.Second, "the runs on the server under the new id", func() bool {
 		var out struct {
-			Runs []server.RunJSON `json:"runs"`
+			Runs []api.Run `json:"runs"`
 		}
 		rs.api("GET", "/api/v1/runs?pipe=re-hello&agent="+id, nil, &out)
 		return len(out.Runs) == len(runs)
 	})
-	var ag server.AgentJSON
+	var ag api.Agent
 	waitFor(t, 30*time.Second, "the new agent's applied manifest on the server", func() bool {
 		rs.api("GET", "/api/v1/agents/"+id, nil, &ag)
 		return ag.ManifestState == "applied"

@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/drover/drover/api"
 )
 
 // Re-enrollment.
@@ -35,8 +37,8 @@ func authRefusal(err error) string {
 	if err == nil {
 		return ""
 	}
-	var ae *APIError
-	if errors.As(err, &ae) && (ae.Code == "certificate_refused" || ae.Code == "agent_revoked") {
+	var ae *api.Error
+	if errors.As(err, &ae) && (ae.Code == api.CodeCertificateRefused || ae.Code == api.CodeAgentRevoked) {
 		return fmt.Sprintf("the server refuses this agent's certificate (%s: %s)", ae.Code, ae.Message)
 	}
 	var ua x509.UnknownAuthorityError
@@ -55,7 +57,7 @@ func authRefusal(err error) string {
 func (a *Agent) noteAuth(err error) {
 	reason := authRefusal(err)
 	if reason == "" && err != nil {
-		var ae *APIError
+		var ae *api.Error
 		if !errors.As(err, &ae) {
 			return // no answer from the server: says nothing either way
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // renewLoop renews the client certificate at two thirds of its lifetime,
@@ -44,8 +46,8 @@ func (a *Agent) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var out renewResponse
-	resp, err := a.httpClient().R().SetContext(ctx).SetBody(renewRequest{CSR: csr}).SetResult(&out).Post(pathRenew)
+	var out api.RenewResponse
+	resp, err := a.httpClient().R().SetContext(ctx).SetBody(api.RenewRequest{CSR: csr}).SetResult(&out).Post(pathRenew)
 	err = checkResponse(resp, err)
 	a.noteAuth(err)
 	if err != nil {

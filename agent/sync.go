@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/go-resty/resty/v2"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -143,13 +144,13 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 	err = checkResponse(resp, err)
 	a.noteAuth(err)
 	if err != nil {
-		var ae *APIError
+		var ae *api.Error
 		switch {
 		case errors.Is(err, resty.ErrResponseBodyTooLarge):
 			rj := fmt.Errorf("manifest: %w: more than %d bytes", signing.ErrTooLarge, a.cfg.MaxManifestBytes)
 			a.reportRejected([]byte("too large"), rj)
 			return SyncResult{Outcome: OutcomeRejected, Error: rj.Error()}
-		case errors.As(err, &ae) && ae.Status == 404 && ae.Code == "not_found":
+		case errors.As(err, &ae) && ae.Status == 404 && ae.Code == api.CodeNotFound:
 			// Enrolled, but the server has compiled no manifest yet.
 			return SyncResult{Outcome: OutcomeNone}
 		}

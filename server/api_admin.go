@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/api"
 	"mime"
 	"net/http"
 	"path"
@@ -21,24 +22,8 @@ import (
 
 // ---- enrollment tokens
 
-// TokenRequest is the body of POST /api/v1/enrollment-tokens.
-type TokenRequest struct {
-	TTL  string            `json:"ttl"`
-	Name string            `json:"name"`
-	Tags map[string]string `json:"tags"`
-}
-
-// TokenResponse shows a new token, once.
-type TokenResponse struct {
-	ID        string            `json:"id"`
-	Token     string            `json:"token"`
-	ExpiresAt time.Time         `json:"expires_at"`
-	Name      string            `json:"name,omitempty"`
-	Tags      map[string]string `json:"tags"`
-}
-
 func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) error {
-	var req TokenRequest
+	var req api.EnrollmentTokenRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
@@ -55,22 +40,22 @@ func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) error
 var agentNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // createToken validates req and stores a new enrollment token.
-func createToken(ctx context.Context, store tokenStore, cfg EnrollmentConfig, pin string, now time.Time, req TokenRequest) (*TokenResponse, error) {
-	var details []Detail
+func createToken(ctx context.Context, store tokenStore, cfg EnrollmentConfig, pin string, now time.Time, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
+	var details []api.Detail
 	ttl := cfg.DefaultTTL
 	if req.TTL != "" {
 		d, err := time.ParseDuration(req.TTL)
 		switch {
 		case err != nil:
-			details = append(details, Detail{Field: "ttl", Message: fmt.Sprintf("%q is not a duration (e.g. 1h, 30m)", req.TTL)})
+			details = append(details, api.Detail{Field: "ttl", Message: fmt.Sprintf("%q is not a duration (e.g. 1h, 30m)", req.TTL)})
 		case d < time.Minute || d > cfg.MaxTTL:
-			details = append(details, Detail{Field: "ttl", Message: fmt.Sprintf("must be between 1m and %s", cfg.MaxTTL)})
+			details = append(details, api.Detail{Field: "ttl", Message: fmt.Sprintf("must be between 1m and %s", cfg.MaxTTL)})
 		default:
 			ttl = d
 		}
 	}
 	if req.Name != "" && !agentNameRE.MatchString(req.Name) {
-		details = append(details, Detail{Field: "name", Message: "use 1-63 letters, digits, '.', '_' and '-', starting with a letter or digit"})
+		details = append(details, api.Detail{Field: "name", Message: "use 1-63 letters, digits, '.', '_' and '-', starting with a letter or digit"})
 	}
 	details = append(details, checkTags("tags", req.Tags)...)
 	if len(details) > 0 {
@@ -80,19 +65,19 @@ func createToken(ctx context.Context, store tokenStore, cfg EnrollmentConfig, pi
 	if err := store.CreateToken(ctx, rec); err != nil {
 		return nil, err
 	}
-	return &TokenResponse{ID: rec.ID, Token: token, ExpiresAt: rec.ExpiresAt, Name: rec.Name, Tags: rec.Tags}, nil
+	return &api.EnrollmentTokenCreated{ID: rec.ID, Token: token, ExpiresAt: rec.ExpiresAt, Name: rec.Name, Tags: rec.Tags}, nil
 }
 
-func checkTags(field string, tags map[string]string) []Detail {
-	var details []Detail
+func checkTags(field string, tags map[string]string) []api.Detail {
+	var details []api.Detail
 	if len(tags) > manifest.MaxTags {
-		details = append(details, Detail{Field: field, Message: fmt.Sprintf("%d tags, at most %d", len(tags), manifest.MaxTags)})
+		details = append(details, api.Detail{Field: field, Message: fmt.Sprintf("%d tags, at most %d", len(tags), manifest.MaxTags)})
 	}
 	for k, v := range tags {
 		if !manifest.ValidTagKey(k) {
-			details = append(details, Detail{Field: field, Message: fmt.Sprintf("%q is not a valid tag key", k)})
+			details = append(details, api.Detail{Field: field, Message: fmt.Sprintf("%q is not a valid tag key", k)})
 		} else if !manifest.ValidTagValue(v) {
-			details = append(details, Detail{Field: field + "." + k, Message: "use at most 63 letters, digits, '.', '_' and '-'"})
+			details = append(details, api.Detail{Field: field + "." + k, Message: "use at most 63 letters, digits, '.', '_' and '-'"})
 		}
 	}
 	return details
@@ -100,40 +85,8 @@ func checkTags(field string, tags map[string]string) []Detail {
 
 // ---- pipes
 
-// PutPipeRequest is the body of PUT /api/v1/pipes/{name}.
-type PutPipeRequest struct {
-	Spec   json.RawMessage `json:"spec"`
-	Bundle *string         `json:"bundle,omitempty"` // base64 (standard) of a bundle
-}
-
-// PutPipeResponse reports the version in force after a PUT.
-type PutPipeResponse struct {
-	Name    string `json:"name"`
-	Version uint64 `json:"version"`
-	Digest  string `json:"digest"`
-	Created bool   `json:"created"`
-}
-
-// PipeJSON is a pipe as the API shows it.
-type PipeJSON struct {
-	Name      string           `json:"name"`
-	Version   uint64           `json:"version"`
-	Spec      manifest.Spec    `json:"spec"`
-	Payload   manifest.Payload `json:"payload"`
-	CreatedAt time.Time        `json:"created_at"`
-	UpdatedAt time.Time        `json:"updated_at"`
-	Versions  []PipeVersionRef `json:"versions,omitempty"`
-}
-
-// PipeVersionRef is one entry of a pipe's history.
-type PipeVersionRef struct {
-	Version   uint64    `json:"version"`
-	Digest    string    `json:"digest"`
-	CreatedAt time.Time `json:"created_at"`
-}
-
-func pipeJSON(p *Pipe) PipeJSON {
-	return PipeJSON{Name: p.Name, Version: p.Version, Spec: p.Spec, Payload: manifest.Payload{Digest: p.PayloadDigest, Size: p.PayloadSize},
+func pipeJSON(p *Pipe) api.Pipe {
+	return api.Pipe{Name: p.Name, Version: p.Version, Spec: p.Spec, Payload: manifest.Payload{Digest: p.PayloadDigest, Size: p.PayloadSize},
 		CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt}
 }
 
@@ -180,7 +133,7 @@ func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *PipeVersi
 	if created {
 		code = http.StatusCreated
 	}
-	return writeJSON(w, code, PutPipeResponse{Name: pv.Name, Version: version, Digest: pv.PayloadDigest, Created: created})
+	return writeJSON(w, code, api.PutPipeResponse{Name: pv.Name, Version: version, Digest: pv.PayloadDigest, Created: created})
 }
 
 // YAML media types accepted by PUT /api/v1/pipes/{name}.
@@ -198,7 +151,7 @@ func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (
 		specs, err := manifest.DecodeSpecs(body)
 		var ve *manifest.ValidationError
 		if errors.As(err, &ve) {
-			var details []Detail
+			var details []api.Detail
 			syntax := false
 			for _, p := range ve.Problems {
 				if strings.HasPrefix(p.Field, "[") && !strings.HasPrefix(p.Field, "[0]") {
@@ -208,7 +161,7 @@ func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (
 			for i, p := range ve.Problems {
 				syntax = syntax || p.Field == "[0]" || p.Field == ""
 				ve.Problems[i].Field = joinField("spec", strings.TrimPrefix(strings.TrimPrefix(p.Field, "[0]"), "."))
-				details = append(details, Detail{Field: ve.Problems[i].Field, Message: p.Message, Line: p.Line})
+				details = append(details, api.Detail{Field: ve.Problems[i].Field, Message: p.Message, Line: p.Line})
 			}
 			if syntax { // not YAML, or not one mapping: a 400, like malformed JSON
 				return nil, nil, newError(ErrInvalidRequest, "invalid YAML: "+details[0].Message, details...)
@@ -231,7 +184,7 @@ func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (
 		}
 		return s.preparePipe(name, raw, nil)
 	}
-	var req PutPipeRequest
+	var req api.PutPipeRequest
 	if err := decodeJSON(w, r, limit, &req); err != nil {
 		return nil, nil, err
 	}
@@ -248,7 +201,7 @@ func (s *Server) pipeBodyLimit() int64 {
 // version to store with its bundle; every problem is reported at once.
 func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *string) (*PipeVersion, []byte, error) {
 	if len(rawSpec) == 0 || string(rawSpec) == "null" {
-		return nil, nil, newError(ErrValidation, "spec is required", Detail{Field: "spec", Message: "required"})
+		return nil, nil, newError(ErrValidation, "spec is required", api.Detail{Field: "spec", Message: "required"})
 	}
 	var spec manifest.Spec
 	if err := decodeStrict(rawSpec, &spec, "spec"); err != nil {
@@ -284,7 +237,7 @@ func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *st
 			break
 		}
 		if int64(len(b)) > s.cfg.Signing.MaxPayloadBytes {
-			return nil, nil, newError(ErrTooLarge, "the bundle is too large", Detail{Field: "bundle", Message: fmt.Sprintf("%d bytes, at most %d", len(b), s.cfg.Signing.MaxPayloadBytes)})
+			return nil, nil, newError(ErrTooLarge, "the bundle is too large", api.Detail{Field: "bundle", Message: fmt.Sprintf("%d bytes, at most %d", len(b), s.cfg.Signing.MaxPayloadBytes)})
 		}
 		if msg := checkBundle(b, spec.Command); msg != "" {
 			problems = append(problems, manifest.FieldError{Field: "bundle", Message: msg})
@@ -336,12 +289,6 @@ func checkBundle(b []byte, command []string) string {
 	return ""
 }
 
-// PipeList is a page of pipes.
-type PipeList struct {
-	Pipes      []PipeJSON `json:"pipes"`
-	NextCursor string     `json:"next_cursor,omitempty"`
-}
-
 func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 	pg, err := parsePage(r)
 	if err != nil {
@@ -372,7 +319,7 @@ func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 		kept = append(kept, p)
 	}
 	items, next := paginate(kept, func(p *Pipe) string { return p.Name }, pg)
-	out := PipeList{Pipes: make([]PipeJSON, 0, len(items)), NextCursor: next}
+	out := api.PipeList{Pipes: make([]api.Pipe, 0, len(items)), NextCursor: next}
 	for _, p := range items {
 		out.Pipes = append(out.Pipes, pipeJSON(p))
 	}
@@ -394,7 +341,7 @@ func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := pipeJSON(p)
 	for _, v := range vs {
-		out.Versions = append(out.Versions, PipeVersionRef{Version: v.Version, Digest: v.PayloadDigest, CreatedAt: v.CreatedAt})
+		out.Versions = append(out.Versions, api.PipeVersionRef{Version: v.Version, Digest: v.PayloadDigest, CreatedAt: v.CreatedAt})
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -420,32 +367,17 @@ func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error 
 	return nil
 }
 
-// RunPipeRequest is the body of POST /api/v1/pipes/{name}/run: at most one
-// of agent and tags; neither runs the pipe on every agent it targets.
-type RunPipeRequest struct {
-	Agent string            `json:"agent,omitempty"`
-	Tags  map[string]string `json:"tags,omitempty"`
-}
-
-// RunPipeResponse lists where RunNow was sent. The runs the agents start
-// carry request_id (GET /api/v1/runs?request_id=...).
-type RunPipeResponse struct {
-	RequestID string   `json:"request_id"`
-	Sent      []string `json:"sent"`    // agents that got RunNow: expect a run from each
-	Offline   []string `json:"offline"` // targeted agents without a live stream: nothing was sent
-}
-
 func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 	name, err := pipeName(r)
 	if err != nil {
 		return err
 	}
-	var req RunPipeRequest
+	var req api.RunPipeRequest
 	if err := decodeOptionalJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
 	if req.Agent != "" && len(req.Tags) > 0 {
-		return newError(ErrInvalidRequest, "use agent or tags, not both", Detail{Field: "tags", Message: "not with agent"})
+		return newError(ErrInvalidRequest, "use agent or tags, not both", api.Detail{Field: "tags", Message: "not with agent"})
 	}
 	if d := checkTags("tags", req.Tags); len(d) > 0 {
 		return newError(ErrValidation, "invalid tags", d...)
@@ -458,7 +390,7 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	resp := RunPipeResponse{RequestID: "req-" + strings.ToLower(b32.EncodeToString(randomBytes(10))), Sent: []string{}, Offline: []string{}}
+	resp := api.RunPipeResponse{RequestID: "req-" + strings.ToLower(b32.EncodeToString(randomBytes(10))), Sent: []string{}, Offline: []string{}}
 	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: p.Name, RequestId: resp.RequestID}}}
 	found := false
 	for _, a := range agents {
@@ -497,56 +429,6 @@ func targets(t *manifest.Targets, a *Agent) bool {
 
 // ---- agents
 
-// AgentJSON is an agent as the API shows it.
-type AgentJSON struct {
-	ID             string            `json:"id"`
-	Name           string            `json:"name"`
-	Hostname       string            `json:"hostname"`
-	OS             string            `json:"os"`
-	Arch           string            `json:"arch"`
-	AgentVersion   string            `json:"agent_version"`
-	Tags           map[string]string `json:"tags"`
-	CreatedAt      time.Time         `json:"created_at"`
-	CertExpiresAt  time.Time         `json:"cert_expires_at"`
-	Revoked        bool              `json:"revoked"`
-	RevokedAt      *time.Time        `json:"revoked_at,omitempty"`
-	Online         bool              `json:"online"`
-	LastSeenAt     *time.Time        `json:"last_seen_at,omitempty"`
-	Backend        string            `json:"backend,omitempty"`
-	Scope          string            `json:"scope,omitempty"`
-	SystemdVersion string            `json:"systemd_version,omitempty"`
-	Manifest       *ManifestInfo     `json:"manifest,omitempty"`
-	AcceptedSerial uint64            `json:"accepted_serial"`
-	AppliedSerial  uint64            `json:"applied_serial"`
-	ManifestState  string            `json:"manifest_state,omitempty"`
-	ManifestError  string            `json:"manifest_error,omitempty"`
-	StatusAt       *time.Time        `json:"status_at,omitempty"`
-	Pipes          []PipeStatus      `json:"pipes"` // per pipe: apply_error, next_fire_times
-	// ManifestExpired: the manifest in force on the host has expired (its
-	// pipes keep running; the agent retries hard).
-	ManifestExpired   bool       `json:"manifest_expired"`
-	ManifestExpiresAt *time.Time `json:"manifest_expires_at,omitempty"`
-	// MachineID is the host identity the agent is bound to;
-	// ReportedHostname what its last Hello said (Hostname is the one
-	// checked at enrollment).
-	MachineID        string `json:"machine_id,omitempty"`
-	ReportedHostname string `json:"reported_hostname,omitempty"`
-	// IdentityConflicts counts streams refused because another machine
-	// presented this agent's certificate.
-	IdentityConflicts       int64      `json:"identity_conflicts"`
-	IdentityConflictAt      *time.Time `json:"identity_conflict_at,omitempty"`
-	IdentityConflictMachine string     `json:"identity_conflict_machine,omitempty"`
-}
-
-// ManifestInfo describes the manifest published to an agent.
-type ManifestInfo struct {
-	Serial         uint64    `json:"serial"`
-	Digest         string    `json:"digest"`
-	IssuedAt       time.Time `json:"issued_at"`
-	ExpiresAt      time.Time `json:"expires_at"`
-	KeyListVersion uint64    `json:"key_list_version"`
-}
-
 func optTime(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
@@ -554,12 +436,12 @@ func optTime(t time.Time) *time.Time {
 	return &t
 }
 
-func (s *Server) agentJSON(a *Agent) AgentJSON {
+func (s *Server) agentJSON(a *Agent) api.Agent {
 	pipes := a.Pipes
 	if pipes == nil {
-		pipes = []PipeStatus{}
+		pipes = []api.PipeStatus{}
 	}
-	out := AgentJSON{
+	out := api.Agent{
 		ID: a.ID, Name: a.Name, Hostname: a.Hostname, OS: a.OS, Arch: a.Arch, AgentVersion: a.AgentVersion, Tags: a.Tags,
 		CreatedAt: a.CreatedAt, CertExpiresAt: a.CertExpiresAt, Revoked: !a.RevokedAt.IsZero(), RevokedAt: optTime(a.RevokedAt),
 		Online: s.isOnline(a), LastSeenAt: optTime(a.LastSeenAt), Backend: a.Backend, Scope: a.Scope, SystemdVersion: a.SystemdVersion,
@@ -576,12 +458,6 @@ func (s *Server) isOnline(a *Agent) bool {
 	return a.RevokedAt.IsZero() && s.hub.online(a.ID) && s.clock.Now().Sub(a.LastSeenAt) < s.cfg.GRPC.OfflineAfter
 }
 
-// AgentList is a page of agents, oldest first.
-type AgentList struct {
-	Agents     []AgentJSON `json:"agents"`
-	NextCursor string      `json:"next_cursor,omitempty"`
-}
-
 func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error {
 	pg, err := parsePage(r)
 	if err != nil {
@@ -595,13 +471,13 @@ func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error 
 	switch status {
 	case "", "online", "offline", "revoked":
 	default:
-		return newError(ErrInvalidRequest, "invalid status", Detail{Field: "status", Message: fmt.Sprintf("%q is not one of online, offline, revoked", status)})
+		return newError(ErrInvalidRequest, "invalid status", api.Detail{Field: "status", Message: fmt.Sprintf("%q is not one of online, offline, revoked", status)})
 	}
 	as, err := s.store.ListAgents(r.Context())
 	if err != nil {
 		return err
 	}
-	kept := make([]AgentJSON, 0, len(as))
+	kept := make([]api.Agent, 0, len(as))
 	for _, a := range as {
 		if !hasTags(a.Tags, sel) {
 			continue
@@ -612,11 +488,11 @@ func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error 
 		}
 		kept = append(kept, aj)
 	}
-	items, next := paginate(kept, func(a AgentJSON) string { return timeKey(a.CreatedAt) + "/" + a.ID }, pg)
-	return writeJSON(w, http.StatusOK, AgentList{Agents: items, NextCursor: next})
+	items, next := paginate(kept, func(a api.Agent) string { return timeKey(a.CreatedAt) + "/" + a.ID }, pg)
+	return writeJSON(w, http.StatusOK, api.AgentList{Agents: items, NextCursor: next})
 }
 
-func agentState(a *AgentJSON) string {
+func agentState(a *api.Agent) string {
 	switch {
 	case a.Revoked:
 		return "revoked"
@@ -626,14 +502,14 @@ func agentState(a *AgentJSON) string {
 	return "offline"
 }
 
-func (s *Server) getAgentJSON(r *http.Request, id string) (*AgentJSON, error) {
+func (s *Server) getAgentJSON(r *http.Request, id string) (*api.Agent, error) {
 	a, err := s.store.GetAgent(r.Context(), id)
 	if err != nil {
 		return nil, err
 	}
 	out := s.agentJSON(a)
 	if m, err := s.store.GetManifest(r.Context(), id); err == nil {
-		out.Manifest = &ManifestInfo{Serial: m.Serial, Digest: m.Digest, IssuedAt: m.IssuedAt, ExpiresAt: m.ExpiresAt, KeyListVersion: m.KeyListVersion}
+		out.Manifest = &api.ManifestInfo{Serial: m.Serial, Digest: m.Digest, IssuedAt: m.IssuedAt, ExpiresAt: m.ExpiresAt, KeyListVersion: m.KeyListVersion}
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
@@ -652,17 +528,12 @@ func (s *Server) handleGetAgent(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, out)
 }
 
-// TagsRequest is the body of PUT /api/v1/agents/{id}/tags.
-type TagsRequest struct {
-	Tags map[string]string `json:"tags"`
-}
-
 func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
 	id, err := agentIDParam(r)
 	if err != nil {
 		return err
 	}
-	var req TagsRequest
+	var req api.TagsRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
@@ -737,44 +608,12 @@ func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error
 
 // ---- runs
 
-// RunJSON is a run as the API shows it.
-type RunJSON struct {
-	ID           string     `json:"id"`
-	AgentID      string     `json:"agent_id"`
-	Pipe         string     `json:"pipe"`
-	PipeVersion  uint64     `json:"pipe_version"`
-	Trigger      string     `json:"trigger"`
-	Status       string     `json:"status"`
-	ExitCode     int        `json:"exit_code"`
-	Signal       string     `json:"signal,omitempty"`
-	Error        string     `json:"error,omitempty"`
-	RequestID    string     `json:"request_id,omitempty"`
-	Reason       string     `json:"reason,omitempty"`     // why, when not succeeded: "exit 1", "systemd: 203/EXEC", "lost"
-	Attempts     uint32     `json:"attempts"`             // attempts made (0: not reported)
-	WrittenBy    string     `json:"written_by,omitempty"` // runner, daemon, or server (settled lost)
-	ScheduledAt  *time.Time `json:"scheduled_at,omitempty"`
-	StartedAt    *time.Time `json:"started_at,omitempty"`
-	FinishedAt   *time.Time `json:"finished_at,omitempty"`
-	DurationMS   int64      `json:"duration_ms"`
-	LogChunks    uint64     `json:"log_chunks"`
-	LogBytes     int64      `json:"log_bytes"`
-	LogTruncated bool       `json:"log_truncated"`
-	CreatedAt    time.Time  `json:"created_at"`
-	UpdatedAt    time.Time  `json:"updated_at"`
-}
-
-func runJSON(r *Run) RunJSON {
-	return RunJSON{ID: r.ID, AgentID: r.AgentID, Pipe: r.Pipe, PipeVersion: r.PipeVersion, Trigger: r.Trigger, Status: r.Status,
+func runJSON(r *Run) api.Run {
+	return api.Run{ID: r.ID, AgentID: r.AgentID, Pipe: r.Pipe, PipeVersion: r.PipeVersion, Trigger: r.Trigger, Status: r.Status,
 		ExitCode: r.ExitCode, Signal: r.Signal, Error: r.Error, RequestID: r.RequestID, Reason: r.Reason, Attempts: r.Attempts, WrittenBy: r.WrittenBy,
 		ScheduledAt: optTime(r.ScheduledAt),
 		StartedAt:   optTime(r.StartedAt), FinishedAt: optTime(r.FinishedAt), DurationMS: r.DurationMS, LogChunks: r.LogChunks,
 		LogBytes: r.LogBytes, LogTruncated: r.LogTruncated, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
-}
-
-// RunList is a page of runs, newest first.
-type RunList struct {
-	Runs       []RunJSON `json:"runs"`
-	NextCursor string    `json:"next_cursor,omitempty"`
 }
 
 func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {
@@ -799,7 +638,7 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := RunList{Runs: make([]RunJSON, 0, len(runs))}
+	out := api.RunList{Runs: make([]api.Run, 0, len(runs))}
 	for i, x := range runs {
 		if i == pg.limit {
 			last := runs[i-1]
@@ -819,23 +658,8 @@ func (s *Server) handleGetRun(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, runJSON(run))
 }
 
-// LogChunkJSON is one chunk in the JSON form of a run's log.
-type LogChunkJSON struct {
-	Seq    uint64    `json:"seq"`
-	Stream string    `json:"stream"`
-	At     time.Time `json:"at"`
-	Data   []byte    `json:"data"` // base64
-}
-
-// LogsJSON is the JSON form of a run's log.
-type LogsJSON struct {
-	RunID     string         `json:"run_id"`
-	Truncated bool           `json:"truncated"`
-	Chunks    []LogChunkJSON `json:"chunks"`
-}
-
-func chunkJSON(c *LogChunk) LogChunkJSON {
-	return LogChunkJSON{Seq: c.Seq, Stream: c.Stream, At: c.At, Data: c.Data}
+func chunkJSON(c *LogChunk) api.LogChunk {
+	return api.LogChunk{Seq: c.Seq, Stream: c.Stream, At: c.At, Data: c.Data}
 }
 
 // wantsJSON: the first media type the client accepts is application/json.
@@ -859,7 +683,7 @@ func (s *Server) handleRunLogs(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("X-Drover-Log-Truncated", strconv.FormatBool(run.LogTruncated))
 	w.Header().Set("Vary", "Accept")
 	if wantsJSON(r) {
-		out := LogsJSON{RunID: run.ID, Truncated: run.LogTruncated, Chunks: make([]LogChunkJSON, 0, len(chunks))}
+		out := api.Logs{RunID: run.ID, Truncated: run.LogTruncated, Chunks: make([]api.LogChunk, 0, len(chunks))}
 		for _, c := range chunks {
 			out.Chunks = append(out.Chunks, chunkJSON(c))
 		}
@@ -883,25 +707,20 @@ var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 // maxSecretBytes caps one secret value.
 const maxSecretBytes = 64 << 10
 
-// SecretRequest is the body of PUT /api/v1/secrets/{name}.
-type SecretRequest struct {
-	Value *string `json:"value"`
-}
-
 func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 	name, err := secretName(r)
 	if err != nil {
 		return err
 	}
-	var req SecretRequest
+	var req api.SecretRequest
 	if err := decodeJSON(w, r, maxSecretBytes*2+1024, &req); err != nil {
 		return err
 	}
 	switch {
 	case req.Value == nil:
-		return newError(ErrValidation, "value is required", Detail{Field: "value", Message: "required"})
+		return newError(ErrValidation, "value is required", api.Detail{Field: "value", Message: "required"})
 	case len(*req.Value) > maxSecretBytes:
-		return newError(ErrValidation, "value is too long", Detail{Field: "value", Message: fmt.Sprintf("at most %d bytes", maxSecretBytes)})
+		return newError(ErrValidation, "value is too long", api.Detail{Field: "value", Message: fmt.Sprintf("at most %d bytes", maxSecretBytes)})
 	}
 	before, err := s.secretInfo(r.Context(), name)
 	if err != nil {
@@ -924,7 +743,7 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 }
 
 // secretInfo describes a secret (never its value); nil when there is none.
-func (s *Server) secretInfo(ctx context.Context, name string) (*SecretInfo, error) {
+func (s *Server) secretInfo(ctx context.Context, name string) (*api.Secret, error) {
 	list, err := s.store.ListSecrets(ctx)
 	if err != nil {
 		return nil, err
@@ -937,12 +756,6 @@ func (s *Server) secretInfo(ctx context.Context, name string) (*SecretInfo, erro
 	return nil, nil
 }
 
-// SecretList is a page of secret names.
-type SecretList struct {
-	Secrets    []SecretInfo `json:"secrets"`
-	NextCursor string       `json:"next_cursor,omitempty"`
-}
-
 func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error {
 	pg, err := parsePage(r)
 	if err != nil {
@@ -952,8 +765,8 @@ func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	items, next := paginate(list, func(si SecretInfo) string { return si.Name }, pg)
-	return writeJSON(w, http.StatusOK, SecretList{Secrets: items, NextCursor: next})
+	items, next := paginate(list, func(si api.Secret) string { return si.Name }, pg)
+	return writeJSON(w, http.StatusOK, api.SecretList{Secrets: items, NextCursor: next})
 }
 
 func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) error {
@@ -979,15 +792,9 @@ func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) erro
 
 // ---- keys
 
-// RotateResponse reports the key now signing manifests.
-type RotateResponse struct {
-	KeyID          string `json:"key_id"`
-	KeyListVersion uint64 `json:"key_list_version"`
-}
-
 func (s *Server) handleRotateKeys(w http.ResponseWriter, r *http.Request) error {
 	signer, v := s.keys.signer()
-	before := RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}
+	before := api.RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}
 	resp, err := s.RotateKeys(r.Context())
 	if err != nil {
 		return err

@@ -2,16 +2,15 @@ package server
 
 import (
 	"errors"
+	"github.com/drover/drover/api"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 	"unicode"
 
 	"github.com/drover/drover/manifest"
-	"github.com/drover/drover/signing"
 )
 
 // Media types of agent endpoints (documented in doc.go).
@@ -20,49 +19,9 @@ const (
 	BundleMediaType   = "application/vnd.drover.bundle.v1+gzip"
 )
 
-// EnrollRequest is the body of POST /api/v1/agents/enroll.
-type EnrollRequest struct {
-	Token        string `json:"token"`
-	Hostname     string `json:"hostname"`
-	OS           string `json:"os"`
-	Arch         string `json:"arch"`
-	AgentVersion string `json:"agent_version"`
-	CSR          string `json:"csr"`
-	// MachineID, optional, is the host's /etc/machine-id (32 hex digits):
-	// the identity is bound to it at once, else at its first stream.
-	MachineID string `json:"machine_id,omitempty"`
-}
-
-// EnrollResponse is the answer to a successful enrollment.
-type EnrollResponse struct {
-	AgentID       string            `json:"agent_id"`
-	Certificate   string            `json:"certificate"`
-	CABundle      string            `json:"ca_bundle"`
-	TrustRoot     signing.TrustRoot `json:"trust_root"`
-	GRPCAddr      string            `json:"grpc_addr"`
-	CertExpiresAt time.Time         `json:"cert_expires_at"`
-}
-
-// RenewRequest is the body of POST /api/v1/agents/self/renew.
-type RenewRequest struct {
-	CSR string `json:"csr"`
-}
-
-// RenewResponse is the answer to a renewal.
-type RenewResponse struct {
-	Certificate   string    `json:"certificate"`
-	CABundle      string    `json:"ca_bundle"`
-	CertExpiresAt time.Time `json:"cert_expires_at"`
-}
-
-// MachineIDHeader, on an agent's HTTPS request, names the host's machine
-// id. When it is present and the agent is bound to another machine, the
-// request is refused with identity_conflict, as a stream would be.
-const MachineIDHeader = "X-Drover-Machine-Id"
-
-// checkRequestMachine applies MachineIDHeader.
+// checkRequestMachine applies api.MachineIDHeader.
 func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
-	mid := r.Header.Get(MachineIDHeader)
+	mid := r.Header.Get(api.MachineIDHeader)
 	if mid == "" {
 		// Once an identity is bound to a machine, its requests must say
 		// which machine they come from: a clone cannot get in by leaving
@@ -74,7 +33,7 @@ func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
 		return s.identityConflict(r.Context(), agentID, "", sourceIP(r))
 	}
 	if !validMachineID(mid) {
-		return newError(ErrInvalidRequest, MachineIDHeader+" must be 32 hex digits")
+		return newError(ErrInvalidRequest, api.MachineIDHeader+" must be 32 hex digits")
 	}
 	bound, err := s.boundMachine(r.Context(), agentID)
 	if err != nil || bound == "" || bound == strings.ToLower(mid) {
@@ -83,28 +42,23 @@ func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
 	return s.identityConflict(r.Context(), agentID, strings.ToLower(mid), sourceIP(r))
 }
 
-// SecretsResponse is the answer to GET /api/v1/agents/self/secrets.
-type SecretsResponse struct {
-	Secrets map[string]string `json:"secrets"`
-}
-
 func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	s.enrollRequests.Add(1)
 	if !s.enrollLimiter.allow(sourceIP(r), s.clock.Now()) {
 		w.Header().Set("Retry-After", "60")
 		return newError(ErrRateLimited, "too many enrollment attempts from this address; retry later")
 	}
-	var req EnrollRequest
+	var req api.EnrollRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	var details []Detail
+	var details []api.Detail
 	check := func(field, v string, required bool, max int) {
 		switch {
 		case v == "" && required:
-			details = append(details, Detail{Field: field, Message: "required"})
+			details = append(details, api.Detail{Field: field, Message: "required"})
 		case len(v) > max || strings.ContainsFunc(v, func(r rune) bool { return !unicode.IsPrint(r) }):
-			details = append(details, Detail{Field: field, Message: "at most " + strconv.Itoa(max) + " printable characters"})
+			details = append(details, api.Detail{Field: field, Message: "at most " + strconv.Itoa(max) + " printable characters"})
 		}
 	}
 	check("hostname", req.Hostname, true, 253)
@@ -112,13 +66,13 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	check("arch", req.Arch, false, 64)
 	check("agent_version", req.AgentVersion, false, 64)
 	if req.Token == "" {
-		details = append(details, Detail{Field: "token", Message: "required"})
+		details = append(details, api.Detail{Field: "token", Message: "required"})
 	}
 	if req.CSR == "" {
-		details = append(details, Detail{Field: "csr", Message: "required"})
+		details = append(details, api.Detail{Field: "csr", Message: "required"})
 	}
 	if req.MachineID != "" && !validMachineID(req.MachineID) {
-		details = append(details, Detail{Field: "machine_id", Message: "must be 32 hex digits (/etc/machine-id)"})
+		details = append(details, api.Detail{Field: "machine_id", Message: "must be 32 hex digits (/etc/machine-id)"})
 	}
 	if len(details) > 0 {
 		return newError(ErrInvalidRequest, "the enrollment request has invalid fields", details...)
@@ -167,7 +121,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.compiler.compile(r.Context(), []string{id}); err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, EnrollResponse{
+	return writeJSON(w, http.StatusOK, api.EnrollResponse{
 		AgentID: id, Certificate: string(certPEM), CABundle: string(s.ca.pem), TrustRoot: s.keys.trustRoot(),
 		GRPCAddr: s.grpcPublicAddr(r), CertExpiresAt: notAfter,
 	})
@@ -197,7 +151,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	if err := s.allowRenewal(w, agentID); err != nil { // pki.go
 		return err
 	}
-	var req RenewRequest
+	var req api.RenewRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
@@ -218,7 +172,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	}
 	s.log.Info("agent certificate renewed", "agent", agentID)
 	setAudit(r, "agent/"+agentID, map[string]any{"cert_serial": serialHex(r.TLS.PeerCertificates[0].SerialNumber)}, map[string]any{"next_cert_serial": serial, "cert_expires_at": notAfter})
-	return writeJSON(w, http.StatusOK, RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.pem), CertExpiresAt: notAfter})
+	return writeJSON(w, http.StatusOK, api.RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.pem), CertExpiresAt: notAfter})
 }
 
 func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agentID string) error {
@@ -356,7 +310,7 @@ func (s *Server) handleSelfSecrets(w http.ResponseWriter, r *http.Request, agent
 	if err != nil {
 		return err
 	}
-	out := SecretsResponse{Secrets: make(map[string]string, len(sealed))}
+	out := api.SecretsResponse{Secrets: make(map[string]string, len(sealed))}
 	for name, v := range sealed {
 		plain, err := s.sealer.open(name, v)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/api"
 	"mime"
 	"net/http"
 	"sort"
@@ -29,7 +30,7 @@ func pipeName(r *http.Request) (string, error) {
 	name := r.PathValue("name")
 	if !manifest.ValidName(name) {
 		return "", newError(ErrInvalidRequest, "invalid pipe name "+quoteName(name)+" in the path",
-			Detail{Field: "name", Message: "use 1-63 lowercase letters, digits and '-', starting with a letter or digit"})
+			api.Detail{Field: "name", Message: "use 1-63 lowercase letters, digits and '-', starting with a letter or digit"})
 	}
 	return name, nil
 }
@@ -38,7 +39,7 @@ func secretName(r *http.Request) (string, error) {
 	name := r.PathValue("name")
 	if !secretNameRE.MatchString(name) || strings.HasPrefix(name, "DROVER_") {
 		return "", newError(ErrInvalidRequest, "invalid secret name "+quoteName(name)+" in the path",
-			Detail{Field: "name", Message: "use 1-128 letters, digits and '_', not starting with a digit or DROVER_"})
+			api.Detail{Field: "name", Message: "use 1-128 letters, digits and '_', not starting with a digit or DROVER_"})
 	}
 	return name, nil
 }
@@ -48,19 +49,19 @@ func agentIDParam(r *http.Request) (string, error) {
 	id := r.PathValue("id")
 	if !manifest.ValidAgentID(id) {
 		return "", newError(ErrInvalidRequest, "invalid agent id "+quoteName(id)+" in the path",
-			Detail{Field: "id", Message: "an agent id such as agt-..."})
+			api.Detail{Field: "id", Message: "an agent id such as agt-..."})
 	}
 	return id, nil
 }
 
 // tokenIDParam is the {id} of an enrollment-token or API-token route.
-func tokenIDParam(r *http.Request, api bool) (string, error) {
+func tokenIDParam(r *http.Request, apiToken bool) (string, error) {
 	id := r.PathValue("id")
-	if tokenIDRE.MatchString(id) || (api && id == bootstrapTokenID) {
+	if tokenIDRE.MatchString(id) || (apiToken && id == bootstrapTokenID) {
 		return id, nil
 	}
 	return "", newError(ErrInvalidRequest, "invalid token id "+quoteName(id)+" in the path",
-		Detail{Field: "id", Message: "16 lowercase letters and digits 2-7, as listed"})
+		api.Detail{Field: "id", Message: "16 lowercase letters and digits 2-7, as listed"})
 }
 
 // decodeOptionalJSON decodes a JSON body like decodeJSON; an empty body
@@ -100,7 +101,7 @@ func queryTags(r *http.Request) (map[string]string, error) {
 	for _, kv := range vals {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || !manifest.ValidTagKey(k) || !manifest.ValidTagValue(v) {
-			return nil, newError(ErrInvalidRequest, "invalid tag filter", Detail{Field: "tag", Message: fmt.Sprintf("%s is not key=value with a valid key and value", quoteName(kv))})
+			return nil, newError(ErrInvalidRequest, "invalid tag filter", api.Detail{Field: "tag", Message: fmt.Sprintf("%s is not key=value with a valid key and value", quoteName(kv))})
 		}
 		sel[k] = v
 	}
@@ -129,25 +130,13 @@ func formatTags(tags map[string]string) string {
 
 // ---- health, whoami, OpenAPI
 
-// HealthJSON is the answer of GET /healthz.
-type HealthJSON struct {
-	Status string `json:"status"`
-}
-
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, http.StatusOK, HealthJSON{Status: "ok"})
-}
-
-// WhoAmI describes the calling token.
-type WhoAmI struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-	Role string `json:"role"`
+	return writeJSON(w, http.StatusOK, api.Health{Status: "ok"})
 }
 
 func (s *Server) handleWhoAmI(w http.ResponseWriter, r *http.Request) error {
 	p := principalOf(r)
-	return writeJSON(w, http.StatusOK, WhoAmI{ID: p.ID, Name: p.Name, Role: p.Role.String()})
+	return writeJSON(w, http.StatusOK, api.WhoAmI{ID: p.ID, Name: p.Name, Role: p.Role.String()})
 }
 
 // openAPIDoc is the API's OpenAPI document, generated from the route table
@@ -165,26 +154,8 @@ func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 
 // ---- enrollment tokens
 
-// EnrollmentTokenJSON is an enrollment token as listed: never its secret.
-type EnrollmentTokenJSON struct {
-	ID        string            `json:"id"`
-	Name      string            `json:"name,omitempty"`
-	Tags      map[string]string `json:"tags"`
-	CreatedAt time.Time         `json:"created_at"`
-	ExpiresAt time.Time         `json:"expires_at"`
-	UsedAt    *time.Time        `json:"used_at,omitempty"`
-	AgentID   string            `json:"agent_id,omitempty"`
-	State     string            `json:"state"` // valid, used or expired
-}
-
-// EnrollmentTokenList is a page of enrollment tokens, newest first.
-type EnrollmentTokenList struct {
-	Tokens     []EnrollmentTokenJSON `json:"tokens"`
-	NextCursor string                `json:"next_cursor,omitempty"`
-}
-
-func tokenJSON(t *EnrollmentToken, now time.Time) EnrollmentTokenJSON {
-	out := EnrollmentTokenJSON{ID: t.ID, Name: t.Name, Tags: t.Tags, CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, UsedAt: optTime(t.UsedAt), AgentID: t.AgentID, State: "valid"}
+func tokenJSON(t *EnrollmentToken, now time.Time) api.EnrollmentToken {
+	out := api.EnrollmentToken{ID: t.ID, Name: t.Name, Tags: t.Tags, CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, UsedAt: optTime(t.UsedAt), AgentID: t.AgentID, State: "valid"}
 	if out.Tags == nil {
 		out.Tags = map[string]string{}
 	}
@@ -207,7 +178,7 @@ func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	items, next := paginate(list, func(t *EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID }, pg)
-	out := EnrollmentTokenList{Tokens: make([]EnrollmentTokenJSON, 0, len(items)), NextCursor: next}
+	out := api.EnrollmentTokenList{Tokens: make([]api.EnrollmentToken, 0, len(items)), NextCursor: next}
 	for _, t := range items {
 		out.Tokens = append(out.Tokens, tokenJSON(t, s.clock.Now()))
 	}
@@ -233,40 +204,8 @@ func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error
 
 // ---- API tokens
 
-// APITokenRequest is the body of POST /api/v1/api-tokens.
-type APITokenRequest struct {
-	Name string `json:"name"`
-	Role string `json:"role"`          // viewer, operator or admin
-	TTL  string `json:"ttl,omitempty"` // e.g. 720h; empty: the token does not expire
-}
-
-// APITokenJSON is an API token as listed: never its secret.
-type APITokenJSON struct {
-	ID         string     `json:"id"`
-	Name       string     `json:"name"`
-	Role       string     `json:"role"`
-	CreatedAt  time.Time  `json:"created_at"`
-	CreatedBy  string     `json:"created_by,omitempty"`
-	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
-	LastUsedAt *time.Time `json:"last_used_at,omitempty"`
-	RevokedAt  *time.Time `json:"revoked_at,omitempty"`
-}
-
-// APITokenCreated is the answer of POST /api/v1/api-tokens: the token is
-// shown here and never again.
-type APITokenCreated struct {
-	APITokenJSON
-	Token string `json:"token"`
-}
-
-// APITokenList is a page of API tokens, oldest first.
-type APITokenList struct {
-	Tokens     []APITokenJSON `json:"tokens"`
-	NextCursor string         `json:"next_cursor,omitempty"`
-}
-
-func apiTokenJSON(t *APIToken) APITokenJSON {
-	out := APITokenJSON{ID: t.ID, Name: t.Name, Role: t.Role, CreatedAt: t.CreatedAt, CreatedBy: t.CreatedBy,
+func apiTokenJSON(t *APIToken) api.APIToken {
+	out := api.APIToken{ID: t.ID, Name: t.Name, Role: t.Role, CreatedAt: t.CreatedAt, CreatedBy: t.CreatedBy,
 		ExpiresAt: optTime(t.ExpiresAt), LastUsedAt: optTime(t.LastUsedAt), RevokedAt: optTime(t.RevokedAt)}
 	return out
 }
@@ -275,26 +214,26 @@ func apiTokenJSON(t *APIToken) APITokenJSON {
 const maxAPITokenTTL = 10 * 365 * 24 * time.Hour
 
 // checkAPITokenRequest validates a token request: every problem at once.
-func checkAPITokenRequest(req APITokenRequest) (role, time.Duration, error) {
-	var details []Detail
+func checkAPITokenRequest(req api.APITokenRequest) (role, time.Duration, error) {
+	var details []api.Detail
 	switch {
 	case req.Name == "":
-		details = append(details, Detail{Field: "name", Message: "required"})
+		details = append(details, api.Detail{Field: "name", Message: "required"})
 	case len(req.Name) > 128 || strings.ContainsFunc(req.Name, func(c rune) bool { return !unicode.IsPrint(c) }):
-		details = append(details, Detail{Field: "name", Message: "at most 128 printable characters"})
+		details = append(details, api.Detail{Field: "name", Message: "at most 128 printable characters"})
 	}
 	rl, ok := parseRole(req.Role)
 	if !ok {
-		details = append(details, Detail{Field: "role", Message: fmt.Sprintf("%s is not one of viewer, operator, admin", quoteName(req.Role))})
+		details = append(details, api.Detail{Field: "role", Message: fmt.Sprintf("%s is not one of viewer, operator, admin", quoteName(req.Role))})
 	}
 	var ttl time.Duration
 	if req.TTL != "" {
 		d, err := time.ParseDuration(req.TTL)
 		switch {
 		case err != nil:
-			details = append(details, Detail{Field: "ttl", Message: fmt.Sprintf("%s is not a duration (e.g. 720h)", quoteName(req.TTL))})
+			details = append(details, api.Detail{Field: "ttl", Message: fmt.Sprintf("%s is not a duration (e.g. 720h)", quoteName(req.TTL))})
 		case d < time.Minute || d > maxAPITokenTTL:
-			details = append(details, Detail{Field: "ttl", Message: "must be between 1m and 87600h"})
+			details = append(details, api.Detail{Field: "ttl", Message: "must be between 1m and 87600h"})
 		default:
 			ttl = d
 		}
@@ -306,7 +245,7 @@ func checkAPITokenRequest(req APITokenRequest) (role, time.Duration, error) {
 }
 
 func (s *Server) handleCreateAPIToken(w http.ResponseWriter, r *http.Request) error {
-	var req APITokenRequest
+	var req api.APITokenRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
@@ -320,8 +259,8 @@ func (s *Server) handleCreateAPIToken(w http.ResponseWriter, r *http.Request) er
 		return err
 	}
 	s.log.Info("api token created", "token_id", t.ID, "role", t.Role, "by", p.ID)
-	out := APITokenCreated{APITokenJSON: apiTokenJSON(t), Token: token}
-	setAudit(r, "api-token/"+t.ID, nil, out.APITokenJSON)
+	out := api.APITokenCreated{APIToken: apiTokenJSON(t), Token: token}
+	setAudit(r, "api-token/"+t.ID, nil, out.APIToken)
 	return writeJSON(w, http.StatusCreated, out)
 }
 
@@ -335,7 +274,7 @@ func (s *Server) handleListAPITokens(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	items, next := paginate(list, func(t *APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID }, pg)
-	out := APITokenList{Tokens: make([]APITokenJSON, 0, len(items)), NextCursor: next}
+	out := api.APITokenList{Tokens: make([]api.APIToken, 0, len(items)), NextCursor: next}
 	for _, t := range items {
 		out.Tokens = append(out.Tokens, apiTokenJSON(t))
 	}
@@ -366,26 +305,8 @@ func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) er
 
 // ---- pipe history
 
-// PipeVersionJSON is one version of a pipe.
-type PipeVersionJSON struct {
-	Name      string           `json:"name"`
-	Version   uint64           `json:"version"`
-	Spec      manifest.Spec    `json:"spec"`
-	Payload   manifest.Payload `json:"payload"`
-	CreatedAt time.Time        `json:"created_at"`
-	Current   bool             `json:"current"` // the version in force (false for every version of a deleted pipe)
-}
-
-// PipeVersionList is a page of a pipe's versions, newest first.
-type PipeVersionList struct {
-	Name       string            `json:"name"`
-	Deleted    bool              `json:"deleted"`
-	Versions   []PipeVersionJSON `json:"versions"`
-	NextCursor string            `json:"next_cursor,omitempty"`
-}
-
-func pipeVersionJSON(v *PipeVersion, current uint64, deleted bool) PipeVersionJSON {
-	return PipeVersionJSON{Name: v.Name, Version: v.Version, Spec: v.Spec, Payload: manifest.Payload{Digest: v.PayloadDigest, Size: v.PayloadSize},
+func pipeVersionJSON(v *PipeVersion, current uint64, deleted bool) api.PipeVersion {
+	return api.PipeVersion{Name: v.Name, Version: v.Version, Spec: v.Spec, Payload: manifest.Payload{Digest: v.PayloadDigest, Size: v.PayloadSize},
 		CreatedAt: v.CreatedAt, Current: !deleted && v.Version == current}
 }
 
@@ -408,7 +329,7 @@ func (s *Server) handleListPipeVersions(w http.ResponseWriter, r *http.Request) 
 	}
 	// Newest first: the key sorts descending versions ascending.
 	items, next := paginate(vs, func(v *PipeVersion) string { return fmt.Sprintf("%020d", ^v.Version) }, pg)
-	out := PipeVersionList{Name: name, Deleted: deleted, Versions: make([]PipeVersionJSON, 0, len(items)), NextCursor: next}
+	out := api.PipeVersionList{Name: name, Deleted: deleted, Versions: make([]api.PipeVersion, 0, len(items)), NextCursor: next}
 	for _, v := range items {
 		out.Versions = append(out.Versions, pipeVersionJSON(v, cur, deleted))
 	}
@@ -424,7 +345,7 @@ func (s *Server) pipeVersion(r *http.Request) (*PipeVersion, uint64, bool, error
 	n, err := strconv.ParseUint(r.PathValue("version"), 10, 64)
 	if err != nil || n == 0 {
 		return nil, 0, false, newError(ErrInvalidRequest, "invalid version "+quoteName(r.PathValue("version"))+" in the path",
-			Detail{Field: "version", Message: "a version number: 1, 2, ..."})
+			api.Detail{Field: "version", Message: "a version number: 1, 2, ..."})
 	}
 	cur, deleted, err := s.store.PipeState(r.Context(), name)
 	if err != nil {
@@ -466,17 +387,6 @@ func (s *Server) handleRestorePipeVersion(w http.ResponseWriter, r *http.Request
 
 // ---- schedule preview
 
-// SchedulePreview lists a pipe's next fire times, in its time zone.
-type SchedulePreview struct {
-	Pipe      string      `json:"pipe"`
-	Schedule  string      `json:"schedule"`
-	Timezone  string      `json:"timezone"`
-	After     time.Time   `json:"after"`
-	Enabled   bool        `json:"enabled"`
-	Every     string      `json:"every,omitempty"` // for @every: fire times count from after, as from a timer's activation
-	FireTimes []time.Time `json:"fire_times"`
-}
-
 func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) error {
 	name, err := pipeName(r)
 	if err != nil {
@@ -486,7 +396,7 @@ func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) erro
 	if c := r.URL.Query().Get("count"); c != "" {
 		n, err := strconv.Atoi(c)
 		if err != nil || n < 1 || n > 100 {
-			return newError(ErrInvalidRequest, "invalid count", Detail{Field: "count", Message: "must be 1-100"})
+			return newError(ErrInvalidRequest, "invalid count", api.Detail{Field: "count", Message: "must be 1-100"})
 		}
 		count = n
 	}
@@ -513,7 +423,7 @@ func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return fmt.Errorf("stored time zone of %s: %w", name, err)
 	}
-	out := SchedulePreview{Pipe: name, Schedule: p.Spec.Schedule, Timezone: tz, After: after.In(loc), Enabled: p.Spec.IsEnabled(), FireTimes: make([]time.Time, 0, count)}
+	out := api.SchedulePreview{Pipe: name, Schedule: p.Spec.Schedule, Timezone: tz, After: after.In(loc), Enabled: p.Spec.IsEnabled(), FireTimes: make([]time.Time, 0, count)}
 	if every, ok := sched.Every(); ok {
 		out.Every = manifest.Duration(every).String()
 	}
@@ -530,46 +440,12 @@ func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) erro
 
 // ---- dry-run
 
-// DryRunRequest is the body of POST /api/v1/pipes/{name}/dry-run: the body
-// of a PUT, or {"delete": true}.
-type DryRunRequest struct {
-	Spec   json.RawMessage `json:"spec,omitempty"`
-	Bundle *string         `json:"bundle,omitempty"`
-	Delete bool            `json:"delete,omitempty"`
-}
-
-// DryRunResponse says what a change would do. Action is create, update,
-// unchanged or delete (or absent: deleting a pipe that does not exist is a
-// 404); Version and Digest are those the pipe would have.
-type DryRunResponse struct {
-	Name    string        `json:"name"`
-	Action  string        `json:"action"`
-	Version uint64        `json:"version,omitempty"`
-	Digest  string        `json:"digest,omitempty"`
-	Agents  []AgentChange `json:"agents"`
-	// Privileged lists why the spec needs the admin role (policy.go);
-	// Refused says why the calling token could not apply the change.
-	Privileged []Detail `json:"privileged,omitempty"`
-	Refused    string   `json:"refused,omitempty"`
-}
-
-// AgentChange is how a change reaches one agent's manifest: the pipe is
-// added to it, updated in it or removed from it. Diff lists the manifest
-// entry's changed fields, "- field: old" and "+ field: new" lines.
-type AgentChange struct {
-	ID       string `json:"id"`
-	Name     string `json:"name,omitempty"`
-	Hostname string `json:"hostname,omitempty"`
-	Action   string `json:"action"` // add, update or remove
-	Diff     string `json:"diff,omitempty"`
-}
-
 func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 	name, err := pipeName(r)
 	if err != nil {
 		return err
 	}
-	var req DryRunRequest
+	var req api.DryRunRequest
 	if err := decodeJSON(w, r, s.pipeBodyLimit(), &req); err != nil {
 		return err
 	}
@@ -579,12 +455,12 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 	} else if !errors.Is(err, ErrNotFound) {
 		return err
 	}
-	out := DryRunResponse{Name: name, Agents: []AgentChange{}}
+	out := api.DryRunResponse{Name: name, Agents: []api.AgentChange{}}
 	var next *PipeVersion
 	switch {
 	case req.Delete:
 		if req.Spec != nil || req.Bundle != nil {
-			return newError(ErrInvalidRequest, "delete takes no spec or bundle", Detail{Field: "delete", Message: "not with spec or bundle"})
+			return newError(ErrInvalidRequest, "delete takes no spec or bundle", api.Detail{Field: "delete", Message: "not with spec or bundle"})
 		}
 		if cur == nil {
 			return newError(ErrNotFound, "pipe not found")
@@ -650,7 +526,7 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 		}
 		was := cur != nil && targets(cur.Spec.Targets, a)
 		will := next != nil && targets(next.Spec.Targets, a)
-		c := AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname}
+		c := api.AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname}
 		switch {
 		case was && !will:
 			c.Action, c.Diff = "remove", entryDiff(oldEntry, nil)
@@ -723,13 +599,6 @@ func flattenEntry(b []byte) map[string]string {
 
 // ---- cancel
 
-// CancelResponse says to which agent CancelRun went.
-type CancelResponse struct {
-	RunID   string `json:"run_id"`
-	AgentID string `json:"agent_id"`
-	Sent    bool   `json:"sent"`
-}
-
 func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
 	var none struct{}
 	if err := decodeOptionalJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &none); err != nil {
@@ -739,7 +608,7 @@ func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if run.Status != StatusPending && run.Status != StatusRunning {
+	if run.Status != api.StatusPending && run.Status != api.StatusRunning {
 		why := run.Status
 		if run.Reason != "" {
 			why += ", reason " + run.Reason
@@ -751,7 +620,7 @@ func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
 		return newError(ErrConflict, fmt.Sprintf("agent %s, which runs %s, is not connected; retry when it is online", run.AgentID, run.ID))
 	}
 	s.log.Info("run cancel requested", "run", run.ID, "agent", run.AgentID)
-	out := CancelResponse{RunID: run.ID, AgentID: run.AgentID, Sent: true}
+	out := api.CancelResponse{RunID: run.ID, AgentID: run.AgentID, Sent: true}
 	setAudit(r, "run/"+run.ID, runJSON(run), out)
 	return writeJSON(w, http.StatusAccepted, out)
 }

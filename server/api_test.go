@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -187,9 +188,9 @@ func TestAPIEndpoints(t *testing.T) {
 
 	covered := map[string]bool{}
 	// audit checks the newest entry of an action on a target.
-	audit := func(action, target, actorID string, before, after bool) AuditJSON {
+	audit := func(action, target, actorID string, before, after bool) api.AuditEntry {
 		t.Helper()
-		var list AuditList
+		var list api.AuditList
 		ts.adminOK("GET", "/api/v1/audit?limit=1&action="+url.QueryEscape(action)+"&target="+url.QueryEscape(target), nil, &list)
 		if len(list.Entries) != 1 {
 			t.Fatalf("no audit entry for %s on %s", action, target)
@@ -218,20 +219,20 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 	defer st.close()
 	waitFor(t, 5*time.Second, "web online", func() bool {
-		var ag AgentJSON
+		var ag api.Agent
 		ts.adminOK("GET", "/api/v1/agents/"+web.id, nil, &ag)
 		return ag.Online
 	})
 
 	// ---- pipes: create (JSON), unchanged, update (YAML)
 	spec := map[string]any{"schedule": "30 2 * * *", "timezone": "Europe/Berlin", "script": "echo backup\n", "targets": map[string]any{"tags": map[string]string{"role": "web"}}}
-	var put PutPipeResponse
+	var put api.PutPipeResponse
 	ts.as(op, 201, "PUT", "/api/v1/pipes/backup", map[string]any{"spec": spec}, &put)
 	if put.Version != 1 || !put.Created {
 		t.Fatalf("PUT: %+v", put)
 	}
 	e1 := audit("pipes.write", "pipe/backup", opID, false, true)
-	var list PipeList
+	var list api.PipeList
 	r := ts.as(viewer, 200, "GET", "/api/v1/pipes", nil, nil)
 	var raw struct {
 		Pipes []json.RawMessage `json:"pipes"`
@@ -294,7 +295,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 
 	// ---- versions: list, show, restore
-	var vl PipeVersionList
+	var vl api.PipeVersionList
 	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/versions", nil, &vl)
 	if len(vl.Versions) != 2 || vl.Versions[0].Version != 2 || !vl.Versions[0].Current || vl.Versions[1].Current {
 		t.Fatalf("versions: %+v", vl)
@@ -307,7 +308,7 @@ func TestAPIEndpoints(t *testing.T) {
 	if len(vl.Versions) != 1 || vl.Versions[0].Version != 1 || vl.NextCursor != "" {
 		t.Fatalf("versions page 2: %+v", vl)
 	}
-	var pv PipeVersionJSON
+	var pv api.PipeVersion
 	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/versions/1", nil, &pv)
 	if pv.Spec.Schedule != "30 2 * * *" || pv.Current {
 		t.Fatalf("version 1: %+v", pv)
@@ -321,7 +322,7 @@ func TestAPIEndpoints(t *testing.T) {
 
 	// ---- schedule preview in the pipe's zone, across the spring DST gap: cron runs the
 	// 02:30 that does not exist on 2026-03-29 at the end of the gap, 03:00
-	var sp SchedulePreview
+	var sp api.SchedulePreview
 	// The fire-time view and the events (missed_test.go covers them).
 	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/fires", nil, nil)
 	ts.as(viewer, 200, "GET", "/api/v1/events?kind=run.failed", nil, nil)
@@ -336,9 +337,9 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 
 	// ---- dry-run: nothing is stored
-	dry := func(body any) DryRunResponse {
+	dry := func(body any) api.DryRunResponse {
 		t.Helper()
-		var out DryRunResponse
+		var out api.DryRunResponse
 		ts.as(viewer, 200, "POST", "/api/v1/pipes/backup/dry-run", body, &out)
 		return out
 	}
@@ -361,7 +362,7 @@ func TestAPIEndpoints(t *testing.T) {
 		d.Agents[0].Diff != "- spec.schedule: \"30 2 * * *\"\n+ spec.schedule: \"45 2 * * *\"\n- version: 3\n+ version: 4\n" {
 		t.Fatalf("dry-run reschedule: %+v", d)
 	}
-	var cur PipeJSON
+	var cur api.Pipe
 	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup", nil, &cur)
 	if d = dry(map[string]any{"spec": cur.Spec}); d.Action != "unchanged" || len(d.Agents) != 0 || d.Version != 3 {
 		t.Fatalf("dry-run unchanged: %+v", d)
@@ -378,7 +379,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 
 	// ---- run now: every targeted agent, one agent, by tag
-	var rr RunPipeResponse
+	var rr api.RunPipeResponse
 	ts.as(op, 202, "POST", "/api/v1/pipes/backup/run", map[string]any{}, &rr)
 	if !slices.Equal(rr.Sent, []string{web.id}) || len(rr.Offline) != 0 || !strings.HasPrefix(rr.RequestID, "req-") {
 		t.Fatalf("run: %+v", rr)
@@ -390,13 +391,13 @@ func TestAPIEndpoints(t *testing.T) {
 		return len(st.runNows) == 1 && st.runNows[0].GetRequestId() == rr.RequestID && st.runNows[0].GetPipe() == "backup"
 	})
 	ts.as(op, 404, "POST", "/api/v1/pipes/backup/run", map[string]any{"agent": db.id}, nil)
-	var byTag RunPipeResponse
+	var byTag api.RunPipeResponse
 	ts.as(op, 202, "POST", "/api/v1/pipes/backup/run", map[string]any{"tags": map[string]string{"env": "prod"}}, &byTag)
 	if !slices.Equal(byTag.Sent, []string{web.id}) {
 		t.Fatalf("run by tag: %+v", byTag)
 	}
 	ts.as(op, 404, "POST", "/api/v1/pipes/backup/run", map[string]any{"tags": map[string]string{"env": "dev"}}, nil)
-	var offline RunPipeResponse
+	var offline api.RunPipeResponse
 	ts.as(op, 202, "POST", "/api/v1/pipes/alpha/run", nil, &offline)
 	if len(offline.Sent) != 0 || !slices.Equal(offline.Offline, []string{db.id}) {
 		t.Fatalf("run on an offline agent: %+v", offline)
@@ -415,7 +416,7 @@ func TestAPIEndpoints(t *testing.T) {
 	time.Sleep(2 * time.Millisecond) // distinct created_at
 	sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{RunId: "r2", Pipe: "backup", PipeVersion: 3,
 		Trigger: agentpb.Trigger_TRIGGER_SCHEDULE, StartedAt: timestamppb.New(now)}}})
-	var runs RunList
+	var runs api.RunList
 	runIDs := func(q string) []string {
 		t.Helper()
 		ts.as(viewer, 200, "GET", "/api/v1/runs"+q, nil, &runs)
@@ -447,7 +448,7 @@ func TestAPIEndpoints(t *testing.T) {
 	if got := runIDs("?limit=1&cursor=" + runs.NextCursor); !slices.Equal(got, []string{"r1"}) || runs.NextCursor != "" {
 		t.Fatalf("runs page 2: %v %q", got, runs.NextCursor)
 	}
-	var run RunJSON
+	var run api.Run
 	ts.as(viewer, 200, "GET", "/api/v1/runs/r1", nil, &run)
 	if run.Status != "failed" || run.ExitCode != 3 || run.RequestID != rr.RequestID || run.LogChunks != 2 {
 		t.Fatalf("run: %+v", run)
@@ -456,13 +457,13 @@ func TestAPIEndpoints(t *testing.T) {
 	if r.code != 200 || string(r.body) != "hello world\n" || !strings.HasPrefix(r.header.Get("Content-Type"), "text/plain") {
 		t.Fatalf("logs: %d %q", r.code, r.body)
 	}
-	var logs LogsJSON
+	var logs api.Logs
 	r = ts.doCT("GET", "/api/v1/runs/r1/logs", viewer, "", nil, "Accept", "application/json")
 	r.decode(t, &logs)
 	if len(logs.Chunks) != 2 || logs.Chunks[1].Stream != "stderr" || string(logs.Chunks[1].Data) != "world\n" {
 		t.Fatalf("JSON logs: %s", r.body)
 	}
-	var cr CancelResponse
+	var cr api.CancelResponse
 	ts.as(op, 202, "POST", "/api/v1/runs/r2/cancel", map[string]any{}, &cr)
 	if cr.AgentID != web.id || !cr.Sent {
 		t.Fatalf("cancel: %+v", cr)
@@ -479,7 +480,7 @@ func TestAPIEndpoints(t *testing.T) {
 	ts.as(op, 404, "POST", "/api/v1/runs/nope/cancel", nil, nil)
 
 	// ---- agents: list and filter, get, tags, revoke, delete, renewal
-	var al AgentList
+	var al api.AgentList
 	agentIDs := func(q string) []string {
 		t.Helper()
 		ts.as(viewer, 200, "GET", "/api/v1/agents"+q, nil, &al)
@@ -507,12 +508,12 @@ func TestAPIEndpoints(t *testing.T) {
 	if got := agentIDs("?limit=1&cursor=" + al.NextCursor); !slices.Equal(got, []string{db.id}) || al.NextCursor != "" {
 		t.Fatalf("agents page 2: %v", got)
 	}
-	var ag AgentJSON
+	var ag api.Agent
 	ts.as(viewer, 200, "GET", "/api/v1/agents/"+web.id, nil, &ag)
 	if !ag.Online || ag.Backend != "systemd" || ag.Manifest == nil || ag.LastSeenAt == nil || ag.ManifestError != "" {
 		t.Fatalf("agent: %+v", ag)
 	}
-	ts.as(ts.admin, 200, "PUT", "/api/v1/agents/"+db.id+"/tags", TagsRequest{Tags: map[string]string{"role": "web"}}, &ag)
+	ts.as(ts.admin, 200, "PUT", "/api/v1/agents/"+db.id+"/tags", api.TagsRequest{Tags: map[string]string{"role": "web"}}, &ag)
 	if ag.Tags["role"] != "web" {
 		t.Fatalf("tags: %+v", ag)
 	}
@@ -537,10 +538,10 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 
 	// ---- enrollment tokens: create, list (no secrets), delete
-	var tok TokenResponse
-	ts.as(ts.admin, 201, "POST", "/api/v1/enrollment-tokens", TokenRequest{TTL: "30m", Name: "host1", Tags: map[string]string{"role": "web"}}, &tok)
+	var tok api.EnrollmentTokenCreated
+	ts.as(ts.admin, 201, "POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "30m", Name: "host1", Tags: map[string]string{"role": "web"}}, &tok)
 	audit("enrollment_tokens.create", "enrollment-token/"+tok.ID, bootstrapTokenID, false, true)
-	var tl EnrollmentTokenList
+	var tl api.EnrollmentTokenList
 	r = ts.as(ts.admin, 200, "GET", "/api/v1/enrollment-tokens", nil, &tl)
 	secret := strings.Split(tok.Token, ".")[2]
 	if len(tl.Tokens) != 3 || tl.Tokens[0].ID != tok.ID || tl.Tokens[0].State != "valid" || tl.Tokens[0].Name != "host1" ||
@@ -555,7 +556,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 
 	// ---- API tokens: list (no secrets), revoke
-	var atl APITokenList
+	var atl api.APITokenList
 	r = ts.as(ts.admin, 200, "GET", "/api/v1/api-tokens", nil, &atl)
 	var names []string
 	for _, x := range atl.Tokens {
@@ -576,7 +577,7 @@ func TestAPIEndpoints(t *testing.T) {
 	audit("secrets.write", "secret/DB_PASSWORD", opID, false, true)
 	ts.as(op, 204, "PUT", "/api/v1/secrets/DB_PASSWORD", map[string]string{"value": "hunter3-s3cret"}, nil)
 	audit("secrets.write", "secret/DB_PASSWORD", opID, true, true)
-	var sl SecretList
+	var sl api.SecretList
 	r = ts.as(op, 200, "GET", "/api/v1/secrets", nil, &sl)
 	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "DB_PASSWORD" || bytes.Contains(r.body, []byte("s3cret")) {
 		t.Fatalf("secrets: %s", r.body)
@@ -601,16 +602,16 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 
 	// ---- whoami, health
-	var who WhoAmI
+	var who api.WhoAmI
 	ts.as(op, 200, "GET", "/api/v1/whoami", nil, &who)
-	if who != (WhoAmI{ID: opID, Name: "deploy-bot", Role: "operator"}) {
+	if who != (api.WhoAmI{ID: opID, Name: "deploy-bot", Role: "operator"}) {
 		t.Fatalf("whoami: %+v", who)
 	}
 	ts.as("", 200, "GET", "/healthz", nil, nil)
 	ts.as("", 200, "GET", "/api/v1/openapi.json", nil, nil)
 
 	// ---- the audit log: filters and pages
-	var al2 AuditList
+	var al2 api.AuditList
 	ts.as(op, 200, "GET", "/api/v1/audit?actor=deploy-bot", nil, &al2)
 	byName := len(al2.Entries)
 	ts.as(op, 200, "GET", "/api/v1/audit?actor="+opID, nil, &al2)

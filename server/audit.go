@@ -9,7 +9,8 @@ import (
 	"reflect"
 	"strconv"
 	"sync/atomic"
-	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // The audit log: every successful mutation through the API (the routes
@@ -75,26 +76,6 @@ func (s *Server) writeAudit(r *http.Request, action string, rec *auditRec) {
 	}
 }
 
-// AuditJSON is an audit entry as the API shows it.
-type AuditJSON struct {
-	ID           string    `json:"id"`
-	At           time.Time `json:"at"`
-	Actor        string    `json:"actor"`    // the token's (or agent's) name
-	ActorID      string    `json:"actor_id"` // the token id, agent id or enrollment token id
-	Role         string    `json:"role"`
-	Action       string    `json:"action"`
-	Target       string    `json:"target"`
-	BeforeDigest string    `json:"before_digest,omitempty"`
-	AfterDigest  string    `json:"after_digest,omitempty"`
-	Source       string    `json:"source,omitempty"` // the client's address
-}
-
-// AuditList is a page of the audit log.
-type AuditList struct {
-	Entries    []AuditJSON `json:"entries"`
-	NextCursor string      `json:"next_cursor,omitempty"`
-}
-
 func (s *Server) handleListAudit(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	pg, err := parsePage(r)
@@ -119,13 +100,13 @@ func (s *Server) handleListAudit(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := AuditList{Entries: []AuditJSON{}}
+	out := api.AuditList{Entries: []api.AuditEntry{}}
 	for i, e := range list {
 		if i == pg.limit {
 			out.NextCursor = encodeCursor(strconv.FormatInt(list[i-1].ID, 10))
 			break
 		}
-		out.Entries = append(out.Entries, AuditJSON{ID: strconv.FormatInt(e.ID, 10), At: e.At, Actor: e.ActorName, ActorID: e.ActorID, Role: e.Role,
+		out.Entries = append(out.Entries, api.AuditEntry{ID: strconv.FormatInt(e.ID, 10), At: e.At, Actor: e.ActorName, ActorID: e.ActorID, Role: e.Role,
 			Action: e.Action, Target: e.Target, BeforeDigest: e.BeforeDigest, AfterDigest: e.AfterDigest, Source: e.Source})
 	}
 	return writeJSON(w, http.StatusOK, out)

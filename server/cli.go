@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/drover/drover/api"
 	"io"
 	"log/slog"
 	"net"
@@ -113,8 +114,8 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 	case "keys rotate":
 		err = rotateCommand(ctx, cfg, stdout)
 	case "tokens create":
-		var resp *TokenResponse
-		resp, err = CreateTokenOffline(ctx, cfg, TokenRequest{TTL: ttl, Name: name, Tags: tags})
+		var resp *api.EnrollmentTokenCreated
+		resp, err = CreateTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
 		if err == nil {
 			if format == "json" {
 				b, _ := json.MarshalIndent(resp, "", "  ")
@@ -124,8 +125,8 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 			}
 		}
 	case "api-tokens create":
-		var resp *APITokenCreated
-		resp, err = CreateAPITokenOffline(ctx, cfg, APITokenRequest{Name: name, Role: roleName, TTL: ttl})
+		var resp *api.APITokenCreated
+		resp, err = CreateAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
 		if err == nil {
 			if format == "json" {
 				b, _ := json.MarshalIndent(resp, "", "  ")
@@ -203,7 +204,7 @@ func (t tagFlag) Set(s string) error {
 // CreateTokenOffline creates an enrollment token directly in the data dir's
 // database. It works whether or not the server is running (SQLite allows
 // several processes), which suits packaging scripts and config management.
-func CreateTokenOffline(ctx context.Context, cfg Config, req TokenRequest) (*TokenResponse, error) {
+func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
 	certPEM, err := os.ReadFile(filepath.Join(cfg.DataDir, "ca.crt"))
 	if err != nil {
 		return nil, fmt.Errorf("read the CA certificate (has the server started once?): %w", err)
@@ -239,7 +240,7 @@ func localAudit(action, target string, after any) *AuditEntry {
 // database, whether or not the server is running: the way back in when
 // admin.token was revoked and no admin token is at hand (whoever can run
 // it can read the data dir anyway).
-func CreateAPITokenOffline(ctx context.Context, cfg Config, req APITokenRequest) (*APITokenCreated, error) {
+func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequest) (*api.APITokenCreated, error) {
 	rl, ttl, err := checkAPITokenRequest(req)
 	if err != nil {
 		return nil, err
@@ -256,8 +257,8 @@ func CreateAPITokenOffline(ctx context.Context, cfg Config, req APITokenRequest)
 	if err := st.CreateAPIToken(ctx, t); err != nil {
 		return nil, err
 	}
-	out := &APITokenCreated{APITokenJSON: apiTokenJSON(t), Token: token}
-	return out, st.AddAudit(ctx, localAudit("api_tokens.create", "api-token/"+t.ID, out.APITokenJSON))
+	out := &api.APITokenCreated{APIToken: apiTokenJSON(t), Token: token}
+	return out, st.AddAudit(ctx, localAudit("api_tokens.create", "api-token/"+t.ID, out.APIToken))
 }
 
 // rotateCommand rotates in the data dir when no server runs on it, and asks
@@ -277,7 +278,7 @@ func rotateCommand(ctx context.Context, cfg Config, stdout io.Writer) error {
 // RotateKeysOffline rotates the manifest key of a data dir no server is
 // using; the server re-signs every manifest when it next starts. It fails
 // with an error wrapping errLocked when a server holds the data dir.
-func RotateKeysOffline(cfg Config) (*RotateResponse, error) {
+func RotateKeysOffline(cfg Config) (*api.RotateResponse, error) {
 	lock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -292,10 +293,10 @@ func RotateKeysOffline(cfg Config) (*RotateResponse, error) {
 		return nil, err
 	}
 	s, v := k.signer()
-	return &RotateResponse{KeyID: s.KeyID(), KeyListVersion: v}, nil
+	return &api.RotateResponse{KeyID: s.KeyID(), KeyListVersion: v}, nil
 }
 
-func rotateViaAPI(ctx context.Context, cfg Config) (*RotateResponse, error) {
+func rotateViaAPI(ctx context.Context, cfg Config) (*api.RotateResponse, error) {
 	token, err := ReadAdminToken(cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -326,11 +327,11 @@ func rotateViaAPI(ctx context.Context, cfg Config) (*RotateResponse, error) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
-		var eb errorBody
+		var eb api.ErrorBody
 		_ = json.Unmarshal(body, &eb)
 		return nil, fmt.Errorf("rotate keys: %s: %s", resp.Status, eb.Error.Message)
 	}
-	var out RotateResponse
+	var out api.RotateResponse
 	if err := json.Unmarshal(body, &out); err != nil {
 		return nil, fmt.Errorf("rotate keys: %w", err)
 	}

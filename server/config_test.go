@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"errors"
+	"github.com/drover/drover/api"
 	"os"
 	"path/filepath"
 	"strings"
@@ -122,7 +123,7 @@ func TestCommandLine(t *testing.T) {
 		t.Fatalf("enroll with a CLI token: %v", err)
 	}
 	defer a.close()
-	var ag AgentJSON
+	var ag api.Agent
 	ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if ag.Tags["role"] != "web" {
 		t.Errorf("preset tags: %v", ag.Tags)
@@ -132,12 +133,12 @@ func TestCommandLine(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("api-tokens create: %d %s", code, errOut)
 	}
-	var who WhoAmI
+	var who api.WhoAmI
 	ts.as(strings.TrimSpace(out), 200, "GET", "/api/v1/whoami", nil, &who)
 	if who.Name != "rescue" || who.Role != "admin" {
 		t.Fatalf("whoami with a CLI token: %+v", who)
 	}
-	var al AuditList
+	var al api.AuditList
 	ts.adminOK("GET", "/api/v1/audit?actor=local", nil, &al)
 	if len(al.Entries) != 2 || al.Entries[0].Action != "api_tokens.create" || al.Entries[1].Action != "enrollment_tokens.create" {
 		t.Fatalf("audit of CLI commands: %+v", al.Entries)

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/api"
 	"io"
 	"net/http"
 	"os"
@@ -167,7 +168,7 @@ func TestCrashKeepsAcknowledgedRecords(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var logs struct{ Chunks []LogChunkJSON }
+			var logs struct{ Chunks []api.LogChunk }
 			json.NewDecoder(resp.Body).Decode(&logs)
 			resp.Body.Close()
 			for i := uint64(0); i < 500 && run*500+i+1 <= upTo; i++ {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/drover/drover/api"
 	"io"
 	"testing"
 
@@ -81,7 +82,7 @@ func FuzzDecodeRequest(f *testing.F) {
 				}
 			}
 		}
-		var put PutPipeRequest
+		var put api.PutPipeRequest
 		if err := decodeStrict(b, &put, ""); err == nil && len(put.Spec) > 0 {
 			var spec manifest.Spec
 			if err := decodeStrict(put.Spec, &spec, "spec"); err == nil {
@@ -94,7 +95,7 @@ func FuzzDecodeRequest(f *testing.F) {
 				}
 			}
 		}
-		var dry DryRunRequest
+		var dry api.DryRunRequest
 		_ = decodeStrict(b, &dry, "")
 		_, _ = manifest.DecodeSpecs(b)
 	})

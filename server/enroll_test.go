@@ -13,6 +13,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/drover/drover/api"
 )
 
 func TestEnrollSuccess(t *testing.T) {
@@ -47,7 +49,7 @@ func TestEnrollSuccess(t *testing.T) {
 		t.Errorf("trust root: %v", err)
 	}
 
-	var ag AgentJSON
+	var ag api.Agent
 	ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if ag.Hostname != "web-1" || ag.Tags["role"] != "web" || ag.Manifest == nil || ag.Manifest.Serial != 1 {
 		t.Errorf("agent after enrollment: %+v", ag)
@@ -79,8 +81,8 @@ func TestEnrollTokenRefusals(t *testing.T) {
 		expectCode(t, err, "token_used")
 	})
 	t.Run("expiry", func(t *testing.T) {
-		var tr TokenResponse
-		ts.adminOK("POST", "/api/v1/enrollment-tokens", TokenRequest{TTL: "2m"}, &tr)
+		var tr api.EnrollmentTokenCreated
+		ts.adminOK("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "2m"}, &tr)
 		ts.clock.Advance(3 * time.Minute)
 		defer ts.clock.Advance(-3 * time.Minute)
 		_, err := enroll(ts.base, tr.Token, "a")
@@ -158,7 +160,7 @@ func TestEnrollConcurrentOneToken(t *testing.T) {
 	if ok != 1 || used != n-1 || len(other) > 0 {
 		t.Fatalf("%d enrolled, %d refused as used, other errors %v; want 1 and %d", ok, used, other, n-1)
 	}
-	var list struct{ Agents []AgentJSON }
+	var list struct{ Agents []api.Agent }
 	ts.adminOK("GET", "/api/v1/agents", nil, &list)
 	if len(list.Agents) != 1 {
 		t.Fatalf("%d agents exist, want exactly 1", len(list.Agents))
@@ -169,7 +171,7 @@ func TestEnrollRateLimited(t *testing.T) {
 	ts := startServer(t, func(c *Config) { c.Enrollment.RatePerMinute, c.Enrollment.Burst = 1, 3 })
 	codes := map[int]int{}
 	for range 5 {
-		r := ts.do("POST", "/api/v1/agents/enroll", "", EnrollRequest{Token: "x", Hostname: "h", CSR: "x"})
+		r := ts.do("POST", "/api/v1/agents/enroll", "", api.EnrollRequest{Token: "x", Hostname: "h", CSR: "x"})
 		codes[r.code]++
 	}
 	if codes[429] != 2 {
@@ -228,7 +230,7 @@ func TestRenewalRetiresOldCertificate(t *testing.T) {
 	}
 	// A renewal must use a new key.
 	a2 := ts.enrollAgent(nil)
-	body, _ := json.Marshal(RenewRequest{CSR: newCSR(a2.key)})
+	body, _ := json.Marshal(api.RenewRequest{CSR: newCSR(a2.key)})
 	resp, err := a2.client.Post(a2.base+"/api/v1/agents/self/renew", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

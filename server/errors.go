@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -47,25 +48,25 @@ type errorKind struct {
 // errorKinds is THE table from error kinds to wire codes. Order matters only
 // for errors wrapping several kinds: the first match wins.
 var errorKinds = []errorKind{
-	{ErrValidation, "validation_failed", http.StatusUnprocessableEntity, codes.InvalidArgument},
-	{ErrInvalidRequest, "invalid_request", http.StatusBadRequest, codes.InvalidArgument},
-	{ErrUnauthenticated, "unauthenticated", http.StatusUnauthorized, codes.Unauthenticated},
-	{ErrCertRefused, "certificate_refused", http.StatusUnauthorized, codes.Unauthenticated},
-	{ErrInvalidToken, "invalid_token", http.StatusUnauthorized, codes.Unauthenticated},
-	{ErrTokenExpired, "token_expired", http.StatusUnauthorized, codes.Unauthenticated},
-	{ErrTokenUsed, "token_used", http.StatusUnauthorized, codes.Unauthenticated},
-	{ErrTokenRevoked, "token_revoked", http.StatusUnauthorized, codes.Unauthenticated},
-	{ErrAgentRevoked, "agent_revoked", http.StatusForbidden, codes.PermissionDenied},
-	{ErrPermissionDenied, "permission_denied", http.StatusForbidden, codes.PermissionDenied},
-	{ErrNotFound, "not_found", http.StatusNotFound, codes.NotFound},
-	{ErrMethodNotAllowed, "method_not_allowed", http.StatusMethodNotAllowed, codes.Unimplemented},
-	{ErrIdentityConflict, "identity_conflict", http.StatusConflict, codes.PermissionDenied},
-	{ErrConflict, "conflict", http.StatusConflict, codes.Aborted},
-	{ErrTooLarge, "too_large", http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
-	{ErrUnsupportedMedia, "unsupported_media_type", http.StatusUnsupportedMediaType, codes.InvalidArgument},
-	{ErrRateLimited, "rate_limited", http.StatusTooManyRequests, codes.ResourceExhausted},
-	{ErrUnavailable, "unavailable", http.StatusServiceUnavailable, codes.Unavailable},
-	{ErrInternal, "internal", http.StatusInternalServerError, codes.Internal},
+	{ErrValidation, api.CodeValidationFailed, http.StatusUnprocessableEntity, codes.InvalidArgument},
+	{ErrInvalidRequest, api.CodeInvalidRequest, http.StatusBadRequest, codes.InvalidArgument},
+	{ErrUnauthenticated, api.CodeUnauthenticated, http.StatusUnauthorized, codes.Unauthenticated},
+	{ErrCertRefused, api.CodeCertificateRefused, http.StatusUnauthorized, codes.Unauthenticated},
+	{ErrInvalidToken, api.CodeInvalidToken, http.StatusUnauthorized, codes.Unauthenticated},
+	{ErrTokenExpired, api.CodeTokenExpired, http.StatusUnauthorized, codes.Unauthenticated},
+	{ErrTokenUsed, api.CodeTokenUsed, http.StatusUnauthorized, codes.Unauthenticated},
+	{ErrTokenRevoked, api.CodeTokenRevoked, http.StatusUnauthorized, codes.Unauthenticated},
+	{ErrAgentRevoked, api.CodeAgentRevoked, http.StatusForbidden, codes.PermissionDenied},
+	{ErrPermissionDenied, api.CodePermissionDenied, http.StatusForbidden, codes.PermissionDenied},
+	{ErrNotFound, api.CodeNotFound, http.StatusNotFound, codes.NotFound},
+	{ErrMethodNotAllowed, api.CodeMethodNotAllowed, http.StatusMethodNotAllowed, codes.Unimplemented},
+	{ErrIdentityConflict, api.CodeIdentityConflict, http.StatusConflict, codes.PermissionDenied},
+	{ErrConflict, api.CodeConflict, http.StatusConflict, codes.Aborted},
+	{ErrTooLarge, api.CodeTooLarge, http.StatusRequestEntityTooLarge, codes.ResourceExhausted},
+	{ErrUnsupportedMedia, api.CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, codes.InvalidArgument},
+	{ErrRateLimited, api.CodeRateLimited, http.StatusTooManyRequests, codes.ResourceExhausted},
+	{ErrUnavailable, api.CodeUnavailable, http.StatusServiceUnavailable, codes.Unavailable},
+	{ErrInternal, api.CodeInternal, http.StatusInternalServerError, codes.Internal},
 }
 
 // kindOf finds the table row for err; unknown errors are internal.
@@ -82,49 +83,28 @@ func kindOf(err error) errorKind {
 	return errorKinds[len(errorKinds)-1]
 }
 
-// Detail is one field-level problem in an error response.
-type Detail struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-	Line    int    `json:"line,omitempty"`
-}
-
 // apiError is an error with a public message and details. Its message is
 // shown to clients as is, so it must never hold a secret.
 type apiError struct {
 	kind    error
 	msg     string
-	details []Detail
+	details []api.Detail
 }
 
 func (e *apiError) Error() string { return e.msg }
 func (e *apiError) Unwrap() error { return e.kind }
 
 // newError returns an error of the given kind with a public message.
-func newError(kind error, msg string, details ...Detail) error {
+func newError(kind error, msg string, details ...api.Detail) error {
 	return &apiError{kind: kind, msg: msg, details: details}
 }
-
-// ErrorBody is the JSON shape of every error response.
-type ErrorBody struct {
-	Error ErrorInfo `json:"error"`
-}
-
-// ErrorInfo is what an error response says.
-type ErrorInfo struct {
-	Code    string   `json:"code"`
-	Message string   `json:"message"`
-	Details []Detail `json:"details,omitempty"`
-}
-
-type errorBody = ErrorBody
 
 // publicError returns what a client may see of err: its kind, message and
 // details. Internal errors get a generic message; their text (which may
 // name paths or SQL) stays in the server log.
-func publicError(err error) (errorKind, errorBody) {
+func publicError(err error) (errorKind, api.ErrorBody) {
 	k := kindOf(err)
-	var b errorBody
+	var b api.ErrorBody
 	b.Error.Code = k.code
 	var ae *apiError
 	var ve *manifest.ValidationError
@@ -134,7 +114,7 @@ func publicError(err error) (errorKind, errorBody) {
 	case errors.As(err, &ve):
 		b.Error.Message = "the request has invalid fields"
 		for _, p := range ve.Problems {
-			b.Error.Details = append(b.Error.Details, Detail{Field: p.Field, Message: p.Message, Line: p.Line})
+			b.Error.Details = append(b.Error.Details, api.Detail{Field: p.Field, Message: p.Message, Line: p.Line})
 		}
 	case errors.As(err, &ae):
 		b.Error.Message = ae.msg

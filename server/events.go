@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"github.com/drover/drover/api"
 	"net/http"
 	"slices"
 	"strconv"
@@ -53,14 +54,14 @@ func (m *monitor) observe(recs []*Record) {
 			x := r.RunFinished
 			key := runStateKey(r.AgentID, x.Pipe)
 			switch x.Status {
-			case StatusFailed, StatusTimedOut:
+			case api.StatusFailed, api.StatusTimedOut:
 				m.swap(key, "failing", dirty)
 				msg := x.Status
 				if x.Reason != "" {
 					msg += ": " + x.Reason
 				}
 				evs = append(evs, &Event{At: at, Kind: EventRunFailed, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID, Message: msg, Dedupe: EventRunFailed + "/" + x.ID})
-			case StatusSucceeded:
+			case api.StatusSucceeded:
 				if m.swap(key, "", dirty) == "failing" { // healthy is the absence of state
 					evs = append(evs, &Event{At: at, Kind: EventRunRecovered, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID,
 						Message: "succeeded after a failed or missed run", Dedupe: EventRunRecovered + "/" + x.ID})
@@ -135,23 +136,6 @@ func (m *monitor) identityConflict(agentID, machineID string, now time.Time) {
 	}
 }
 
-// EventJSON is an event as the API shows it.
-type EventJSON struct {
-	ID      int64     `json:"id"`
-	At      time.Time `json:"at"`
-	Kind    string    `json:"kind"`
-	Pipe    string    `json:"pipe,omitempty"`
-	Agent   string    `json:"agent,omitempty"`
-	RunID   string    `json:"run_id,omitempty"`
-	Message string    `json:"message,omitempty"`
-}
-
-// EventList is a page of events, newest first.
-type EventList struct {
-	Events     []EventJSON `json:"events"`
-	NextCursor string      `json:"next_cursor,omitempty"`
-}
-
 func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	pg, err := parsePage(r)
@@ -159,15 +143,15 @@ func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	f := EventFilter{Kind: q.Get("kind"), Pipe: q.Get("pipe"), Agent: q.Get("agent"), Limit: pg.limit + 1}
-	var details []Detail
+	var details []api.Detail
 	if f.Kind != "" && !slices.Contains(eventKinds, f.Kind) {
-		details = append(details, Detail{Field: "kind", Message: "not an event kind (" + strings.Join(eventKinds, ", ") + ")"})
+		details = append(details, api.Detail{Field: "kind", Message: "not an event kind (" + strings.Join(eventKinds, ", ") + ")"})
 	}
 	if f.Pipe != "" && !manifest.ValidName(f.Pipe) {
-		details = append(details, Detail{Field: "pipe", Message: "not a pipe name"})
+		details = append(details, api.Detail{Field: "pipe", Message: "not a pipe name"})
 	}
 	if len(f.Agent) > 128 || cleanText(f.Agent, 128, false) != f.Agent {
-		details = append(details, Detail{Field: "agent", Message: "at most 128 printable characters"})
+		details = append(details, api.Detail{Field: "agent", Message: "at most 128 printable characters"})
 	}
 	if f.Since, err = queryTime(r, "since"); err != nil {
 		var ae *apiError
@@ -189,13 +173,13 @@ func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	out := EventList{Events: make([]EventJSON, 0, len(evs))}
+	out := api.EventList{Events: make([]api.Event, 0, len(evs))}
 	for i, e := range evs {
 		if i == pg.limit {
 			out.NextCursor = encodeCursor(strconv.FormatInt(evs[i-1].ID, 10))
 			break
 		}
-		out.Events = append(out.Events, EventJSON{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
+		out.Events = append(out.Events, api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

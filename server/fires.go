@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"github.com/drover/drover/api"
 	"net/http"
 	"slices"
 	"sort"
@@ -32,41 +33,17 @@ const (
 	maxUnreportedShown = 100
 )
 
-// FireJSON is one fire time of a pipe.
-type FireJSON struct {
-	At       time.Time      `json:"at"`
-	Expected int            `json:"expected"`
-	Counts   map[string]int `json:"counts"`
-	// Unreported counts the expected agents with no run for this fire time
-	// yet (before its grace ends, or before detection ran); the first of
-	// them are listed.
-	Unreported       int      `json:"unreported"`
-	UnreportedAgents []string `json:"unreported_agents,omitempty"`
-}
-
-// FireList is the fire-time view of a pipe, oldest first.
-type FireList struct {
-	Pipe     string     `json:"pipe"`
-	Schedule string     `json:"schedule"`
-	Timezone string     `json:"timezone"`
-	Since    time.Time  `json:"since"`
-	Until    time.Time  `json:"until"`
-	Fires    []FireJSON `json:"fires"`
-	// Truncated: older fire times in the window were left out.
-	Truncated bool `json:"truncated,omitempty"`
-}
-
 func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	name, err := pipeName(r)
 	if err != nil {
 		return err
 	}
-	var details []Detail
+	var details []api.Detail
 	limit := defaultFires
 	if c := r.URL.Query().Get("limit"); c != "" {
 		n, err := strconv.Atoi(c)
 		if err != nil || n < 1 || n > maxFires {
-			details = append(details, Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxFires)})
+			details = append(details, api.Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxFires)})
 		}
 		limit = n
 	}
@@ -86,9 +63,9 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err1 == nil && err2 == nil {
 		if !since.Before(until) {
-			details = append(details, Detail{Field: "until", Message: "must be after since"})
+			details = append(details, api.Detail{Field: "until", Message: "must be after since"})
 		} else if until.Sub(since) > maxFiresWindow {
-			details = append(details, Detail{Field: "since", Message: "the window may span at most 31 days"})
+			details = append(details, api.Detail{Field: "since", Message: "the window may span at most 31 days"})
 		}
 	}
 	if len(details) > 0 {
@@ -156,7 +133,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	out := FireList{Pipe: name, Schedule: p.Spec.Schedule, Timezone: tz, Since: since.UTC(), Until: until.UTC(), Fires: []FireJSON{}}
+	out := api.FireList{Pipe: name, Schedule: p.Spec.Schedule, Timezone: tz, Since: since.UTC(), Until: until.UTC(), Fires: []api.Fire{}}
 	if len(keys) > limit {
 		keys, out.Truncated = keys[len(keys)-limit:], true
 	}
@@ -177,7 +154,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	sort.Slice(holders, func(i, j int) bool { return holders[i].ID < holders[j].ID })
 	for _, k := range keys {
 		f := fires[k]
-		fj := FireJSON{At: f, Counts: map[string]int{}}
+		fj := api.Fire{At: f, Counts: map[string]int{}}
 		got := ran[k]
 		for _, a := range holders {
 			if !f.After(a.CreatedAt) || !f.After(p.CreatedAt) {

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -142,7 +143,7 @@ type apiResult struct {
 }
 
 func (r *apiResult) errorCode() string {
-	var eb errorBody
+	var eb api.ErrorBody
 	_ = json.Unmarshal(r.body, &eb)
 	return eb.Error.Code
 }
@@ -203,19 +204,19 @@ func (ts *testServer) adminOK(method, path string, body, out any) *apiResult {
 
 func (ts *testServer) token(tags map[string]string) string {
 	ts.t.Helper()
-	var tr TokenResponse
-	ts.adminOK("POST", "/api/v1/enrollment-tokens", TokenRequest{Tags: tags}, &tr)
+	var tr api.EnrollmentTokenCreated
+	ts.adminOK("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: tags}, &tr)
 	return tr.Token
 }
 
 // putScriptPipe creates or updates an inline-script pipe.
-func (ts *testServer) putScriptPipe(name, script string, tags map[string]string, secrets ...string) PutPipeResponse {
+func (ts *testServer) putScriptPipe(name, script string, tags map[string]string, secrets ...string) api.PutPipeResponse {
 	ts.t.Helper()
 	spec := map[string]any{"schedule": "*/5 * * * *", "script": script, "targets": map[string]any{"tags": tags}}
 	if len(secrets) > 0 {
 		spec["secrets"] = secrets
 	}
-	var out PutPipeResponse
+	var out api.PutPipeResponse
 	ts.adminOK("PUT", "/api/v1/pipes/"+name, map[string]any{"spec": spec}, &out)
 	return out
 }
@@ -234,8 +235,8 @@ func (ts *testServer) enrollAgent(tags map[string]string) *testAgent {
 // apiToken creates an API token with a role (and a ttl, if not empty).
 func (ts *testServer) apiToken(name, role, ttl string) (string, string) {
 	ts.t.Helper()
-	var out APITokenCreated
-	ts.adminOK("POST", "/api/v1/api-tokens", APITokenRequest{Name: name, Role: role, TTL: ttl}, &out)
+	var out api.APITokenCreated
+	ts.adminOK("POST", "/api/v1/api-tokens", api.APITokenRequest{Name: name, Role: role, TTL: ttl}, &out)
 	return out.Token, out.ID
 }
 
@@ -300,7 +301,7 @@ func enroll(base, token, hostname string) (*testAgent, error) {
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: pinnedTLS(parts[3])}}
 	defer client.CloseIdleConnections()
-	body, _ := json.Marshal(EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "test", CSR: newCSR(key), MachineID: enrollMachineID})
+	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "test", CSR: newCSR(key), MachineID: enrollMachineID})
 	resp, err := client.Post(base+"/api/v1/agents/enroll", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -310,7 +311,7 @@ func enroll(base, token, hostname string) (*testAgent, error) {
 	if resp.StatusCode != 200 {
 		return nil, &httpError{code: resp.StatusCode, body: b}
 	}
-	var er EnrollResponse
+	var er api.EnrollResponse
 	if err := json.Unmarshal(b, &er); err != nil {
 		return nil, err
 	}
@@ -336,7 +337,7 @@ type httpError struct {
 func (e *httpError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.code, e.body) }
 
 func (e *httpError) errorCode() string {
-	var eb errorBody
+	var eb api.ErrorBody
 	_ = json.Unmarshal(e.body, &eb)
 	return eb.Error.Code
 }
@@ -400,7 +401,7 @@ func (a *testAgent) renew() (*ecdsa.PrivateKey, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	body, _ := json.Marshal(RenewRequest{CSR: newCSR(key)})
+	body, _ := json.Marshal(api.RenewRequest{CSR: newCSR(key)})
 	resp, err := a.client.Post(a.base+"/api/v1/agents/self/renew", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return nil, nil, err
@@ -410,7 +411,7 @@ func (a *testAgent) renew() (*ecdsa.PrivateKey, []byte, error) {
 	if resp.StatusCode != 200 {
 		return nil, nil, &httpError{code: resp.StatusCode, body: b}
 	}
-	var rr RenewResponse
+	var rr api.RenewResponse
 	if err := json.Unmarshal(b, &rr); err != nil {
 		return nil, nil, err
 	}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // apiHandler is a handler that returns its error; serve writes it.
@@ -247,15 +249,15 @@ func decodeStrict(body []byte, v any, at string) error {
 		return newError(ErrInvalidRequest, "malformed JSON: the body ends in the middle of a value")
 	case errors.As(err, &te):
 		f := joinField(at, te.Field)
-		return newError(ErrInvalidRequest, "a field has the wrong type", Detail{Field: f, Message: "must be " + jsonTypeName(te.Type.Kind().String())})
+		return newError(ErrInvalidRequest, "a field has the wrong type", api.Detail{Field: f, Message: "must be " + jsonTypeName(te.Type.Kind().String())})
 	case errors.As(err, &se):
 		return newError(ErrInvalidRequest, fmt.Sprintf("malformed JSON at byte %d", se.Offset))
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return newError(ErrInvalidRequest, "unknown field "+name, Detail{Field: joinField(at, name), Message: "unknown field"})
+		return newError(ErrInvalidRequest, "unknown field "+name, api.Detail{Field: joinField(at, name), Message: "unknown field"})
 	}
 	// Errors from UnmarshalJSON methods (durations and the like).
-	return newError(ErrInvalidRequest, "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "), Detail{Field: at, Message: strings.TrimPrefix(err.Error(), "json: ")})
+	return newError(ErrInvalidRequest, "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "), api.Detail{Field: at, Message: strings.TrimPrefix(err.Error(), "json: ")})
 }
 
 func joinField(at, f string) string {

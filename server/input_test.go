@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/api"
 	"strings"
 	"testing"
 	"time"
@@ -109,7 +110,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 	for _, c := range cases {
 		r := ts.doCT(c.method, c.path, c.token, c.ct, []byte(c.body))
-		var eb errorBody
+		var eb api.ErrorBody
 		if err := json.Unmarshal(r.body, &eb); err != nil {
 			t.Errorf("%s: %d %q is not a JSON error", c.name, r.code, r.body)
 			continue
@@ -132,7 +133,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	r := ts.doCT("PUT", "/api/v1/pipes/good", op, "application/yaml", []byte("name: good\nschedule: '61 * * * *'\ntimezone: Nowhere/City\ncatchup: sometimes\nscript: x\n"))
 	var ve struct {
 		Error struct {
-			Details []Detail `json:"details"`
+			Details []api.Detail `json:"details"`
 		} `json:"error"`
 	}
 	_ = json.Unmarshal(r.body, &ve)

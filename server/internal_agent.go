@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // The internal agent: with internal_agent.enabled (or --internal-agent) the
@@ -162,7 +164,7 @@ func (s *Server) runInternalAgent(ctx context.Context, bin, dataDir string) erro
 	if _, err := os.Stat(filepath.Join(dataDir, "identity.json")); errors.Is(err, os.ErrNotExist) {
 		host, _ := os.Hostname()
 		tok, err := createToken(ctx, s.store, s.cfg.Enrollment, s.ca.pin, s.clock.Now(),
-			TokenRequest{TTL: "10m", Name: host, Tags: map[string]string{internalAgentTag: "true"}})
+			api.EnrollmentTokenRequest{TTL: "10m", Name: host, Tags: map[string]string{internalAgentTag: "true"}})
 		if err != nil {
 			return err
 		}

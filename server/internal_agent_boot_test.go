@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/api"
 	"io"
 	"net"
 	"net/http"
@@ -77,17 +78,17 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
 		t.Fatalf("ca.crt: no certificate:\n%s", caPEM)
 	}
-	api := &bootAPI{t: t, token: admin, base: "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+	bapi := &bootAPI{t: t, token: admin, base: "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
 		c: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}
 
 	if got := strings.TrimSpace(c.Exec(t, "stat", "-c", "%a %U:%G", dataDir)); got != "700 root:root" {
 		t.Fatalf("%s is %s, want 700 root:root", dataDir, got)
 	}
 
-	var ag AgentJSON
+	var ag api.Agent
 	waitFor(t, 90*time.Second, "the internal agent to come online", func() bool {
-		var list AgentList
-		if api.call("GET", "/api/v1/agents", nil, &list) != http.StatusOK {
+		var list api.AgentList
+		if bapi.call("GET", "/api/v1/agents", nil, &list) != http.StatusOK {
 			return false
 		}
 		for _, a := range list.Agents {
@@ -103,7 +104,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	}
 
 	script := "id -u\nrc=0\ncat " + dataDir + "/admin.token || rc=1\ncat " + dataDir + "/ca.key || rc=1\nls " + dataDir + " || rc=1\nexit $rc\n"
-	if code := api.call("PUT", "/api/v1/pipes/steal", map[string]any{"spec": map[string]any{"schedule": "@yearly", "script": script,
+	if code := bapi.call("PUT", "/api/v1/pipes/steal", map[string]any{"spec": map[string]any{"schedule": "@yearly", "script": script,
 		"targets": map[string]any{"tags": map[string]string{internalAgentTag: "true"}}}}, nil); code != http.StatusOK && code != http.StatusCreated {
 		t.Fatalf("PUT the pipe as admin: %d", code)
 	}
@@ -116,17 +117,17 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	})
 	t.Logf("%s:\n%s", unit, c.Exec(t, "systemctl", "cat", unit))
 
-	var sent RunPipeResponse
-	if code := api.call("POST", "/api/v1/pipes/steal/run", RunPipeRequest{Agent: ag.ID}, &sent); code != http.StatusOK && code != http.StatusAccepted {
+	var sent api.RunPipeResponse
+	if code := bapi.call("POST", "/api/v1/pipes/steal/run", api.RunPipeRequest{Agent: ag.ID}, &sent); code != http.StatusOK && code != http.StatusAccepted {
 		t.Fatalf("run now: %d", code)
 	}
 	if len(sent.Sent) != 1 || sent.Sent[0] != ag.ID {
 		t.Fatalf("run now: sent to %v, offline %v", sent.Sent, sent.Offline)
 	}
-	var run RunJSON
+	var run api.Run
 	waitFor(t, 120*time.Second, "the run of request "+sent.RequestID+" to finish", func() bool {
-		var list RunList
-		if api.call("GET", "/api/v1/runs?request_id="+url.QueryEscape(sent.RequestID), nil, &list) != http.StatusOK {
+		var list api.RunList
+		if bapi.call("GET", "/api/v1/runs?request_id="+url.QueryEscape(sent.RequestID), nil, &list) != http.StatusOK {
 			return false
 		}
 		for _, r := range list.Runs {
@@ -137,8 +138,8 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 		}
 		return false
 	})
-	var logs LogsJSON
-	if code := api.call("GET", "/api/v1/runs/"+url.PathEscape(run.ID)+"/logs", nil, &logs); code != http.StatusOK {
+	var logs api.Logs
+	if code := bapi.call("GET", "/api/v1/runs/"+url.PathEscape(run.ID)+"/logs", nil, &logs); code != http.StatusOK {
 		t.Fatalf("logs of %s: %d", run.ID, code)
 	}
 	var b strings.Builder
@@ -164,7 +165,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	if n := strings.Count(log, "Permission denied"); n < 3 || !strings.Contains(log, "cat: "+dataDir+"/admin.token: Permission denied") {
 		t.Fatalf("want cat and ls of %s refused with Permission denied (%d seen)", dataDir, n)
 	}
-	if run.Status != StatusFailed {
+	if run.Status != api.StatusFailed {
 		t.Fatalf("run %s, want failed (the reads were refused)", run.Status)
 	}
 }

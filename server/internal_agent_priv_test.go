@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // TestInternalAgentJobsCannotReadDataDir is the proof for the escalation
@@ -44,7 +46,7 @@ func TestInternalAgentJobsCannotReadDataDir(t *testing.T) {
 	}
 	var agentID string
 	waitFor(t, 60*time.Second, "the internal agent to come online", func() bool {
-		var out AgentList
+		var out api.AgentList
 		ts.adminOK("GET", "/api/v1/agents", nil, &out)
 		if len(out.Agents) == 1 && out.Agents[0].Online {
 			agentID = out.Agents[0].ID
@@ -59,9 +61,9 @@ func TestInternalAgentJobsCannotReadDataDir(t *testing.T) {
 	ts.adminOK("PUT", "/api/v1/pipes/steal", map[string]any{"spec": map[string]any{"schedule": "@yearly",
 		"script":  "id -u\ncat " + filepath.Join(serverDir, "admin.token") + "\ncat " + filepath.Join(serverDir, "ca.key") + "\n",
 		"targets": map[string]any{"tags": map[string]string{internalAgentTag: "true"}}}}, nil)
-	var run RunJSON
+	var run api.Run
 	waitFor(t, 90*time.Second, "a finished run of the pipe", func() bool {
-		var list RunList
+		var list api.RunList
 		ts.adminOK("GET", "/api/v1/runs?pipe=steal&agent="+agentID, nil, &list)
 		for _, r := range list.Runs {
 			if terminalStatus(r.Status) {
@@ -71,7 +73,7 @@ func TestInternalAgentJobsCannotReadDataDir(t *testing.T) {
 		}
 		if len(list.Runs) == 0 {
 			// The agent may not have applied the pipe yet; ask again.
-			ts.do("POST", "/api/v1/pipes/steal/run", ts.admin, RunPipeRequest{})
+			ts.do("POST", "/api/v1/pipes/steal/run", ts.admin, api.RunPipeRequest{})
 			time.Sleep(500 * time.Millisecond)
 		}
 		return false
@@ -82,7 +84,7 @@ func TestInternalAgentJobsCannotReadDataDir(t *testing.T) {
 	if strings.Contains(log, strings.TrimSpace(string(admin))) || strings.Contains(log, "PRIVATE KEY") {
 		t.Fatal("the internal agent's job read the server's secrets")
 	}
-	if run.Status != StatusFailed || !strings.Contains(log, "Permission denied") {
+	if run.Status != api.StatusFailed || !strings.Contains(log, "Permission denied") {
 		t.Fatalf("run %s, want failed with Permission denied", run.Status)
 	}
 	if first := strings.SplitN(strings.TrimSpace(log), "\n", 2)[0]; first == "0" {

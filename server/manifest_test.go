@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/base64"
 	"encoding/json"
+	"github.com/drover/drover/api"
 	"slices"
 	"strings"
 	"testing"
@@ -55,7 +56,7 @@ func TestManifestETagAndSyncNow(t *testing.T) {
 		t.Fatalf("an identical PUT created a version: %+v", out)
 	}
 	// Tags decide assignment: moving the agent to role=db swaps its pipes.
-	ts.adminOK("PUT", "/api/v1/agents/"+a.id+"/tags", TagsRequest{Tags: map[string]string{"role": "db"}}, nil)
+	ts.adminOK("PUT", "/api/v1/agents/"+a.id+"/tags", api.TagsRequest{Tags: map[string]string{"role": "db"}}, nil)
 	acc, err := a.pullManifest()
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +98,7 @@ func TestPayloadsAndSecretsLimitedToOwnManifest(t *testing.T) {
 	b64 := base64.StdEncoding.EncodeToString(bundle)
 	spec := map[string]any{"schedule": "@daily", "command": []string{"./run.sh", "--full"}, "files": []string{"run.sh"},
 		"targets": map[string]any{"tags": map[string]string{"role": "web"}}}
-	var cp PutPipeResponse
+	var cp api.PutPipeResponse
 	ts.adminOK("PUT", "/api/v1/pipes/cmd-job", map[string]any{"spec": spec, "bundle": b64}, &cp)
 	if cp.Digest != manifest.Digest(bundle) {
 		t.Fatalf("digest %s, want %s", cp.Digest, manifest.Digest(bundle))
@@ -131,7 +132,7 @@ func TestPayloadsAndSecretsLimitedToOwnManifest(t *testing.T) {
 		if err != nil || r.code != 200 {
 			t.Fatalf("secrets: %v %v", r, err)
 		}
-		var sr SecretsResponse
+		var sr api.SecretsResponse
 		r.decode(t, &sr)
 		if len(sr.Secrets) != len(c.want) || sr.Secrets[firstKey(c.want)] != c.want[firstKey(c.want)] {
 			t.Errorf("agent got secrets %v, want %v", sr.Secrets, c.want)
@@ -177,7 +178,7 @@ func TestManifestSignaturesThroughKeyRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var rot RotateResponse
+	var rot api.RotateResponse
 	ts.adminOK("POST", "/api/v1/keys/rotate", nil, &rot)
 	if rot.KeyID == acc1.KeyID || rot.KeyListVersion != 2 {
 		t.Fatalf("rotation: %+v (old key %s)", rot, acc1.KeyID)
@@ -242,7 +243,7 @@ func TestPipeValidationAllAtOnce(t *testing.T) {
 	if r.code != 422 || r.errorCode() != "validation_failed" {
 		t.Fatalf("invalid spec: %d %s", r.code, r.body)
 	}
-	var eb errorBody
+	var eb api.ErrorBody
 	r.decode(t, &eb)
 	fields := map[string]bool{}
 	for _, d := range eb.Error.Details {
@@ -277,7 +278,7 @@ func TestPipeValidationAllAtOnce(t *testing.T) {
 	// Versions are immutable and counted.
 	ts.putScriptPipe("job", "echo 1", nil)
 	ts.putScriptPipe("job", "echo 2", nil)
-	var p PipeJSON
+	var p api.Pipe
 	ts.adminOK("GET", "/api/v1/pipes/job", nil, &p)
 	if p.Version != 2 || len(p.Versions) != 2 || p.Spec.Script != "echo 2" || p.Spec.Timezone != "UTC" {
 		t.Fatalf("pipe: %+v", p)
@@ -300,7 +301,7 @@ func TestErrorsAreJSON(t *testing.T) {
 		{"GET", "/api/v1/runs?limit=0", ts.admin, 400, "invalid_request"},
 	} {
 		r := ts.do(c.method, c.path, c.token, nil)
-		var eb errorBody
+		var eb api.ErrorBody
 		if err := json.Unmarshal(r.body, &eb); err != nil || r.code != c.code || eb.Error.Code != c.kind || eb.Error.Message == "" {
 			t.Errorf("%s %s: %d %s, want %d %s", c.method, c.path, r.code, r.body, c.code, c.kind)
 		}

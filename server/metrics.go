@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/drover/drover/api"
 )
 
 // Metrics, served at GET /metrics on the HTTPS port in the Prometheus text
@@ -219,7 +221,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		s.log.Warn("metrics: listing agents", "err", err)
 	}
 	if counts, err := s.store.RunCounts(ctx); err == nil {
-		for _, st := range runStatusNames {
+		for _, st := range api.RunStatuses {
 			ch <- prometheus.MustNewConstMetric(descRuns, prometheus.GaugeValue, float64(counts[st]), st)
 		}
 	} else {

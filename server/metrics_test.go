@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/drover/drover/api"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ func TestMetrics(t *testing.T) {
 	ts.as(viewer, 200, "GET", "/api/v1/whoami", nil, nil)
 	waitFor(t, 5*time.Second, "online", func() bool { return strings.Contains(ts.scrape(viewer), `drover_agents{state="online"} 1`) })
 
-	var ag AgentJSON
+	var ag api.Agent
 	ts.as(viewer, 200, "GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if len(ag.Pipes) != 1 || ag.Pipes[0].ApplyError != "unit failed" {
 		t.Fatalf("apply errors of the agent: %+v", ag)
@@ -104,9 +105,9 @@ func TestMetrics(t *testing.T) {
 func TestBootstrapTokenRevocable(t *testing.T) {
 	dir := t.TempDir()
 	ts := startServer(t, func(c *Config) { c.DataDir = dir })
-	var who WhoAmI
+	var who api.WhoAmI
 	ts.as(ts.admin, 200, "GET", "/api/v1/whoami", nil, &who)
-	if who != (WhoAmI{ID: bootstrapTokenID, Name: bootstrapName, Role: "admin"}) {
+	if who != (api.WhoAmI{ID: bootstrapTokenID, Name: bootstrapName, Role: "admin"}) {
 		t.Fatalf("whoami: %+v", who)
 	}
 	admin2, id2 := ts.apiToken("second-admin", "admin", "")
@@ -114,7 +115,7 @@ func TestBootstrapTokenRevocable(t *testing.T) {
 	if r := ts.do("GET", "/api/v1/whoami", ts.admin, nil); r.code != 401 || r.errorCode() != "token_revoked" {
 		t.Fatalf("revoked admin.token: %d %s", r.code, r.body)
 	}
-	var e AuditList
+	var e api.AuditList
 	ts.as(admin2, 200, "GET", "/api/v1/audit?target=api-token/bootstrap", nil, &e)
 	if len(e.Entries) != 1 || e.Entries[0].ActorID != id2 || e.Entries[0].Action != "api_tokens.revoke" {
 		t.Fatalf("audit: %+v", e)

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/drover/drover/api"
 	"slices"
 	"sync"
 	"time"
@@ -330,7 +331,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 						reason = reasonOffline
 					}
 					missed = append(missed, &Run{ID: missedRunID(a.ID, p.Name, f), AgentID: a.ID, Pipe: p.Name, PipeVersion: p.Version,
-						Trigger: "schedule", Status: StatusMissed, Reason: reason, WrittenBy: "server", ScheduledAt: f, CreatedAt: now,
+						Trigger: api.TriggerSchedule, Status: api.StatusMissed, Reason: reason, WrittenBy: "server", ScheduledAt: f, CreatedAt: now,
 						Error: fmt.Sprintf("no run started within %s (grace) after this fire time plus its jitter of %s", p.Spec.GraceOrDefault(), p.Spec.Jitter.D())})
 				}
 			}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // fixedClock is a clock the benchmark sets.
@@ -28,7 +30,7 @@ func seedFleet(tb testing.TB, st *SQLiteStore, agents, pipes int, fire time.Time
 		if _, err := tx.ExecContext(ctx, `INSERT INTO payloads(digest, size, data, created_at) VALUES('sha256:bench', 0, x'', ?)`, ns(created)); err != nil {
 			return err
 		}
-		status := make([]PipeStatus, pipes)
+		status := make([]api.PipeStatus, pipes)
 		for p := range pipes {
 			name := fmt.Sprintf("pipe-%02d", p)
 			spec := fmt.Sprintf(`{"name":%q,"schedule":"*/5 * * * *","timezone":"UTC","script":"true","interpreter":"/bin/sh","timeout":"1h","catchup":"once","hardening":"default","targets":{"tags":{"fleet":"bench"}},"enabled":true}`, name)
@@ -38,7 +40,7 @@ func seedFleet(tb testing.TB, st *SQLiteStore, agents, pipes int, fire time.Time
 			if _, err := tx.ExecContext(ctx, `INSERT INTO pipes(name, current_version, deleted_at, created_at, updated_at) VALUES(?,1,0,?,?)`, name, ns(created), ns(created)); err != nil {
 				return err
 			}
-			status[p] = PipeStatus{Name: name, Version: 1, NextFireTimes: []time.Time{fire}}
+			status[p] = api.PipeStatus{Name: name, Version: 1, NextFireTimes: []time.Time{fire}}
 		}
 		agentSt, err := tx.PrepareContext(ctx, `INSERT INTO agents(id, tags, created_at, updated_at, cert_serial, last_seen_at, pipe_status, status_at) VALUES(?,?,?,?,'x',?,?,?)`)
 		if err != nil {

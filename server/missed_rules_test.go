@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -30,7 +31,7 @@ func (ts *testServer) missedOf(agent, pipe string) map[time.Time]string {
 	ts.t.Helper()
 	out := map[time.Time]string{}
 	for _, r := range ts.runsOf(agent, pipe) {
-		if r.Status == StatusMissed {
+		if r.Status == api.StatusMissed {
 			out[r.ScheduledAt.UTC()] = r.Reason
 		}
 	}
@@ -110,12 +111,12 @@ func TestMissedRunReplacedByRealRecord(t *testing.T) {
 	db := ts.db()
 	x := time.Date(2026, 3, 1, 2, 30, 0, 0, time.UTC)
 	y := x.Add(time.Hour)
-	real := &Run{ID: "real-x", Pipe: "job", PipeVersion: 1, Trigger: "schedule", Status: StatusSucceeded, ScheduledAt: x.Add(300 * time.Millisecond)}
+	real := &Run{ID: "real-x", Pipe: "job", PipeVersion: 1, Trigger: "schedule", Status: api.StatusSucceeded, ScheduledAt: x.Add(300 * time.Millisecond)}
 	if err := db.ApplyRecords(ctx, []*Record{{AgentID: a.id, Received: time.Now(), RunFinished: real}}, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	missed := func(f time.Time) *Run {
-		return &Run{ID: missedRunID(a.id, "job", f), AgentID: a.id, Pipe: "job", PipeVersion: 1, Status: StatusMissed, Reason: reasonOffline, ScheduledAt: f, CreatedAt: time.Now()}
+		return &Run{ID: missedRunID(a.id, "job", f), AgentID: a.id, Pipe: "job", PipeVersion: 1, Status: api.StatusMissed, Reason: reasonOffline, ScheduledAt: f, CreatedAt: time.Now()}
 	}
 	stored, err := db.InsertMissed(ctx, []*Run{missed(x), missed(y)})
 	if err != nil {
@@ -137,7 +138,7 @@ func TestMissedRunReplacedByRealRecord(t *testing.T) {
 		t.Fatalf("runs: %+v", runs)
 	}
 	for _, r := range runs {
-		if r.Status == StatusMissed {
+		if r.Status == api.StatusMissed {
 			t.Errorf("a missed run sits beside the real one: %+v", r)
 		}
 	}
@@ -304,7 +305,7 @@ func TestGraceNotInManifest(t *testing.T) {
 	if acc.Manifest.Pipe("graced") == nil || strings.Contains(string(acc.Payload), `"grace":`) {
 		t.Fatalf("manifest: %s", acc.Payload)
 	}
-	var p PipeJSON
+	var p api.Pipe
 	ts.adminOK("GET", "/api/v1/pipes/graced", nil, &p)
 	if b, _ := json.Marshal(p); !strings.Contains(string(b), `"grace":"5m"`) {
 		t.Fatalf("the pipe as stored: %s", b)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -34,24 +35,24 @@ func scheduledRun(id, pipe string, fire time.Time, st agentpb.RunStatus) []*agen
 }
 
 // runsOf lists an agent's runs of a pipe.
-func (ts *testServer) runsOf(agent, pipe string) []RunJSON {
+func (ts *testServer) runsOf(agent, pipe string) []api.Run {
 	ts.t.Helper()
-	var list RunList
+	var list api.RunList
 	ts.adminOK("GET", "/api/v1/runs?limit=1000&agent="+agent+"&pipe="+pipe, nil, &list)
 	return list.Runs
 }
 
-func (ts *testServer) events(q string) []EventJSON {
+func (ts *testServer) events(q string) []api.Event {
 	ts.t.Helper()
-	var list EventList
+	var list api.EventList
 	ts.adminOK("GET", "/api/v1/events?limit=1000&"+q, nil, &list)
 	return list.Events
 }
 
 // fireAt returns the fire-time view's entry for f.
-func (ts *testServer) fireAt(pipe string, f time.Time) FireJSON {
+func (ts *testServer) fireAt(pipe string, f time.Time) api.Fire {
 	ts.t.Helper()
-	var fl FireList
+	var fl api.FireList
 	q := "since=" + url.QueryEscape(f.Add(-time.Second).Format(time.RFC3339)) + "&until=" + url.QueryEscape(f.Add(time.Second).Format(time.RFC3339))
 	ts.adminOK("GET", "/api/v1/pipes/"+pipe+"/fires?"+q, nil, &fl)
 	for _, x := range fl.Fires {
@@ -60,7 +61,7 @@ func (ts *testServer) fireAt(pipe string, f time.Time) FireJSON {
 		}
 	}
 	ts.t.Fatalf("fire time %s not in the view: %+v", f, fl)
-	return FireJSON{}
+	return api.Fire{}
 }
 
 // An every-minute pipe on three agents, one of which goes silent: the
@@ -126,7 +127,7 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 	missed := ts.runsOf(silent.id, "every-minute")
 	var missedAt []time.Time
 	for _, r := range missed {
-		if r.Status != StatusMissed || r.Reason != reasonOffline || r.Trigger != "schedule" || r.ScheduledAt == nil {
+		if r.Status != api.StatusMissed || r.Reason != reasonOffline || r.Trigger != "schedule" || r.ScheduledAt == nil {
 			t.Errorf("silent agent's run: %+v", r)
 			continue
 		}
@@ -145,13 +146,13 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 	}
 	for i := range 2 {
 		for _, r := range ts.runsOf(agents[i].id, "every-minute") {
-			if r.Status != StatusSucceeded {
+			if r.Status != api.StatusSucceeded {
 				t.Errorf("live agent %d run %s: %s", i, r.ID, r.Status)
 			}
 		}
 	}
 	for _, p := range []string{"disabled", "late"} {
-		var list RunList
+		var list api.RunList
 		ts.adminOK("GET", "/api/v1/runs?pipe="+p, nil, &list)
 		if len(list.Runs) != 0 {
 			t.Errorf("pipe %s expects nothing, got %+v", p, list.Runs)
@@ -165,11 +166,11 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 		t.Errorf("second pass: %+v %v", st, err)
 	}
 	f0 := missedAt[len(missedAt)-1]
-	if fj := ts.fireAt("every-minute", f0); fj.Expected != 3 || fj.Counts[StatusSucceeded] != 2 || fj.Counts[StatusMissed] != 1 || fj.Unreported != 0 {
+	if fj := ts.fireAt("every-minute", f0); fj.Expected != 3 || fj.Counts[api.StatusSucceeded] != 2 || fj.Counts[api.StatusMissed] != 1 || fj.Unreported != 0 {
 		t.Errorf("fire view at %s: %+v", f0, fj)
 	}
 	// Drill down: the runs of that fire time.
-	var drill RunList
+	var drill api.RunList
 	ts.adminOK("GET", "/api/v1/runs?pipe=every-minute&scheduled_since="+url.QueryEscape(f0.Format(time.RFC3339))+
 		"&scheduled_until="+url.QueryEscape(f0.Add(time.Second).Format(time.RFC3339)), nil, &drill)
 	if len(drill.Runs) != 3 {
@@ -200,11 +201,11 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 		t.Errorf("after the replay %d runs, want %d: %+v", len(got), len(missedAt), got)
 	}
 	for _, r := range got {
-		if r.Status != StatusSucceeded || r.WrittenBy != "runner" {
+		if r.Status != api.StatusSucceeded || r.WrittenBy != "runner" {
 			t.Errorf("replayed run: %+v", r)
 		}
 	}
-	if fj := ts.fireAt("every-minute", f0); fj.Expected != 3 || fj.Counts[StatusSucceeded] != 3 || fj.Counts[StatusMissed] != 0 {
+	if fj := ts.fireAt("every-minute", f0); fj.Expected != 3 || fj.Counts[api.StatusSucceeded] != 3 || fj.Counts[api.StatusMissed] != 0 {
 		t.Errorf("fire view after the replay: %+v", fj)
 	}
 	if _, err := ts.s.monitor.pass(ctx); err != nil {
@@ -231,12 +232,12 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 	if ev := ts.events("kind=run.recovered&agent=" + agents[0].id); len(ev) != 1 || ev[0].RunID != "ok-1" {
 		t.Errorf("run.recovered events: %+v", ev)
 	}
-	var page EventList
+	var page api.EventList
 	ts.adminOK("GET", "/api/v1/events?pipe=every-minute&limit=2", nil, &page)
 	if len(page.Events) != 2 || page.Events[0].ID < page.Events[1].ID || page.NextCursor == "" {
 		t.Errorf("events newest first, paged: %+v", page)
 	} else {
-		var rest EventList
+		var rest api.EventList
 		ts.adminOK("GET", "/api/v1/events?pipe=every-minute&limit=1000&cursor="+page.NextCursor, nil, &rest)
 		if len(rest.Events) == 0 || rest.Events[0].ID >= page.Events[1].ID {
 			t.Errorf("next page: %+v", rest)
@@ -244,7 +245,7 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 	}
 	for q, field := range map[string]string{"kind=weird": "kind", "since=yesterday": "since", "pipe=Bad_Name": "pipe", "limit=0": "limit"} {
 		r := ts.do("GET", "/api/v1/events?"+q, ts.admin, nil)
-		var eb ErrorBody
+		var eb api.ErrorBody
 		r.decode(t, &eb)
 		if r.code != 400 || len(eb.Error.Details) == 0 || eb.Error.Details[0].Field != field {
 			t.Errorf("events?%s: %d %s", q, r.code, r.body)
@@ -253,7 +254,7 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 	for q, field := range map[string]string{"since=2026-01-02T00:00:00Z&until=2026-01-01T00:00:00Z": "until",
 		"since=2026-01-01T00:00:00Z&until=2026-03-01T00:00:00Z": "since", "until=soon": "until", "limit=5000": "limit"} {
 		r := ts.do("GET", "/api/v1/pipes/every-minute/fires?"+q, ts.admin, nil)
-		var eb ErrorBody
+		var eb api.ErrorBody
 		r.decode(t, &eb)
 		if r.code != 400 || len(eb.Error.Details) == 0 || eb.Error.Details[0].Field != field {
 			t.Errorf("fires?%s: %d %s", q, r.code, r.body)

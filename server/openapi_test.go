@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/drover/drover/api"
 	"net/http"
 	"os"
 	"reflect"
@@ -96,7 +97,7 @@ func TestOpenAPI(t *testing.T) {
 			continue // admin-only and effective; TestRoleMatrix reaches it
 		}
 		res := ts.do(method, fillPath(path), "", nil)
-		var eb errorBody
+		var eb api.ErrorBody
 		_ = json.Unmarshal(res.body, &eb)
 		if res.code == http.StatusMethodNotAllowed || (res.code == 404 && eb.Error.Message == "no such endpoint") {
 			t.Errorf("%s: the router answers %d %s", key, res.code, res.body)
@@ -230,7 +231,7 @@ func operationID(method, path string) string {
 
 func buildOpenAPI(routes []route) map[string]any {
 	g := &schemaGen{comps: map[string]any{}}
-	errSchema := g.schema(reflect.TypeOf(errorBody{}))
+	errSchema := g.schema(reflect.TypeOf(api.ErrorBody{}))
 	paths := map[string]any{}
 	for _, rt := range routes {
 		op := map[string]any{

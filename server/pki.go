@@ -26,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // Certificate lifetimes of the server's own PKI.
@@ -233,10 +235,10 @@ func splitSANs(sans []string) (dns []string, ips []net.IP) {
 // ignored: the identity comes from the server.
 func parseAgentCSR(csrPEM string) (*x509.CertificateRequest, error) {
 	if len(csrPEM) > maxCSRBytes {
-		return nil, newError(ErrInvalidRequest, "csr is too large", Detail{Field: "csr", Message: "too large"})
+		return nil, newError(ErrInvalidRequest, "csr is too large", api.Detail{Field: "csr", Message: "too large"})
 	}
 	bad := func(msg string) error {
-		return newError(ErrInvalidRequest, "invalid csr: "+msg, Detail{Field: "csr", Message: msg})
+		return newError(ErrInvalidRequest, "invalid csr: "+msg, api.Detail{Field: "csr", Message: msg})
 	}
 	block, rest := pem.Decode([]byte(csrPEM))
 	if block == nil || block.Type != "CERTIFICATE REQUEST" {
@@ -406,15 +408,15 @@ func (s *Server) checkRenewal(r *http.Request, _ string, csr *x509.CertificateRe
 	}
 	newHash, err := spkiHash(csr.PublicKey)
 	if err != nil {
-		return nil, newError(ErrInvalidRequest, "the CSR's key cannot be read", Detail{Field: "csr", Message: "unreadable public key"})
+		return nil, newError(ErrInvalidRequest, "the CSR's key cannot be read", api.Detail{Field: "csr", Message: "unreadable public key"})
 	}
 	if bytes.Equal(curHash, newHash) {
-		return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", Detail{Field: "csr", Message: "the key is the one of the current certificate"})
+		return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is the one of the current certificate"})
 	}
 	prev := keyHistory(cur)
 	for _, h := range prev {
 		if bytes.Equal(h, newHash) {
-			return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", Detail{Field: "csr", Message: "the key is one this agent held before (a retired certificate's)"})
+			return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is one this agent held before (a retired certificate's)"})
 		}
 	}
 	history := append([][]byte{curHash}, prev...)

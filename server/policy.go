@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/drover/drover/api"
 	"net/http"
 	"path"
 	"slices"
@@ -53,30 +54,30 @@ func pathOverlaps(a, b string) bool {
 
 // privilegedReasons lists why spec is privileged, as field errors; agents
 // are the enrolled agents (to find internal ones). Empty: not privileged.
-func privilegedReasons(spec *manifest.Spec, agents []*Agent) []Detail {
-	var out []Detail
+func privilegedReasons(spec *manifest.Spec, agents []*Agent) []api.Detail {
+	var out []api.Detail
 	if t := spec.Targets; t != nil {
 		if _, ok := t.Tags[internalAgentTag]; ok {
-			out = append(out, Detail{Field: "spec.targets.tags." + internalAgentTag, Message: "targets the server's internal agent (it runs on the server's own host)"})
+			out = append(out, api.Detail{Field: "spec.targets.tags." + internalAgentTag, Message: "targets the server's internal agent (it runs on the server's own host)"})
 		} else {
 			for _, a := range agents {
 				if a.Tags[internalAgentTag] == "true" && a.RevokedAt.IsZero() && targets(t, a) {
-					out = append(out, Detail{Field: "spec.targets", Message: fmt.Sprintf("reaches the server's internal agent %s (it runs on the server's own host)", a.ID)})
+					out = append(out, api.Detail{Field: "spec.targets", Message: fmt.Sprintf("reaches the server's internal agent %s (it runs on the server's own host)", a.ID)})
 					break
 				}
 			}
 		}
 	}
 	if spec.RunAs == "root" {
-		out = append(out, Detail{Field: "spec.run_as", Message: "runs as root"})
+		out = append(out, api.Detail{Field: "spec.run_as", Message: "runs as root"})
 	}
 	if spec.Hardening == manifest.HardeningNone {
-		out = append(out, Detail{Field: "spec.hardening", Message: "turns the sandbox off"})
+		out = append(out, api.Detail{Field: "spec.hardening", Message: "turns the sandbox off"})
 	}
 	for i, wp := range spec.WritablePaths {
 		for _, p := range protectedPaths {
 			if pathOverlaps(wp, p) {
-				out = append(out, Detail{Field: fmt.Sprintf("spec.writable_paths[%d]", i), Message: fmt.Sprintf("%q makes %s writable", wp, p)})
+				out = append(out, api.Detail{Field: fmt.Sprintf("spec.writable_paths[%d]", i), Message: fmt.Sprintf("%q makes %s writable", wp, p)})
 				break
 			}
 		}
@@ -89,7 +90,7 @@ func privilegedReasons(spec *manifest.Spec, agents []*Agent) []Detail {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		out = append(out, Detail{Field: "spec.env." + k, Message: "changes how the job's programs load code"})
+		out = append(out, api.Detail{Field: "spec.env." + k, Message: "changes how the job's programs load code"})
 	}
 	return out
 }
@@ -119,7 +120,7 @@ func (s *Server) checkPrivileged(ctx context.Context, r *http.Request, spec *man
 	return privilegedRefusal(p, reasons)
 }
 
-func (s *Server) privileged(ctx context.Context, spec *manifest.Spec) ([]Detail, error) {
+func (s *Server) privileged(ctx context.Context, spec *manifest.Spec) ([]api.Detail, error) {
 	agents, err := s.store.ListAgents(ctx)
 	if err != nil {
 		return nil, err
@@ -127,7 +128,7 @@ func (s *Server) privileged(ctx context.Context, spec *manifest.Spec) ([]Detail,
 	return privilegedReasons(spec, agents), nil
 }
 
-func privilegedRefusal(p *principal, reasons []Detail) error {
+func privilegedRefusal(p *principal, reasons []api.Detail) error {
 	who := "this token"
 	if p != nil {
 		who = "token " + p.ID + " (" + p.Name + ", " + p.Role.String() + ")"

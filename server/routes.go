@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // route is one endpoint of the HTTPS API. The router, the role check, the
@@ -65,80 +67,80 @@ func (s *Server) routeTable() []route {
 	since := param{name: "since", typ: "string", desc: "RFC 3339 time: created at or after"}
 	until := param{name: "until", typ: "string", desc: "RFC 3339 time: created before"}
 	return []route{
-		{method: "GET", path: "/healthz", role: rolePublic, summary: "Liveness", status: 200, resp: HealthJSON{}, h: s.handleHealth},
+		{method: "GET", path: "/healthz", role: rolePublic, summary: "Liveness", status: 200, resp: api.Health{}, h: s.handleHealth},
 		{method: "GET", path: "/metrics", role: metricsRole, raw: true, summary: "Prometheus metrics (public when metrics_public is set)", status: 200,
 			media: "text/plain; version=0.0.4", h: s.handleMetrics},
 		{method: "GET", path: "/api/v1/openapi.json", role: rolePublic, summary: "This API's OpenAPI 3.1 document", status: 200, resp: map[string]any{}, h: s.handleOpenAPI},
 
 		// Agents (see doc.go for their contract).
 		{method: "POST", path: "/api/v1/agents/enroll", role: rolePublic, action: "agents.enroll", summary: "Enroll an agent with a one-time token (rate-limited per source)",
-			body: EnrollRequest{}, status: 200, resp: EnrollResponse{}, h: s.handleEnroll},
+			body: api.EnrollRequest{}, status: 200, resp: api.EnrollResponse{}, h: s.handleEnroll},
 		{method: "POST", path: "/api/v1/agents/self/renew", role: roleAgent, action: "agents.renew", summary: "Renew the agent's certificate with a fresh key",
-			body: RenewRequest{}, status: 200, resp: RenewResponse{}, ah: s.handleRenew},
+			body: api.RenewRequest{}, status: 200, resp: api.RenewResponse{}, ah: s.handleRenew},
 		{method: "GET", path: "/api/v1/agents/self/manifest", role: roleAgent, raw: true, summary: "The agent's signed manifest (DSSE); ETag, If-None-Match -> 304",
 			status: 200, media: ManifestMediaType, ah: s.handleSelfManifest},
 		{method: "GET", path: "/api/v1/agents/self/trust", role: roleAgent, raw: true, summary: "The trust root: root keys and the current key list", status: 200, resp: map[string]any{}, ah: s.handleSelfTrust},
 		{method: "GET", path: "/api/v1/agents/self/payloads/{digest}", role: roleAgent, raw: true, summary: "A payload bundle named by the agent's manifest",
 			status: 200, media: BundleMediaType, ah: s.handleSelfPayload},
-		{method: "GET", path: "/api/v1/agents/self/secrets", role: roleAgent, raw: true, summary: "The secrets the agent's pipes reference", status: 200, resp: SecretsResponse{}, ah: s.handleSelfSecrets},
+		{method: "GET", path: "/api/v1/agents/self/secrets", role: roleAgent, raw: true, summary: "The secrets the agent's pipes reference", status: 200, resp: api.SecretsResponse{}, ah: s.handleSelfSecrets},
 
-		{method: "GET", path: "/api/v1/whoami", role: roleViewer, summary: "The calling token", status: 200, resp: WhoAmI{}, h: s.handleWhoAmI},
+		{method: "GET", path: "/api/v1/whoami", role: roleViewer, summary: "The calling token", status: 200, resp: api.WhoAmI{}, h: s.handleWhoAmI},
 
 		// Pipes.
 		{method: "GET", path: "/api/v1/pipes", role: roleViewer, summary: "List pipes",
 			query: withPage(param{name: "tag", typ: "string", desc: "key=value the pipe's targets.tags must hold; repeatable", repeat: true},
 				param{name: "agent", typ: "string", desc: "only pipes that run on this agent"}),
-			status: 200, resp: PipeList{}, h: s.handleListPipes},
-		{method: "GET", path: "/api/v1/pipes/{name}", role: roleViewer, summary: "Get a pipe with its version history", status: 200, resp: PipeJSON{}, h: s.handleGetPipe},
+			status: 200, resp: api.PipeList{}, h: s.handleListPipes},
+		{method: "GET", path: "/api/v1/pipes/{name}", role: roleViewer, summary: "Get a pipe with its version history", status: 200, resp: api.Pipe{}, h: s.handleGetPipe},
 		{method: "PUT", path: "/api/v1/pipes/{name}", role: roleOperator, action: "pipes.write",
 			summary: "Create or update a pipe (JSON {spec, bundle}, or one YAML spec document with Content-Type application/yaml); every problem is reported at once",
-			body:    PutPipeRequest{}, status: 201, resp: PutPipeResponse{}, h: s.handlePutPipe},
+			body:    api.PutPipeRequest{}, status: 201, resp: api.PutPipeResponse{}, h: s.handlePutPipe},
 		{method: "DELETE", path: "/api/v1/pipes/{name}", role: roleOperator, action: "pipes.delete", summary: "Delete a pipe (its versions stay and can be restored)", status: 204, h: s.handleDeletePipe},
 		{method: "GET", path: "/api/v1/pipes/{name}/versions", role: roleViewer, summary: "List a pipe's versions, newest first (also of a deleted pipe)",
-			query: withPage(), status: 200, resp: PipeVersionList{}, h: s.handleListPipeVersions},
-		{method: "GET", path: "/api/v1/pipes/{name}/versions/{version}", role: roleViewer, summary: "Show one version of a pipe", status: 200, resp: PipeVersionJSON{}, h: s.handleGetPipeVersion},
+			query: withPage(), status: 200, resp: api.PipeVersionList{}, h: s.handleListPipeVersions},
+		{method: "GET", path: "/api/v1/pipes/{name}/versions/{version}", role: roleViewer, summary: "Show one version of a pipe", status: 200, resp: api.PipeVersion{}, h: s.handleGetPipeVersion},
 		{method: "POST", path: "/api/v1/pipes/{name}/versions/{version}/restore", role: roleOperator, action: "pipes.restore",
-			summary: "Make an old version current again (as a new version)", status: 201, resp: PutPipeResponse{}, h: s.handleRestorePipeVersion},
+			summary: "Make an old version current again (as a new version)", status: 201, resp: api.PutPipeResponse{}, h: s.handleRestorePipeVersion},
 		{method: "GET", path: "/api/v1/pipes/{name}/schedule", role: roleViewer, summary: "Next fire times of the pipe's schedule in its time zone",
 			query:  []param{{name: "count", typ: "integer", desc: "how many, 1-100 (default 10)"}, {name: "after", typ: "string", desc: "RFC 3339 start (default now)"}},
-			status: 200, resp: SchedulePreview{}, h: s.handlePipeSchedule},
+			status: 200, resp: api.SchedulePreview{}, h: s.handlePipeSchedule},
 		{method: "GET", path: "/api/v1/pipes/{name}/fires", role: roleViewer,
 			summary: "Each fire time of the pipe with the agents expected and their runs counted by status (missed included); newest fire times kept",
 			query: []param{{name: "since", typ: "string", desc: "RFC 3339 start (default until - 24h)"}, {name: "until", typ: "string", desc: "RFC 3339 end, exclusive (default now); the window spans at most 31 days"},
 				{name: "limit", typ: "integer", desc: "fire times listed, 1-1000 (default 100), the newest"}},
-			status: 200, resp: FireList{}, h: s.handlePipeFires},
+			status: 200, resp: api.FireList{}, h: s.handlePipeFires},
 		{method: "POST", path: "/api/v1/pipes/{name}/dry-run", role: roleViewer,
 			summary: "Which agents a PUT (or, with delete, a DELETE) would reach and how their manifests would differ; stores nothing",
-			body:    DryRunRequest{}, status: 200, resp: DryRunResponse{}, h: s.handleDryRun},
+			body:    api.DryRunRequest{}, status: 200, resp: api.DryRunResponse{}, h: s.handleDryRun},
 		{method: "POST", path: "/api/v1/pipes/{name}/run", role: roleOperator, action: "pipes.run",
 			summary: "Run a pipe now: on every agent it targets, on one agent, or on the targeted agents carrying tags",
-			body:    RunPipeRequest{}, status: 202, resp: RunPipeResponse{}, h: s.handleRunPipe},
+			body:    api.RunPipeRequest{}, status: 202, resp: api.RunPipeResponse{}, h: s.handleRunPipe},
 
 		// Agents, as the operator sees them.
 		{method: "GET", path: "/api/v1/agents", role: roleViewer, summary: "List agents",
 			query:  withPage(tagParam, param{name: "status", typ: "string", desc: "online, offline or revoked"}),
-			status: 200, resp: AgentList{}, h: s.handleListAgents},
-		{method: "GET", path: "/api/v1/agents/{id}", role: roleViewer, summary: "Get an agent with its manifest", status: 200, resp: AgentJSON{}, h: s.handleGetAgent},
+			status: 200, resp: api.AgentList{}, h: s.handleListAgents},
+		{method: "GET", path: "/api/v1/agents/{id}", role: roleViewer, summary: "Get an agent with its manifest", status: 200, resp: api.Agent{}, h: s.handleGetAgent},
 		{method: "PUT", path: "/api/v1/agents/{id}/tags", role: roleAdmin, action: "agents.tags", summary: "Replace an agent's tags (recompiles its manifest)",
-			body: TagsRequest{}, status: 200, resp: AgentJSON{}, h: s.handlePutTags},
+			body: api.TagsRequest{}, status: 200, resp: api.Agent{}, h: s.handlePutTags},
 		{method: "POST", path: "/api/v1/agents/{id}/revoke", role: roleAdmin, action: "agents.revoke", summary: "Revoke an agent: its certificate is refused, its streams close",
-			status: 200, resp: AgentJSON{}, h: s.handleRevokeAgent},
+			status: 200, resp: api.Agent{}, h: s.handleRevokeAgent},
 		{method: "DELETE", path: "/api/v1/agents/{id}", role: roleAdmin, action: "agents.delete", summary: "Delete an agent (its certificate is refused; its runs stay)",
 			status: 204, h: s.handleDeleteAgent},
 
 		// Enrollment tokens.
 		{method: "GET", path: "/api/v1/enrollment-tokens", role: roleAdmin, summary: "List enrollment tokens (never their secrets)",
-			query: withPage(), status: 200, resp: EnrollmentTokenList{}, h: s.handleListTokens},
+			query: withPage(), status: 200, resp: api.EnrollmentTokenList{}, h: s.handleListTokens},
 		{method: "POST", path: "/api/v1/enrollment-tokens", role: roleAdmin, action: "enrollment_tokens.create",
-			summary: "Create a one-time enrollment token; the token is in this answer only", body: TokenRequest{}, status: 201, resp: TokenResponse{}, h: s.handleCreateToken},
+			summary: "Create a one-time enrollment token; the token is in this answer only", body: api.EnrollmentTokenRequest{}, status: 201, resp: api.EnrollmentTokenCreated{}, h: s.handleCreateToken},
 		{method: "DELETE", path: "/api/v1/enrollment-tokens/{id}", role: roleAdmin, action: "enrollment_tokens.delete", summary: "Delete an enrollment token",
 			status: 204, h: s.handleDeleteToken},
 
 		// API tokens.
 		{method: "GET", path: "/api/v1/api-tokens", role: roleAdmin, summary: "List API tokens (never their secrets)",
-			query: withPage(), status: 200, resp: APITokenList{}, h: s.handleListAPITokens},
+			query: withPage(), status: 200, resp: api.APITokenList{}, h: s.handleListAPITokens},
 		{method: "POST", path: "/api/v1/api-tokens", role: roleAdmin, action: "api_tokens.create",
-			summary: "Create an API token with a role; the token is in this answer only", body: APITokenRequest{}, status: 201, resp: APITokenCreated{}, h: s.handleCreateAPIToken},
+			summary: "Create an API token with a role; the token is in this answer only", body: api.APITokenRequest{}, status: 201, resp: api.APITokenCreated{}, h: s.handleCreateAPIToken},
 		{method: "DELETE", path: "/api/v1/api-tokens/{id}", role: roleAdmin, action: "api_tokens.revoke",
 			summary: "Revoke an API token (\"bootstrap\" is admin.token)", status: 204, h: s.handleRevokeAPIToken},
 
@@ -150,32 +152,32 @@ func (s *Server) routeTable() []route {
 				param{name: "reason", typ: "string", desc: "why runs ended, exactly: e.g. lost, oom-kill, \"systemd: 203/EXEC\""}, since, until,
 				param{name: "scheduled_since", typ: "string", desc: "RFC 3339: runs serving a fire time at or after it"},
 				param{name: "scheduled_until", typ: "string", desc: "RFC 3339: runs serving a fire time before it"}),
-			status: 200, resp: RunList{}, h: s.handleListRuns},
-		{method: "GET", path: "/api/v1/runs/{id}", role: roleViewer, summary: "Get a run", status: 200, resp: RunJSON{}, h: s.handleGetRun},
+			status: 200, resp: api.RunList{}, h: s.handleListRuns},
+		{method: "GET", path: "/api/v1/runs/{id}", role: roleViewer, summary: "Get a run", status: 200, resp: api.Run{}, h: s.handleGetRun},
 		{method: "GET", path: "/api/v1/runs/{id}/logs", role: roleViewer,
-			summary: "A run's full log: text/plain (chunks in order), or with Accept: application/json the chunks", status: 200, resp: LogsJSON{}, h: s.handleRunLogs},
+			summary: "A run's full log: text/plain (chunks in order), or with Accept: application/json the chunks", status: 200, resp: api.Logs{}, h: s.handleRunLogs},
 		{method: "GET", path: "/api/v1/runs/{id}/logs/stream", role: roleViewer, raw: true,
 			summary: "Live log as Server-Sent Events: 'chunk' events (id = chunk seq, data = a LogChunk as JSON), then one 'end' event (data = the run); resumes after Last-Event-ID",
 			status:  200, media: "text/event-stream", h: s.handleRunLogStream},
 		{method: "POST", path: "/api/v1/runs/{id}/cancel", role: roleOperator, action: "runs.cancel", summary: "Ask the agent running a run to cancel it",
-			status: 202, resp: CancelResponse{}, h: s.handleCancelRun},
+			status: 202, resp: api.CancelResponse{}, h: s.handleCancelRun},
 
 		// Secrets.
-		{method: "GET", path: "/api/v1/secrets", role: roleViewer, summary: "List secret names (never values)", query: withPage(), status: 200, resp: SecretList{}, h: s.handleListSecrets},
+		{method: "GET", path: "/api/v1/secrets", role: roleViewer, summary: "List secret names (never values)", query: withPage(), status: 200, resp: api.SecretList{}, h: s.handleListSecrets},
 		{method: "PUT", path: "/api/v1/secrets/{name}", role: roleOperator, action: "secrets.write", summary: "Set a secret (write-only)",
-			body: SecretRequest{}, status: 204, h: s.handlePutSecret},
+			body: api.SecretRequest{}, status: 204, h: s.handlePutSecret},
 		{method: "DELETE", path: "/api/v1/secrets/{name}", role: roleOperator, action: "secrets.delete", summary: "Delete a secret", status: 204, h: s.handleDeleteSecret},
 
 		{method: "GET", path: "/api/v1/audit", role: roleViewer, summary: "The audit log, newest first",
 			query: withPage(param{name: "actor", typ: "string", desc: "token id or name"}, param{name: "action", typ: "string", desc: "e.g. pipes.write"},
 				param{name: "target", typ: "string", desc: "e.g. pipe/backup-db"}, since, until),
-			status: 200, resp: AuditList{}, h: s.handleListAudit},
+			status: 200, resp: api.AuditList{}, h: s.handleListAudit},
 		{method: "GET", path: "/api/v1/events", role: roleViewer, summary: "Fleet events (runs failed, missed, recovered; agents offline and online; manifests rejected or expired; identity conflicts), newest first",
 			query: withPage(param{name: "kind", typ: "string", desc: "e.g. run.failed, run.missed, agent.offline"}, param{name: "pipe", typ: "string"}, param{name: "agent", typ: "string"},
 				param{name: "since", typ: "string", desc: "RFC 3339 time: at or after"}),
-			status: 200, resp: EventList{}, h: s.handleListEvents},
+			status: 200, resp: api.EventList{}, h: s.handleListEvents},
 		{method: "POST", path: "/api/v1/keys/rotate", role: roleAdmin, action: "keys.rotate", summary: "Add a new manifest signing key and re-sign every manifest",
-			status: 200, resp: RotateResponse{}, h: s.handleRotateKeys},
+			status: 200, resp: api.RotateResponse{}, h: s.handleRotateKeys},
 	}
 }
 

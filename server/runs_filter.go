@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // checkRunFilter validates the query parameters of GET /api/v1/runs that
@@ -14,12 +16,12 @@ import (
 // scheduled_since/scheduled_until (RFC 3339, since before until). Every
 // problem is reported with its parameter.
 func checkRunFilter(r *http.Request, f *RunFilter) error {
-	var details []Detail
-	if f.Status != "" && !slices.Contains(runStatusNames, f.Status) {
-		details = append(details, Detail{Field: "status", Message: "not a run status (" + strings.Join(runStatusNames, ", ") + ")"})
+	var details []api.Detail
+	if f.Status != "" && !slices.Contains(api.RunStatuses, f.Status) {
+		details = append(details, api.Detail{Field: "status", Message: "not a run status (" + strings.Join(api.RunStatuses, ", ") + ")"})
 	}
 	if len(f.Reason) > maxReasonLen || cleanText(f.Reason, maxReasonLen, false) != f.Reason {
-		details = append(details, Detail{Field: "reason", Message: "at most 256 printable characters"})
+		details = append(details, api.Detail{Field: "reason", Message: "at most 256 printable characters"})
 	}
 	times := []struct {
 		name string
@@ -35,10 +37,10 @@ func checkRunFilter(r *http.Request, f *RunFilter) error {
 		*t.dst = v
 	}
 	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
-		details = append(details, Detail{Field: "until", Message: "must be after since"})
+		details = append(details, api.Detail{Field: "until", Message: "must be after since"})
 	}
 	if !f.ScheduledSince.IsZero() && !f.ScheduledUntil.IsZero() && !f.ScheduledSince.Before(f.ScheduledUntil) {
-		details = append(details, Detail{Field: "scheduled_until", Message: "must be after scheduled_since"})
+		details = append(details, api.Detail{Field: "scheduled_until", Message: "must be after scheduled_since"})
 	}
 	if len(details) > 0 {
 		return newError(ErrInvalidRequest, "invalid run filter", details...)

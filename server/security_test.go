@@ -12,6 +12,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/api"
 	"io"
 	"net"
 	"net/http"
@@ -58,7 +59,7 @@ func TestOperatorCannotReachInternalAgent(t *testing.T) {
 		if r.code != 403 || r.errorCode() != "permission_denied" || !strings.Contains(string(r.body), `"field":"spec.`) {
 			t.Errorf("%s: operator PUT answered %d %s, want 403 permission_denied with a spec field", name, r.code, r.body)
 		}
-		var dry DryRunResponse
+		var dry api.DryRunResponse
 		if r := ts.do("POST", "/api/v1/pipes/p/dry-run", op, map[string]any{"spec": spec}); r.code != 200 {
 			t.Errorf("%s: dry-run %d %s", name, r.code, r.body)
 		} else if r.decode(t, &dry); len(dry.Privileged) == 0 || !strings.Contains(dry.Refused, "admin") {
@@ -82,7 +83,7 @@ func TestOperatorCannotReachInternalAgent(t *testing.T) {
 		t.Errorf("operator restore of a privileged version: %d %s", r.code, r.body)
 	}
 	// The operator is still an operator.
-	var who WhoAmI
+	var who api.WhoAmI
 	ts.do("GET", "/api/v1/whoami", op, nil).decode(t, &who)
 	if who.Role != "operator" {
 		t.Errorf("whoami: %+v", who)
@@ -183,11 +184,11 @@ func TestMemoryBombsBounded(t *testing.T) {
 		return resp.StatusCode, b
 	}
 	mkToken := func(role string) string {
-		code, b := do("POST", "/api/v1/api-tokens", admin, "application/json", mustJSON(t, APITokenRequest{Name: role, Role: role}))
+		code, b := do("POST", "/api/v1/api-tokens", admin, "application/json", mustJSON(t, api.APITokenRequest{Name: role, Role: role}))
 		if code != 201 {
 			t.Fatalf("create %s token: %d %s", role, code, b)
 		}
-		var out APITokenCreated
+		var out api.APITokenCreated
 		json.Unmarshal(b, &out)
 		return out.Token
 	}
@@ -415,7 +416,7 @@ func TestLiveLogFollowersBounded(t *testing.T) {
 
 // renewWith posts a renewal CSR on key.
 func (a *testAgent) renewWith(key *ecdsa.PrivateKey) (int, []byte) {
-	body, _ := json.Marshal(RenewRequest{CSR: newCSR(key)})
+	body, _ := json.Marshal(api.RenewRequest{CSR: newCSR(key)})
 	resp, err := a.client.Post(a.base+"/api/v1/agents/self/renew", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return 0, []byte(err.Error())
@@ -469,7 +470,7 @@ func TestRenewalNeedsFreshKeyAndIsRateLimited(t *testing.T) {
 	if !limited {
 		t.Fatal("ten renewals in a row were all accepted")
 	}
-	var audit AuditList
+	var audit api.AuditList
 	ts.adminOK("GET", "/api/v1/audit?action=refused.rate_limited", nil, &audit)
 	if len(audit.Entries) == 0 {
 		t.Fatal("the refused renewal is not in the audit log")
@@ -484,8 +485,8 @@ func TestRefusalsAudited(t *testing.T) {
 	ts.do("GET", "/api/v1/whoami", "drvt1.aaaaaaaaaaaaaaaa.bogus", nil)
 	ts.do("DELETE", "/api/v1/pipes/x", viewer, nil)
 	ts.do("POST", "/api/v1/agents/enroll", "", map[string]string{"token": "drv1.x.y.z", "hostname": "h", "csr": "x"})
-	count := func(action string) []AuditJSON {
-		var out AuditList
+	count := func(action string) []api.AuditEntry {
+		var out api.AuditList
 		ts.adminOK("GET", "/api/v1/audit?limit=1000&action="+action, nil, &out)
 		return out.Entries
 	}

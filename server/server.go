@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -252,7 +253,7 @@ func (s *Server) published(agentID string, serial uint64) {
 
 // RotateKeys adds a new manifest key through a new root-signed key list and
 // re-signs every manifest with it.
-func (s *Server) RotateKeys(ctx context.Context) (*RotateResponse, error) {
+func (s *Server) RotateKeys(ctx context.Context) (*api.RotateResponse, error) {
 	if err := s.keys.rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}
@@ -261,7 +262,7 @@ func (s *Server) RotateKeys(ctx context.Context) (*RotateResponse, error) {
 	if _, err := s.compiler.compile(ctx, nil); err != nil {
 		return nil, err
 	}
-	return &RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}, nil
+	return &api.RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}, nil
 }
 
 // Run serves until ctx is cancelled, then drains: HTTP requests in flight

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/drover/drover/manifest"
@@ -663,15 +664,15 @@ func (s *SQLiteStore) PutSecret(ctx context.Context, name string, sealed []byte,
 	return nil
 }
 
-func (s *SQLiteStore) ListSecrets(ctx context.Context) ([]SecretInfo, error) {
+func (s *SQLiteStore) ListSecrets(ctx context.Context) ([]api.Secret, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT name, created_at, updated_at FROM secrets ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list secrets: %w", err)
 	}
 	defer rows.Close()
-	out := []SecretInfo{}
+	out := []api.Secret{}
 	for rows.Next() {
-		var si SecretInfo
+		var si api.Secret
 		var c, u int64
 		if err := rows.Scan(&si.Name, &c, &u); err != nil {
 			return nil, fmt.Errorf("list secrets: %w", err)
@@ -1073,9 +1074,9 @@ func (t *ingestTx) settle(r *Record) error {
 	return rows.Err()
 }
 
-func nonNilPipes(p []PipeStatus) []PipeStatus {
+func nonNilPipes(p []api.PipeStatus) []api.PipeStatus {
 	if p == nil {
-		return []PipeStatus{}
+		return []api.PipeStatus{}
 	}
 	return p
 }

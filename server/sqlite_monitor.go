@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // monitorStore is used by fleet monitoring: missed-run detection, the
@@ -52,7 +54,7 @@ type MonitorAgent struct {
 	PipesJSON  string
 
 	Tags  map[string]string
-	Pipes []PipeStatus
+	Pipes []api.PipeStatus
 }
 
 // ScheduledRun is a run found by the fire time it serves.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // Live logs: GET /api/v1/runs/{id}/logs/stream answers text/event-stream.
@@ -103,7 +105,7 @@ const (
 
 func terminalStatus(st string) bool {
 	switch st {
-	case StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped:
+	case api.StatusSucceeded, api.StatusFailed, api.StatusTimedOut, api.StatusCanceled, api.StatusSkipped:
 		return true
 	}
 	return false
@@ -119,7 +121,7 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 	if le := strings.TrimSpace(r.Header.Get("Last-Event-ID")); le != "" {
 		n, err := strconv.ParseInt(le, 10, 64)
 		if err != nil || n < 0 {
-			return newError(ErrInvalidRequest, "invalid Last-Event-ID", Detail{Field: "Last-Event-ID", Message: "a chunk seq from an earlier event"})
+			return newError(ErrInvalidRequest, "invalid Last-Event-ID", api.Detail{Field: "Last-Event-ID", Message: "a chunk seq from an earlier event"})
 		}
 		after = n
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/api"
 	"io"
 	"net/http"
 	"strings"
@@ -136,7 +137,7 @@ func TestLiveLogsSSE(t *testing.T) {
 		seq++
 		for _, events := range followers {
 			ev := nextEvent(t, events, 5*time.Second)
-			var c LogChunkJSON
+			var c api.LogChunk
 			if err := json.Unmarshal([]byte(ev.data), &c); err != nil || ev.event != "chunk" || ev.id != fmt.Sprint(i) || c.Seq != uint64(i) ||
 				string(c.Data) != fmt.Sprintf("line %d\n", i) || c.Stream != "stderr" {
 				t.Fatalf("event %+v (%v)", ev, err)
@@ -155,7 +156,7 @@ func TestLiveLogsSSE(t *testing.T) {
 		Status: agentpb.RunStatus_RUN_STATUS_SUCCEEDED, LogChunks: n, DurationMs: 10}}})
 	for _, events := range followers {
 		ev := nextEvent(t, events, 5*time.Second)
-		var run RunJSON
+		var run api.Run
 		if err := json.Unmarshal([]byte(ev.data), &run); err != nil || ev.event != "end" || run.Status != "succeeded" || run.ID != "live" {
 			t.Fatalf("end event %+v", ev)
 		}

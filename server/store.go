@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"github.com/drover/drover/api"
 	"strconv"
 	"time"
 
@@ -103,7 +104,7 @@ type manifestStore interface {
 // secretStore is used by the secrets API; values are sealed by the caller.
 type secretStore interface {
 	PutSecret(ctx context.Context, name string, sealed []byte, now time.Time) error
-	ListSecrets(ctx context.Context) ([]SecretInfo, error)
+	ListSecrets(ctx context.Context) ([]api.Secret, error)
 	DeleteSecret(ctx context.Context, name string) error
 	GetSecrets(ctx context.Context, names []string) (map[string][]byte, error)
 }
@@ -189,7 +190,7 @@ type Agent struct {
 	AppliedSerial uint64
 	ManifestState string
 	ManifestError string
-	Pipes         []PipeStatus
+	Pipes         []api.PipeStatus
 	StatusAt      time.Time
 	// ManifestExpired and ManifestExpiresAt come from the last
 	// ManifestStatus: the manifest in force on the host has expired.
@@ -213,19 +214,6 @@ type AgentCert struct {
 	Serial     string
 	NextSerial string
 	Revoked    bool
-}
-
-// PipeStatus is what an agent reported about one pipe.
-type PipeStatus struct {
-	Name          string      `json:"name"`
-	Version       uint64      `json:"version"`
-	ApplyError    string      `json:"apply_error,omitempty"`
-	NextFireTimes []time.Time `json:"next_fire_times,omitempty"`
-	DriftRestored bool        `json:"drift_restored,omitempty"`
-	// ElapseMismatch: the scheduler's next elapse disagrees with the
-	// evaluator's; DropInsRemoved: drop-ins found beside the units.
-	ElapseMismatch string   `json:"elapse_mismatch,omitempty"`
-	DropInsRemoved []string `json:"drop_ins_removed,omitempty"`
 }
 
 // PipeVersion is one immutable version of a pipe.
@@ -266,13 +254,6 @@ type StoredManifest struct {
 	KeyListVersion uint64
 	Payloads       []string // payload digests the manifest names
 	Secrets        []string // secret names its pipes reference
-}
-
-// SecretInfo describes a secret without its value.
-type SecretInfo struct {
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Run is one execution of a pipe on one agent.
@@ -412,7 +393,7 @@ type StatusRecord struct {
 	State         string
 	Error         string
 	AppliedSerial uint64
-	Pipes         []PipeStatus
+	Pipes         []api.PipeStatus
 	At            time.Time
 	Expired       bool
 	ExpiresAt     time.Time
@@ -422,21 +403,6 @@ type StatusRecord struct {
 type IngestLimits struct {
 	MaxLogBytes int64
 }
-
-// Run statuses and triggers as stored and shown (docs/design.md, "Telemetry stream").
-const (
-	StatusPending   = "pending"
-	StatusRunning   = "running"
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-	StatusTimedOut  = "timed_out"
-	StatusCanceled  = "canceled"
-	StatusSkipped   = "skipped"
-	StatusMissed    = "missed"
-)
-
-// runStatusNames lists every run status, in the order metrics show them.
-var runStatusNames = []string{StatusPending, StatusRunning, StatusSucceeded, StatusFailed, StatusTimedOut, StatusCanceled, StatusSkipped, StatusMissed}
 
 // ReasonLost is the reason of a run the server settled because its agent no
 // longer runs it.

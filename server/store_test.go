@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 // A database made by an earlier schema version is migrated in place.
@@ -46,7 +48,7 @@ func TestMigrationsUpgradeExistingDatabase(t *testing.T) {
 	}
 	// 0004: old runs and agents read with the new fields empty, and
 	// binding works.
-	if r, err := st.GetRun(t.Context(), "run-1"); err != nil || r.Reason != "" || r.Attempts != 0 || r.Status != StatusRunning {
+	if r, err := st.GetRun(t.Context(), "run-1"); err != nil || r.Reason != "" || r.Attempts != 0 || r.Status != api.StatusRunning {
 		t.Fatalf("old run after migrating: %+v %v", r, err)
 	}
 	if mid, err := st.BindMachine(t.Context(), "agt-1", machineA, time.Now()); err != nil || mid != machineA {

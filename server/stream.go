@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -696,37 +697,6 @@ func ts(t *timestamppb.Timestamp) time.Time {
 	return t.AsTime().UTC()
 }
 
-var runStatuses = map[agentpb.RunStatus]string{
-	agentpb.RunStatus_RUN_STATUS_PENDING:   StatusPending,
-	agentpb.RunStatus_RUN_STATUS_RUNNING:   StatusRunning,
-	agentpb.RunStatus_RUN_STATUS_SUCCEEDED: StatusSucceeded,
-	agentpb.RunStatus_RUN_STATUS_FAILED:    StatusFailed,
-	agentpb.RunStatus_RUN_STATUS_TIMED_OUT: StatusTimedOut,
-	agentpb.RunStatus_RUN_STATUS_CANCELED:  StatusCanceled,
-	agentpb.RunStatus_RUN_STATUS_SKIPPED:   StatusSkipped,
-}
-
-// MISSED is written by the server only: an agent cannot report it.
-
-var triggers = map[agentpb.Trigger]string{
-	agentpb.Trigger_TRIGGER_SCHEDULE: "schedule",
-	agentpb.Trigger_TRIGGER_CATCHUP:  "catchup",
-	agentpb.Trigger_TRIGGER_MANUAL:   "manual",
-	agentpb.Trigger_TRIGGER_API:      "api",
-}
-
-var logStreams = map[agentpb.LogStream]string{
-	agentpb.LogStream_LOG_STREAM_STDOUT: "stdout",
-	agentpb.LogStream_LOG_STREAM_STDERR: "stderr",
-	agentpb.LogStream_LOG_STREAM_SYSTEM: "system",
-}
-
-var manifestStates = map[agentpb.ManifestStatus_State]string{
-	agentpb.ManifestStatus_STATE_APPLIED:      "applied",
-	agentpb.ManifestStatus_STATE_REJECTED:     "rejected",
-	agentpb.ManifestStatus_STATE_APPLY_FAILED: "apply_failed",
-}
-
 // recordRules are what toRecord checks a message against.
 type recordRules struct {
 	maxChunk   int
@@ -790,7 +760,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if len(m.GetPipes()) > maxManifestPipes {
 			return nil, refusedTooLarge, fmt.Errorf("ManifestStatus lists %d pipes, at most %d", len(m.GetPipes()), maxManifestPipes)
 		}
-		st := &StatusRecord{State: manifestStates[m.GetState()], Error: cleanText(m.GetError(), maxTextLen, true), AppliedSerial: m.GetAppliedSerial(),
+		st := &StatusRecord{State: api.ManifestStateName(m.GetState()), Error: cleanText(m.GetError(), maxTextLen, true), AppliedSerial: m.GetAppliedSerial(),
 			At: ts(m.GetAt()), Expired: m.GetManifestExpired(), ExpiresAt: ts(m.GetExpiresAt())}
 		if st.State == "" {
 			return nil, refusedInvalid, fmt.Errorf("ManifestStatus with state %v", m.GetState())
@@ -799,7 +769,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 			if pipe(p.GetName()) != nil {
 				continue // only the manifest's pipes are shown: bounded by it
 			}
-			ps := PipeStatus{Name: p.GetName(), Version: p.GetVersion(), ApplyError: cleanText(p.GetApplyError(), maxPipeError, true), DriftRestored: p.GetDriftRestored(),
+			ps := api.PipeStatus{Name: p.GetName(), Version: p.GetVersion(), ApplyError: cleanText(p.GetApplyError(), maxPipeError, true), DriftRestored: p.GetDriftRestored(),
 				ElapseMismatch: cleanText(p.GetElapseMismatch(), maxReasonLen, false)}
 			for i, t := range p.GetNextFireTimes() {
 				if i == maxFireTimes {
@@ -824,7 +794,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if err := pipe(x.GetPipe()); err != nil {
 			return nil, refusedUnknownPipe, err
 		}
-		r.RunStarted = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: triggers[x.GetTrigger()],
+		r.RunStarted = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: api.TriggerName(x.GetTrigger()),
 			StartedAt: ts(x.GetStartedAt()), ScheduledAt: ts(x.GetScheduledAt()), RequestID: cleanRequestID(x.GetRequestId()), Attempts: x.GetAttempt()}
 	case *agentpb.AgentMessage_RunFinished:
 		x := b.RunFinished
@@ -834,11 +804,11 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if err := pipe(x.GetPipe()); err != nil {
 			return nil, refusedUnknownPipe, err
 		}
-		st, ok := runStatuses[x.GetStatus()]
+		st, ok := api.RunStatusName(x.GetStatus())
 		if !ok {
 			return nil, refusedInvalid, fmt.Errorf("RunFinished with status %v", x.GetStatus())
 		}
-		r.RunFinished = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: triggers[x.GetTrigger()],
+		r.RunFinished = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: api.TriggerName(x.GetTrigger()),
 			Status: st, ExitCode: int(x.GetExitCode()), Signal: cleanSignal(x.GetSignal()), StartedAt: ts(x.GetStartedAt()), FinishedAt: ts(x.GetFinishedAt()),
 			DurationMS: max(0, x.GetDurationMs()), Error: cleanText(x.GetError(), maxTextLen, true), LogChunks: x.GetLogChunks(), ScheduledAt: ts(x.GetScheduledAt()),
 			RequestID: cleanRequestID(x.GetRequestId()), Reason: cleanText(x.GetReason(), maxReasonLen, false), Attempts: x.GetAttempts(),
@@ -851,7 +821,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if len(x.GetData()) > rules.maxChunk {
 			return nil, refusedTooLarge, fmt.Errorf("log chunk of %d bytes, at most %d", len(x.GetData()), rules.maxChunk)
 		}
-		stream := logStreams[x.GetStream()]
+		stream := api.LogStreamName(x.GetStream())
 		if stream == "" {
 			stream = "stdout"
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -141,14 +142,14 @@ func TestRunRecordFieldsAndFilters(t *testing.T) {
 	ok.GetRunFinished().ScheduledAt = timestamppb.New(fire.Add(time.Hour))
 	sendAll(t, st, 1, started("r-oom", "job", time.Now()), oom, ok)
 
-	var run RunJSON
+	var run api.Run
 	ts.adminOK("GET", "/api/v1/runs/r-oom", nil, &run)
 	if run.Reason != "oom-kill" || run.Attempts != 3 || run.WrittenBy != "daemon" || run.ScheduledAt == nil || !run.ScheduledAt.Equal(fire) ||
-		run.Trigger != "catchup" || run.Status != StatusFailed {
+		run.Trigger != "catchup" || run.Status != api.StatusFailed {
 		t.Fatalf("run: %+v", run)
 	}
 	ids := func(q string) []string {
-		var list RunList
+		var list api.RunList
 		ts.adminOK("GET", "/api/v1/runs?"+q, nil, &list)
 		var out []string
 		for _, r := range list.Runs {
@@ -177,7 +178,7 @@ func TestRunRecordFieldsAndFilters(t *testing.T) {
 		"scheduled_since=2026-03-02T00:00:00Z&scheduled_until=2026-03-01T00:00:00Z": "scheduled_until",
 	} {
 		r := ts.do("GET", "/api/v1/runs?"+q, ts.admin, nil)
-		var eb ErrorBody
+		var eb api.ErrorBody
 		r.decode(t, &eb)
 		if r.code != 400 || len(eb.Error.Details) == 0 || eb.Error.Details[0].Field != field {
 			t.Errorf("%s: %d %s", q, r.code, r.body)
@@ -204,8 +205,8 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 		}
 		seq = sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: &agentpb.LogChunk{RunId: "r-alive", ChunkSeq: seq, Data: []byte("x")}}})
 	}
-	status := func(id string) RunJSON {
-		var r RunJSON
+	status := func(id string) api.Run {
+		var r api.Run
 		ts.adminOK("GET", "/api/v1/runs/"+id, nil, &r)
 		return r
 	}
@@ -217,7 +218,7 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 	barrier(heartbeat(0, time.Now(), "r-alive"))           // one strike
 	barrier(heartbeat(0, time.Now(), "r-lost", "r-alive")) // listed again: strikes cleared
 	barrier(heartbeat(0, time.Now(), "r-alive"))           // one strike
-	if r := status("r-lost"); r.Status != StatusRunning {
+	if r := status("r-lost"); r.Status != api.StatusRunning {
 		t.Fatalf("settled too early: %+v", r)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -229,16 +230,16 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 		t.Fatalf("live-log follower of the lost run: %+v", ev)
 	}
 	r := status("r-lost")
-	if r.Status != StatusFailed || r.Reason != ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
+	if r.Status != api.StatusFailed || r.Reason != ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
 		t.Fatalf("not settled lost: %+v", r)
 	}
-	if r := status("r-alive"); r.Status != StatusRunning {
+	if r := status("r-alive"); r.Status != api.StatusRunning {
 		t.Fatalf("a listed run was settled: %+v", r)
 	}
 	if v := metricValue(ts.scrape(ts.admin), "drover_runs_lost_total"); v != 1 {
 		t.Errorf("drover_runs_lost_total %v", v)
 	}
-	var list RunList
+	var list api.RunList
 	ts.adminOK("GET", "/api/v1/runs?reason=lost", nil, &list)
 	if len(list.Runs) != 1 || list.Runs[0].ID != "r-lost" {
 		t.Errorf("reason=lost: %+v", list.Runs)
@@ -248,7 +249,7 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 	}
 	// The real end arrives after all: it replaces the settlement.
 	sendAll(t, st, seq, finished("r-lost", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
-	if r := status("r-lost"); r.Status != StatusSucceeded || r.Reason != "" || r.WrittenBy != "runner" {
+	if r := status("r-lost"); r.Status != api.StatusSucceeded || r.Reason != "" || r.WrittenBy != "runner" {
 		t.Fatalf("RunFinished after settlement: %+v", r)
 	}
 }
@@ -267,7 +268,7 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	}
 	defer real.close()
 	sendAll(t, real, 1, finished("r1", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
-	var ag AgentJSON
+	var ag api.Agent
 	ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if ag.MachineID != machineA || ag.IdentityConflicts != 0 {
 		t.Fatalf("not bound at the first Hello: %+v", ag)
@@ -293,16 +294,16 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	if v := metricValue(ts.scrape(ts.admin), "drover_identity_conflicts_total"); v != 2 {
 		t.Errorf("drover_identity_conflicts_total %v", v)
 	}
-	var al AuditList
+	var al api.AuditList
 	ts.adminOK("GET", "/api/v1/audit?action=agent.identity_conflict", nil, &al)
 	if len(al.Entries) == 0 || al.Entries[0].Target != "agent/"+a.id {
 		t.Fatalf("audit: %+v", al.Entries)
 	}
 	// HTTPS requests that name another machine are refused too.
-	if r, err := cl.get("/api/v1/agents/self/secrets", MachineIDHeader, machineB); err != nil || r.code != 409 || !strings.Contains(string(r.body), "identity_conflict") {
+	if r, err := cl.get("/api/v1/agents/self/secrets", api.MachineIDHeader, machineB); err != nil || r.code != 409 || !strings.Contains(string(r.body), "identity_conflict") {
 		t.Fatalf("secrets for another machine: %v %v", r, err)
 	}
-	if r, err := cl.get("/api/v1/agents/self/manifest", MachineIDHeader, strings.ToUpper(machineA)); err != nil || r.code != 200 {
+	if r, err := cl.get("/api/v1/agents/self/manifest", api.MachineIDHeader, strings.ToUpper(machineA)); err != nil || r.code != 200 {
 		t.Fatalf("manifest for the bound machine: %v %v", r, err)
 	}
 	// Once bound, a request that does not say which machine it comes from
@@ -312,8 +313,8 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	}
 	// The real agent's stream still works, and RunNow reaches it alone.
 	sendAll(t, real, 2, finished("r2", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
-	var rr RunPipeResponse
-	ts.adminOK("POST", "/api/v1/pipes/job/run", RunPipeRequest{}, &rr)
+	var rr api.RunPipeResponse
+	ts.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
 	waitFor(t, 5*time.Second, "RunNow on the real stream", func() bool { return real.runNowCount() == 1 })
 
 	// The same machine reconnects: the new stream replaces the old one.
@@ -326,7 +327,7 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	if s := real.ended(t, 10*time.Second); s.Code() != codes.Unavailable {
 		t.Fatalf("old stream ended with %v", s)
 	}
-	ts.adminOK("POST", "/api/v1/pipes/job/run", RunPipeRequest{}, &rr)
+	ts.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
 	waitFor(t, 5*time.Second, "RunNow on the new stream", func() bool { return again.runNowCount() == 1 })
 	if n := real.runNowCount(); n != 1 {
 		t.Fatalf("the replaced stream got %d RunNows", n)
@@ -403,7 +404,7 @@ func TestAgentRecordsValidated(t *testing.T) {
 	a := ts.jobAgent()
 	ts.enrollAgent(map[string]string{"other": "yes"})
 	ts.putScriptPipe("other-job", "echo other", map[string]string{"other": "yes"})
-	var before AgentJSON
+	var before api.Agent
 	ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &before)
 	st, err := a.openStreamAs(machineA, "evil\x1b[31m\x00host\n")
 	if err != nil {
@@ -423,7 +424,7 @@ func TestAgentRecordsValidated(t *testing.T) {
 	msgs = append(msgs, esc)
 	sendAll(t, st, 1, msgs...)
 
-	var list RunList
+	var list api.RunList
 	ts.adminOK("GET", "/api/v1/runs?limit=100", nil, &list)
 	if len(list.Runs) != 1 || list.Runs[0].ID != "r-esc" {
 		t.Fatalf("stored runs: %+v", list.Runs)
@@ -432,7 +433,7 @@ func TestAgentRecordsValidated(t *testing.T) {
 	if r.Reason != `exit 1\x1b[2J\x0aforged line` || r.Error != `boom\x00\x1b]0;title\x07<b>\u202e` || r.Signal != "invalid" {
 		t.Fatalf("not escaped: reason %q error %q signal %q", r.Reason, r.Error, r.Signal)
 	}
-	var ag AgentJSON
+	var ag api.Agent
 	ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if ag.Hostname != before.Hostname || ag.ReportedHostname != `evil\x1b[31m\x00host\x0a` {
 		t.Fatalf("hostname %q, reported %q", ag.Hostname, ag.ReportedHostname)
@@ -451,7 +452,7 @@ func TestAgentRecordsValidated(t *testing.T) {
 	if len(pipes) != 1 || !pipes["job"] {
 		t.Fatalf("run duration pipe labels: %v", pipes)
 	}
-	var al AuditList
+	var al api.AuditList
 	ts.adminOK("GET", "/api/v1/audit?action=agent.record_refused", nil, &al)
 	if len(al.Entries) != 2 { // one per reason, rate-limited
 		t.Fatalf("refusal audit entries: %+v", al.Entries)
@@ -478,7 +479,7 @@ func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 			AppliedSerial: 1, Pipes: pipes, ManifestExpired: true, ExpiresAt: timestamppb.New(exp)}}},
 		&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{Serial: 2, State: agentpb.ManifestStatus_STATE_APPLIED,
 			AppliedSerial: 2, Pipes: huge}}})
-	var ag AgentJSON
+	var ag api.Agent
 	r := ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if len(ag.Pipes) != 1 || ag.Pipes[0].Name != "job" || len(ag.Pipes[0].ApplyError) != maxPipeError || !ag.ManifestExpired ||
 		ag.ManifestExpiresAt == nil || !ag.ManifestExpiresAt.Equal(exp) || ag.AppliedSerial != 1 || len(r.body) > 8<<10 ||
@@ -513,7 +514,7 @@ func TestStreamRunQuota(t *testing.T) {
 	if d := time.Since(start); d < 900*time.Millisecond {
 		t.Fatalf("25 run records stored in %s, the quota allows no less than 1s", d)
 	}
-	var list RunList
+	var list api.RunList
 	ts.adminOK("GET", "/api/v1/runs?limit=100", nil, &list)
 	if len(list.Runs) != 25 {
 		t.Fatalf("%d runs stored, want 25", len(list.Runs))
@@ -549,7 +550,7 @@ func TestPayloadFetchStreamedAndBounded(t *testing.T) {
 	}
 	spec := map[string]any{"schedule": "@daily", "command": []string{"./run.sh"}, "files": []string{"run.sh", "blob"},
 		"targets": map[string]any{"tags": map[string]string{"role": "big"}}}
-	var pr PutPipeResponse
+	var pr api.PutPipeResponse
 	ts.adminOK("PUT", "/api/v1/pipes/big", map[string]any{"spec": spec, "bundle": base64.StdEncoding.EncodeToString(bundle)}, &pr)
 	path := "/api/v1/agents/self/payloads/" + pr.Digest
 

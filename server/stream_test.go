@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -186,9 +187,9 @@ func TestRunUpsertsAndLogCap(t *testing.T) {
 	}
 	sendAll(t, st, next, msgs...)
 
-	var run RunJSON
+	var run api.Run
 	ts.adminOK("GET", "/api/v1/runs/r1", nil, &run)
-	if run.Status != StatusFailed || run.ExitCode != 2 || run.Pipe != "job" || run.Trigger != "api" || run.StartedAt == nil ||
+	if run.Status != api.StatusFailed || run.ExitCode != 2 || run.Pipe != "job" || run.Trigger != "api" || run.StartedAt == nil ||
 		!run.StartedAt.Equal(started) || run.FinishedAt == nil || !run.LogTruncated || run.LogBytes != 900 {
 		t.Fatalf("run after RunFinished before RunStarted and a replay: %+v", run)
 	}
@@ -207,13 +208,13 @@ func TestRunUpsertsAndLogCap(t *testing.T) {
 	hijack := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{RunId: "r1", Status: agentpb.RunStatus_RUN_STATUS_SUCCEEDED}}}
 	sendAll(t, stb, 1, hijack, chunk("r1", 99, 10))
 	ts.adminOK("GET", "/api/v1/runs/r1", nil, &run)
-	if run.Status != StatusFailed || run.AgentID != a.id || run.LogBytes != 900 {
+	if run.Status != api.StatusFailed || run.AgentID != a.id || run.LogBytes != 900 {
 		t.Fatalf("another agent changed the run: %+v", run)
 	}
 	// An invalid record is acknowledged (so it is not resent forever) but not stored.
 	sendAll(t, st, 100, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{RunId: ""}}})
 
-	var list struct{ Runs []RunJSON }
+	var list struct{ Runs []api.Run }
 	ts.adminOK("GET", "/api/v1/runs?agent="+a.id+"&status=failed", nil, &list)
 	if len(list.Runs) != 1 {
 		t.Fatalf("runs: %+v", list.Runs)
@@ -237,7 +238,7 @@ func TestStreamReportsAgentState(t *testing.T) {
 	sendAll(t, st, 1, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
 		Serial: acc.Manifest.Serial, State: agentpb.ManifestStatus_STATE_APPLIED, AppliedSerial: acc.Manifest.Serial,
 		Pipes: []*agentpb.PipeStatus{{Name: "job", Version: 1, NextFireTimes: []*timestamppb.Timestamp{timestamppb.New(fire)}, ApplyError: "unit failed"}}}}})
-	var ag AgentJSON
+	var ag api.Agent
 	ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
 	if !ag.Online || ag.AppliedSerial != acc.Manifest.Serial || ag.ManifestState != "applied" || ag.Backend != "systemd" || ag.LastSeenAt == nil ||
 		len(ag.Pipes) != 1 || ag.Pipes[0].ApplyError != "unit failed" || len(ag.Pipes[0].NextFireTimes) != 1 || !ag.Pipes[0].NextFireTimes[0].Equal(fire) {
@@ -261,8 +262,8 @@ func TestStreamReportsAgentState(t *testing.T) {
 	}
 
 	// RunNow reaches the connected, targeted agent.
-	var rr RunPipeResponse
-	ts.adminOK("POST", "/api/v1/pipes/job/run", RunPipeRequest{}, &rr)
+	var rr api.RunPipeResponse
+	ts.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
 	if !slices.Equal(rr.Sent, []string{a.id}) {
 		t.Fatalf("run now: %+v", rr)
 	}

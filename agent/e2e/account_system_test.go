@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/api"
 	"os"
 	"strings"
 	"testing"
@@ -11,7 +12,6 @@ import (
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/packaging/boottest"
-	"github.com/drover/drover/server"
 )
 
 // TestSystemScopeUnknownUserBooted: on a booted Debian (system scope, the
@@ -59,7 +59,7 @@ func systemAccount(t *testing.T, oom bool) {
 	startAgentInContainer(t, c, srv, tags)
 	var id string
 	waitFor(t, 60*time.Second, "the agent in the container to enroll and connect", func() bool {
-		var list server.AgentList
+		var list api.AgentList
 		srv.api("GET", "/api/v1/agents", nil, &list)
 		if len(list.Agents) == 1 && list.Agents[0].Online {
 			id = list.Agents[0].ID
@@ -106,7 +106,7 @@ func systemAccount(t *testing.T, oom bool) {
 			}
 			return false
 		})
-		runsOnce(t, srv, tc.pipe, id, run.ID, func(r server.RunJSON) bool { return r.RequestID == req && r.Reason == tc.reason })
+		runsOnce(t, srv, tc.pipe, id, run.ID, func(r api.Run) bool { return r.RequestID == req && r.Reason == tc.reason })
 	}
 }
 

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"github.com/drover/drover/api"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,16 +11,15 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
-	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
 )
 
 // runsOnce checks that the server holds exactly one run with id for pipe
 // (the agent's records of one invocation can never count twice) and
 // returns it. The server does not store reasons yet: want checks the rest.
-func runsOnce(t *testing.T, srv *serverProc, pipe, agentID, id string, want func(server.RunJSON) bool) server.RunJSON {
+func runsOnce(t *testing.T, srv *serverProc, pipe, agentID, id string, want func(api.Run) bool) api.Run {
 	t.Helper()
-	var got []server.RunJSON
+	var got []api.Run
 	for _, r := range srv.runs(pipe, agentID) {
 		if r.ID == id {
 			got = append(got, r)
@@ -32,9 +32,9 @@ func runsOnce(t *testing.T, srv *serverProc, pipe, agentID, id string, want func
 }
 
 // waitRun waits until the server has run id of pipe in one of statuses.
-func waitRun(t *testing.T, srv *serverProc, pipe, agentID, id string, timeout time.Duration, statuses ...string) server.RunJSON {
+func waitRun(t *testing.T, srv *serverProc, pipe, agentID, id string, timeout time.Duration, statuses ...string) api.Run {
 	t.Helper()
-	var got server.RunJSON
+	var got api.Run
 	waitFor(t, timeout, "run "+id+" of "+pipe+" to be "+strings.Join(statuses, "|"), func() bool {
 		for _, r := range srv.runs(pipe, agentID) {
 			for _, st := range statuses {
@@ -128,7 +128,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	req := srv.runNow("acc-ok", id).RequestID
 	failed := srv.runOfRequest(req, 60*time.Second, "failed")
 	install(orig)
-	runsOnce(t, srv, "acc-ok", id, failed.ID, func(r server.RunJSON) bool {
+	runsOnce(t, srv, "acc-ok", id, failed.ID, func(r api.Run) bool {
 		return r.Trigger == "api" && r.RequestID == req && r.Reason == "systemd: 203/EXEC" && r.WrittenBy == "daemon"
 	})
 	waitReason(t, a, "acc-ok", failed.ID, "systemd: 203/EXEC")
@@ -138,7 +138,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	running := srv.runOfRequest(req, 60*time.Second, "running")
 	mgr.Systemctl(t, "kill", "--signal=SIGKILL", units.ServiceName("acc-kill"))
 	waitRun(t, srv, "acc-kill", id, running.ID, 60*time.Second, "failed")
-	runsOnce(t, srv, "acc-kill", id, running.ID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
+	runsOnce(t, srv, "acc-kill", id, running.ID, func(r api.Run) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
 	waitReason(t, a, "acc-kill", running.ID, "signal SIGKILL")
 
 	// Both again while the daemon is stopped.
@@ -168,8 +168,8 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	a.start()
 	waitRun(t, srv, "acc-ok", id, execID, 60*time.Second, "failed")
 	waitRun(t, srv, "acc-kill", id, killID, 60*time.Second, "failed")
-	runsOnce(t, srv, "acc-ok", id, execID, func(r server.RunJSON) bool { return r.Trigger == "manual" && r.Reason == "systemd: 203/EXEC" })
-	runsOnce(t, srv, "acc-kill", id, killID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
+	runsOnce(t, srv, "acc-ok", id, execID, func(r api.Run) bool { return r.Trigger == "manual" && r.Reason == "systemd: 203/EXEC" })
+	runsOnce(t, srv, "acc-kill", id, killID, func(r api.Run) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
 	waitReason(t, a, "acc-ok", execID, "systemd: 203/EXEC")
 	waitReason(t, a, "acc-kill", killID, "signal SIGKILL")
 	// Every run so far is on the server once, none is left running.
@@ -224,7 +224,7 @@ func TestCronRunnerKilledAccounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRun(t, srv, "ck", id, run.ID, 60*time.Second, "failed")
-	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
+	runsOnce(t, srv, "ck", id, run.ID, func(r api.Run) bool { return r.Signal == "SIGKILL" && r.Reason == "signal SIGKILL" })
 	waitReason(t, a, "ck", run.ID, "signal SIGKILL")
 
 	// The daemon dies first; the runner dies while it is down.
@@ -236,7 +236,7 @@ func TestCronRunnerKilledAccounted(t *testing.T) {
 	}
 	a.start()
 	waitRun(t, srv, "ck", id, run.ID, 60*time.Second, "failed")
-	runsOnce(t, srv, "ck", id, run.ID, func(r server.RunJSON) bool {
+	runsOnce(t, srv, "ck", id, run.ID, func(r api.Run) bool {
 		return r.Trigger == "api" && r.Reason == "runner lost (it ended while the agent was down)"
 	})
 	waitReason(t, a, "ck", run.ID, "runner lost (it ended while the agent was down)")

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/drover/drover/api"
 	"sort"
 	"strings"
 	"testing"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/internal/sdtest"
-	"github.com/drover/drover/server"
 )
 
 // TestCronBackendSameFireTimes runs the same pipes on two agents of one
@@ -135,7 +135,7 @@ func TestCronBackendSameFireTimes(t *testing.T) {
 
 	// A scheduled fire at the same instant on both backends.
 	var common time.Time
-	var cronRun server.RunJSON
+	var cronRun api.Run
 	waitFor(t, 150*time.Second, "a scheduled c-tick run at the same instant on both backends", func() bool {
 		fired := map[time.Time]bool{}
 		for _, r := range srv.runs("c-tick", sysID) {

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/api"
 	"io"
 	"net/http"
 	"net/url"
@@ -299,27 +300,27 @@ type pipeSpec struct {
 func byTags(tags map[string]string) map[string]any { return map[string]any{"tags": tags} }
 
 // putPipe creates or changes a pipe and returns its version.
-func (s *serverProc) putPipe(name string, spec pipeSpec) server.PutPipeResponse {
+func (s *serverProc) putPipe(name string, spec pipeSpec) api.PutPipeResponse {
 	s.t.Helper()
-	var out server.PutPipeResponse
+	var out api.PutPipeResponse
 	s.api("PUT", "/api/v1/pipes/"+name, map[string]any{"spec": spec}, &out)
 	return out
 }
 
-func (s *serverProc) agentView(id string) server.AgentJSON {
+func (s *serverProc) agentView(id string) api.Agent {
 	s.t.Helper()
-	var ag server.AgentJSON
+	var ag api.Agent
 	s.api("GET", "/api/v1/agents/"+id, nil, &ag)
 	return ag
 }
 
 // runs lists the runs of pipe by agent, oldest first.
-func (s *serverProc) runs(pipe, agentID string) []server.RunJSON {
+func (s *serverProc) runs(pipe, agentID string) []api.Run {
 	s.t.Helper()
-	var all []server.RunJSON
+	var all []api.Run
 	q := url.Values{"pipe": {pipe}, "agent": {agentID}, "limit": {"1000"}}
 	for {
-		var page server.RunList
+		var page api.RunList
 		s.api("GET", "/api/v1/runs?"+q.Encode(), nil, &page)
 		all = append(all, page.Runs...)
 		if page.NextCursor == "" {
@@ -332,7 +333,7 @@ func (s *serverProc) runs(pipe, agentID string) []server.RunJSON {
 }
 
 // logs returns a run's log chunks as the server stored them.
-func (s *serverProc) logs(runID string) server.LogsJSON {
+func (s *serverProc) logs(runID string) api.Logs {
 	s.t.Helper()
 	req, err := http.NewRequest("GET", s.base+"/api/v1/runs/"+url.PathEscape(runID)+"/logs", nil)
 	if err != nil {
@@ -349,7 +350,7 @@ func (s *serverProc) logs(runID string) server.LogsJSON {
 	if resp.StatusCode != 200 {
 		s.t.Fatalf("logs of %s: %d %s", runID, resp.StatusCode, b)
 	}
-	var l server.LogsJSON
+	var l api.Logs
 	if err := json.Unmarshal(b, &l); err != nil {
 		s.t.Fatal(err)
 	}
@@ -366,10 +367,10 @@ func (s *serverProc) logText(runID string) string {
 }
 
 // runNow asks the server to run pipe on one agent now.
-func (s *serverProc) runNow(pipe, agentID string) server.RunPipeResponse {
+func (s *serverProc) runNow(pipe, agentID string) api.RunPipeResponse {
 	s.t.Helper()
-	var out server.RunPipeResponse
-	s.api("POST", "/api/v1/pipes/"+pipe+"/run", server.RunPipeRequest{Agent: agentID}, &out)
+	var out api.RunPipeResponse
+	s.api("POST", "/api/v1/pipes/"+pipe+"/run", api.RunPipeRequest{Agent: agentID}, &out)
 	if len(out.Sent) != 1 || out.Sent[0] != agentID {
 		s.t.Fatalf("run %s now: sent to %v, offline %v", pipe, out.Sent, out.Offline)
 	}
@@ -378,11 +379,11 @@ func (s *serverProc) runNow(pipe, agentID string) server.RunPipeResponse {
 
 // runOfRequest waits for the run a RunNow request started to reach one of
 // the given statuses.
-func (s *serverProc) runOfRequest(requestID string, timeout time.Duration, statuses ...string) server.RunJSON {
+func (s *serverProc) runOfRequest(requestID string, timeout time.Duration, statuses ...string) api.Run {
 	s.t.Helper()
-	var got server.RunJSON
+	var got api.Run
 	waitFor(s.t, timeout, "the run of request "+requestID+" to be "+strings.Join(statuses, "|"), func() bool {
-		var page server.RunList
+		var page api.RunList
 		s.api("GET", "/api/v1/runs?request_id="+url.QueryEscape(requestID), nil, &page)
 		for _, r := range page.Runs {
 			for _, st := range statuses {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"github.com/drover/drover/api"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,7 +12,6 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
-	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
 )
 
@@ -115,7 +115,7 @@ func checkTimers(t *testing.T, h *pipeHost, specs map[string]pipeSpec) {
 
 // proveRunNow: RunNow runs with trigger api and the request id, the pipe's
 // env, and the log reaches the server.
-func proveRunNow(t *testing.T, srv *serverProc, id string) server.RunJSON {
+func proveRunNow(t *testing.T, srv *serverProc, id string) api.Run {
 	t.Helper()
 	req := srv.runNow("api", id)
 	r := srv.runOfRequest(req.RequestID, 60*time.Second, "succeeded", "failed", "timed_out", "canceled")
@@ -156,7 +156,7 @@ func proveCancel(t *testing.T, srv *serverProc, h *pipeHost, id, pidPath string)
 	if sk.Status != "skipped" || sk.Trigger != "api" || sk.ID == r.ID || !strings.Contains(sk.Error, "in progress") {
 		t.Fatalf("RunNow during a run: %+v", sk)
 	}
-	var cancel server.CancelResponse
+	var cancel api.CancelResponse
 	srv.api("POST", "/api/v1/runs/"+r.ID+"/cancel", nil, &cancel)
 	if !cancel.Sent || cancel.AgentID != id {
 		t.Fatalf("cancel: %+v", cancel)
@@ -191,9 +191,9 @@ func proveTimeout(t *testing.T, srv *serverProc, h *pipeHost, id, pidPath string
 // firstScheduledRun waits for a scheduled run of tick: trigger schedule, at
 // a whole minute, with its status and log on the server, and no other run
 // of tick. It returns that run.
-func firstScheduledRun(t *testing.T, srv *serverProc, id string) server.RunJSON {
+func firstScheduledRun(t *testing.T, srv *serverProc, id string) api.Run {
 	t.Helper()
-	var first server.RunJSON
+	var first api.Run
 	waitFor(t, 90*time.Second, "a scheduled run of tick", func() bool {
 		for _, r := range srv.runs("tick", id) {
 			if r.Trigger == "schedule" && r.Status == "succeeded" {

@@ -1,12 +1,12 @@
 package e2e
 
 import (
+	"github.com/drover/drover/api"
 	"net/url"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
-	"github.com/drover/drover/server"
 )
 
 // Missed-run detection against real agents: scheduled runs of an
@@ -32,8 +32,8 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 	sys.waitPipes(60*time.Second, "m-tick")
 	crn.waitPipes(60*time.Second, "m-tick")
 
-	scheduled := func(id string) map[time.Time]server.RunJSON {
-		out := map[time.Time]server.RunJSON{}
+	scheduled := func(id string) map[time.Time]api.Run {
+		out := map[time.Time]api.Run{}
 		for _, r := range srv.runs("m-tick", id) {
 			if r.ScheduledAt != nil {
 				out[r.ScheduledAt.UTC()] = r
@@ -78,7 +78,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 	}
 	crn.stop()
 	fire := time.Now().Truncate(time.Minute).Add(time.Minute).UTC()
-	var missed server.RunJSON
+	var missed api.Run
 	waitFor(t, 180*time.Second, "a missed run of the silent agent for "+fire.Format(time.RFC3339), func() bool {
 		r, ok := scheduled(cronID)[fire]
 		missed = r
@@ -87,7 +87,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 	if missed.Trigger != "schedule" || missed.WrittenBy != "server" || (missed.Reason != "agent offline" && missed.Reason != "not reported") {
 		t.Fatalf("missed run: %+v", missed)
 	}
-	var fl server.FireList
+	var fl api.FireList
 	q := url.Values{"since": {fire.Add(-time.Second).Format(time.RFC3339)}, "until": {fire.Add(time.Second).Format(time.RFC3339)}}
 	srv.api("GET", "/api/v1/pipes/m-tick/fires?"+q.Encode(), nil, &fl)
 	if len(fl.Fires) != 1 || fl.Fires[0].Expected != 2 || fl.Fires[0].Counts["succeeded"] != 1 || fl.Fires[0].Counts["missed"] != 1 {
@@ -116,7 +116,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 			t.Fatalf("%d runs of the cron agent for fire time %s", n, at)
 		}
 	}
-	var events server.EventList
+	var events api.EventList
 	srv.api("GET", "/api/v1/events?kind=run.missed&pipe=m-tick", nil, &events)
 	found := false
 	for _, e := range events.Events {

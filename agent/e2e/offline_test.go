@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/drover/drover/api"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -10,7 +11,6 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
-	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
 )
 
@@ -87,7 +87,7 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 
 	srv.start(srv.https, srv.grpc)
 	t1 := time.Now()
-	var runs []server.RunJSON
+	var runs []api.Run
 	waitFor(t, 120*time.Second, "every run on the server", func() bool {
 		runs = srv.runs("off", id)
 		return countStatus(runs, "succeeded") == online+offline
@@ -102,7 +102,7 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 		t.Fatalf("%d runs on the server, want %d", len(runs), online+offline)
 	}
 	ids := map[string]bool{}
-	byNum := map[int]server.RunJSON{}
+	byNum := map[int]api.Run{}
 	chunks := 0
 	for _, r := range runs {
 		if ids[r.ID] {
@@ -159,7 +159,7 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 	t.Logf("%d runs, %d log chunks, each exactly once, in order", len(runs), chunks)
 }
 
-func countStatus(runs []server.RunJSON, status string) int {
+func countStatus(runs []api.Run, status string) int {
 	n := 0
 	for _, r := range runs {
 		if r.Status == status {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/drover/drover/api"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/packaging/boottest"
-	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
 )
 
@@ -83,7 +83,7 @@ func TestSystemScopeBooted(t *testing.T) {
 
 	var id string
 	waitFor(t, 60*time.Second, "the agent in the container to enroll and connect", func() bool {
-		var list server.AgentList
+		var list api.AgentList
 		srv.api("GET", "/api/v1/agents", nil, &list)
 		if len(list.Agents) == 1 && list.Agents[0].Online {
 			id = list.Agents[0].ID
@@ -146,7 +146,7 @@ func TestSystemScopeBooted(t *testing.T) {
 	}
 	t.Logf("%s: %v, %s", svc, props, cred)
 
-	checkSecretRun := func(r server.RunJSON) {
+	checkSecretRun := func(r api.Run) {
 		t.Helper()
 		log := srv.logText(r.ID)
 		if strings.Contains(log, secret) {

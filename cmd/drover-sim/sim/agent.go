@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -368,7 +369,7 @@ func (a *simAgent) get(ctx context.Context, path, etag string) (*http.Response, 
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("X-Drover-Machine-Id", a.machineID) // as a real agent does
+	req.Header.Set(api.MachineIDHeader, a.machineID) // as a real agent does
 	if etag != "" {
 		req.Header.Set("If-None-Match", etag)
 	}

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"github.com/drover/drover/api"
 	"log/slog"
 	"net"
 	"net/url"
@@ -118,9 +119,9 @@ func TestFleetAgainstRealServer(t *testing.T) {
 	// The server's view: every agent of the fleet with the last version
 	// applied, and exactly the runs the simulator had acknowledged.
 	ctx := t.Context()
-	var agents []server.AgentJSON
+	var agents []api.Agent
 	for cursor := ""; ; {
-		var page server.AgentList
+		var page api.AgentList
 		if err := adm.call(ctx, "GET", "/api/v1/agents?limit=1000&tag="+url.QueryEscape(fleetTag+"=test")+"&cursor="+url.QueryEscape(cursor), nil, &page); err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +134,7 @@ func TestFleetAgainstRealServer(t *testing.T) {
 		t.Fatalf("the server lists %d agents of the fleet", len(agents))
 	}
 	for _, listed := range agents {
-		var a server.AgentJSON
+		var a api.Agent
 		if err := adm.call(ctx, "GET", "/api/v1/agents/"+listed.ID, nil, &a); err != nil {
 			t.Fatal(err)
 		}
@@ -141,9 +142,9 @@ func TestFleetAgainstRealServer(t *testing.T) {
 			t.Fatalf("agent %s on the server: state %q, applied serial %d, manifest %+v", a.ID, a.ManifestState, a.AppliedSerial, a.Manifest)
 		}
 	}
-	var runs []server.RunJSON
+	var runs []api.Run
 	for cursor := ""; ; {
-		var page server.RunList
+		var page api.RunList
 		if err := adm.call(ctx, "GET", "/api/v1/runs?limit=1000&pipe="+rep.Pipe+"&cursor="+url.QueryEscape(cursor), nil, &page); err != nil {
 			t.Fatal(err)
 		}

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -235,7 +236,7 @@ func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgen
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(server.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "1.0.0-test",
+	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "1.0.0-test",
 		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))})
 	resp, err := ts.http.Post(ts.base+"/api/v1/agents/enroll", "application/json", bytes.NewReader(body))
 	if err != nil {
@@ -246,7 +247,7 @@ func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgen
 	if resp.StatusCode != 200 {
 		t.Fatalf("enroll: %d %s", resp.StatusCode, rb)
 	}
-	var er server.EnrollResponse
+	var er api.EnrollResponse
 	if err := json.Unmarshal(rb, &er); err != nil {
 		t.Fatal(err)
 	}
