@@ -313,7 +313,7 @@ func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 		if len(sel) > 0 && (p.Spec.Targets == nil || !hasTags(p.Spec.Targets.Tags, sel)) {
 			continue
 		}
-		if agent != nil && !targets(p.Spec.Targets, agent) {
+		if agent != nil && !p.Spec.Targets.Selects(agent.ID, agent.Tags) {
 			continue
 		}
 		kept = append(kept, p)
@@ -394,7 +394,7 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: p.Name, RequestId: resp.RequestID}}}
 	found := false
 	for _, a := range agents {
-		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !targets(p.Spec.Targets, a) || !hasTags(a.Tags, req.Tags) {
+		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !p.Spec.Targets.Selects(a.ID, a.Tags) || !hasTags(a.Tags, req.Tags) {
 			continue
 		}
 		found = true
@@ -412,19 +412,6 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 	}
 	setAudit(r, "pipe/"+p.Name, nil, resp)
 	return writeJSON(w, http.StatusAccepted, resp)
-}
-
-// targets reports whether a pipe's targets select an agent.
-func targets(t *manifest.Targets, a *Agent) bool {
-	if t == nil {
-		return false
-	}
-	for _, id := range t.Agents {
-		if id == a.ID {
-			return true
-		}
-	}
-	return matchesTags(t.Tags, a.Tags)
 }
 
 // ---- agents

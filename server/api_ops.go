@@ -524,8 +524,8 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 		if !a.RevokedAt.IsZero() {
 			continue
 		}
-		was := cur != nil && targets(cur.Spec.Targets, a)
-		will := next != nil && targets(next.Spec.Targets, a)
+		was := cur != nil && cur.Spec.Targets.Selects(a.ID, a.Tags)
+		will := next != nil && next.Spec.Targets.Selects(a.ID, a.Tags)
 		c := api.AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname}
 		switch {
 		case was && !will:

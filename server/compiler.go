@@ -210,20 +210,6 @@ func encodeManifest(agentID string, serial uint64, issued, expires time.Time, kl
 	return append(out, ']', '}'), nil
 }
 
-// matchesTags reports whether an agent carries every tag of a selector; an
-// empty selector matches nothing (targets must be explicit).
-func matchesTags(sel, tags map[string]string) bool {
-	if len(sel) == 0 {
-		return false
-	}
-	for k, v := range sel {
-		if got, ok := tags[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
-
 // contentHash names what a manifest says apart from its serial and times:
 // the agent, the key-list version and the pipe versions in it.
 func contentHash(agentID string, klv uint64, refs []string) string {
@@ -241,7 +227,7 @@ func contentHash(agentID string, klv uint64, refs []string) string {
 func (c *compiler) compileOne(a *CompileAgent, entries []pipeEntry, byAgent map[string][]int, signer *signing.Signer, klv uint64, now time.Time, force bool) (*StoredManifest, error) {
 	var idx []int
 	for i := range entries {
-		if t := entries[i].targets; t != nil && matchesTags(t.Tags, a.Tags) {
+		if t := entries[i].targets; t.SelectsTags(a.Tags) {
 			idx = append(idx, i)
 		}
 	}

@@ -145,7 +145,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 				if err := decodeMonitorAgent(a, false); err != nil {
 					return err
 				}
-				if slices.Contains(t.Agents, a.ID) || matchesTags(t.Tags, a.Tags) {
+				if t.Selects(a.ID, a.Tags) {
 					holders = append(holders, a)
 				}
 			}

@@ -276,7 +276,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 			}
 			if len(t.Tags) > 0 {
 				for _, a := range agents {
-					if !seen[a.ID] && matchesTags(t.Tags, a.Tags) {
+					if !seen[a.ID] && t.SelectsTags(a.Tags) {
 						pl.holders = append(pl.holders, a)
 					}
 				}

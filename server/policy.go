@@ -61,7 +61,7 @@ func privilegedReasons(spec *manifest.Spec, agents []*Agent) []api.Detail {
 			out = append(out, api.Detail{Field: "spec.targets.tags." + internalAgentTag, Message: "targets the server's internal agent (it runs on the server's own host)"})
 		} else {
 			for _, a := range agents {
-				if a.Tags[internalAgentTag] == "true" && a.RevokedAt.IsZero() && targets(t, a) {
+				if a.Tags[internalAgentTag] == "true" && a.RevokedAt.IsZero() && t.Selects(a.ID, a.Tags) {
 					out = append(out, api.Detail{Field: "spec.targets", Message: fmt.Sprintf("reaches the server's internal agent %s (it runs on the server's own host)", a.ID)})
 					break
 				}
