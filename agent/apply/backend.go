@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -367,7 +368,7 @@ func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *
 				res.fail(bl.pr.pipe.Name, fmt.Errorf("pipe directory: %w", err))
 			}
 		}
-		if err := syncDir(root); err != nil {
+		if err := atomicfile.SyncDir(root); err != nil {
 			for _, bl := range builds {
 				failed[bl.pr.pipe.Name] = true
 				res.fail(bl.pr.pipe.Name, err)

@@ -17,6 +17,7 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 
+	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -325,7 +326,7 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		}
 	}
 	if len(removes) > 0 {
-		_ = syncDir(b.cfg.UnitDir)
+		_ = atomicfile.SyncDir(b.cfg.UnitDir)
 	}
 	for _, tm := range startJobs {
 		if !loaded[tm] {
@@ -569,7 +570,7 @@ func enableLinks(unitDir string, timers []string) error {
 			return err
 		}
 	}
-	return syncDir(wants)
+	return atomicfile.SyncDir(wants)
 }
 
 // disableLinks removes the links enableLinks makes.
@@ -585,7 +586,7 @@ func disableLinks(unitDir string, timers []string) error {
 		}
 	}
 	if _, err := os.Stat(wants); err == nil {
-		errs = append(errs, syncDir(wants))
+		errs = append(errs, atomicfile.SyncDir(wants))
 	}
 	return errors.Join(errs...)
 }
@@ -878,7 +879,7 @@ func removeDropIns(unitDir string, preps []prepared) []Step {
 		}
 	}
 	if len(out) > 0 {
-		_ = syncDir(unitDir)
+		_ = atomicfile.SyncDir(unitDir)
 	}
 	return out
 }
