@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/internal/atomicfile"
+	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -98,7 +99,7 @@ the pipe's zone within 400 days of that day.`,
 	cmd.Flags().StringVar(&outDir, "out", "", "write the unit files into this directory instead of printing them")
 	cmd.Flags().StringVar(&scope, "scope", string(units.ScopeSystem), "systemd scope the units are for: system or user")
 	cmd.Flags().StringVar(&agentPath, "agent-path", "/usr/bin/drover-agent", "agent binary the service runs")
-	cmd.Flags().StringVar(&dataDir, "data-dir", "/var/lib/drover", "agent data directory")
+	cmd.Flags().StringVar(&dataDir, "data-dir", paths.AgentDataDir, "agent data directory")
 	cmd.Flags().StringVar(&now, "now", "", "render as the agent would at this RFC 3339 time (DST correction lines; default now)")
 	return cmd
 }
