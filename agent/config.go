@@ -28,7 +28,7 @@ const (
 	DefaultMachineIDFile = "/etc/machine-id"
 	// DefaultAgentPath is where the packages install the agent. The daemon
 	// does not assume it: an empty agent_path is the running binary.
-	DefaultAgentPath = "/usr/bin/drover-agent"
+	DefaultAgentPath = paths.AgentBinary
 )
 
 // Backend and scope names.

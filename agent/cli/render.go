@@ -98,7 +98,7 @@ the pipe's zone within 400 days of that day.`,
 	cmd.Flags().StringVar(&pipeFile, "pipe", "", "pipe spec YAML file (one document)")
 	cmd.Flags().StringVar(&outDir, "out", "", "write the unit files into this directory instead of printing them")
 	cmd.Flags().StringVar(&scope, "scope", string(units.ScopeSystem), "systemd scope the units are for: system or user")
-	cmd.Flags().StringVar(&agentPath, "agent-path", "/usr/bin/drover-agent", "agent binary the service runs")
+	cmd.Flags().StringVar(&agentPath, "agent-path", paths.AgentBinary, "agent binary the service runs")
 	cmd.Flags().StringVar(&dataDir, "data-dir", paths.AgentDataDir, "agent data directory")
 	cmd.Flags().StringVar(&now, "now", "", "render as the agent would at this RFC 3339 time (DST correction lines; default now)")
 	return cmd
