@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/spool"
+	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 )
@@ -50,12 +51,12 @@ func DefaultSpoolRoots(cfg Config) []string {
 			if base == "" && home != "" {
 				base = filepath.Join(home, b.def)
 			}
-			if base != "" && !slices.Contains(roots, filepath.Join(base, "drover-runs")) {
-				roots = append(roots, filepath.Join(base, "drover-runs"))
+			if base != "" && !slices.Contains(roots, filepath.Join(base, paths.RunsName)) {
+				roots = append(roots, filepath.Join(base, paths.RunsName))
 			}
 		}
 	default:
-		roots = append(roots, "/var/lib/drover-runs")
+		roots = append(roots, paths.SystemRunsDir)
 	}
 	return roots
 }

@@ -15,19 +15,20 @@ import (
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
 
+	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 )
 
 // Default paths (DESIGN.md, "Paths and names").
 const (
-	DefaultConfigFile = "/etc/drover/agent.yaml"
-	DefaultDataDir    = "/var/lib/drover"
-	DefaultTokenFile  = "/etc/drover/enroll.token"
+	DefaultConfigFile = paths.AgentConfigFile
+	DefaultDataDir    = paths.AgentDataDir
+	DefaultTokenFile  = paths.EnrollTokenFile
 	// DefaultMachineIDFile is systemd's machine id (machine-id(5)).
 	DefaultMachineIDFile = "/etc/machine-id"
 	// DefaultAgentPath is where the packages install the agent. The daemon
 	// does not assume it: an empty agent_path is the running binary.
-	DefaultAgentPath = "/usr/bin/drover-agent"
+	DefaultAgentPath = paths.AgentBinary
 )
 
 // Backend and scope names.

@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -166,10 +167,10 @@ func encodeCredentials(chainPEM []byte, key *ecdsa.PrivateKey) ([]byte, error) {
 
 // saveCredentials replaces agent.pem and ca.pem.
 func saveCredentials(dir string, cred, caPEM []byte) error {
-	if err := writeFileAtomic(filepath.Join(dir, caFile), caPEM, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, caFile), caPEM, 0o600); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, credFile), cred, 0o600)
+	return atomicfile.Write(filepath.Join(dir, credFile), cred, 0o600)
 }
 
 // saveIdentity writes identity.json, the mark of a finished enrollment.
@@ -178,53 +179,14 @@ func saveIdentity(dir string, id *Identity) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, identityFile), append(b, '\n'), 0o600)
+	return atomicfile.Write(filepath.Join(dir, identityFile), append(b, '\n'), 0o600)
 }
 
-// writeFileAtomic replaces path with data through a synced temp file in the
-// same directory, and syncs the directory.
-// removeStaleTemps deletes the temporary files writeFileAtomic leaves in
+// removeStaleTemps deletes the temporary files atomicfile.Write leaves in
 // dir when the process is killed between creating and renaming one.
 func removeStaleTemps(dir string) {
 	matches, _ := filepath.Glob(filepath.Join(dir, ".*.tmp-*"))
 	for _, m := range matches {
 		_ = os.Remove(m)
 	}
-}
-
-func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = os.Remove(tmp)
-		}
-	}()
-	if err = f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err = f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	if d, derr := os.Open(dir); derr == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }

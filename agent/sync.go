@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/drover/drover/agent/apply"
+	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/signing"
@@ -361,7 +362,7 @@ func (a *Agent) cachePayload(digest string, b []byte) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	return writeFileAtomic(payloadPath(a.cfg.DataDir, digest), b, 0o600)
+	return atomicfile.Write(payloadPath(a.cfg.DataDir, digest), b, 0o600)
 }
 
 // prunePayloads removes cached payloads m does not name.

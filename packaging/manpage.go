@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"fmt"
+	"github.com/drover/drover/internal/paths"
 	"os"
 	"os/exec"
 	"strings"
@@ -39,9 +40,9 @@ Without a command it runs the daemon, normally as the systemd service drover-age
 
 Inspect the pipes with systemctl list-timers 'drover-pipe-*', systemctl status drover-pipe-NAME.service and journalctl -u drover-pipe-NAME; the agent's own state with drover-agent status.`,
 		Files: [][2]string{
-			{"/etc/drover/agent.yaml", "configuration; every setting is listed there, commented out, with its default"},
-			{"/etc/drover/enroll.token", "one-time enrollment token dropped by config management (mode 0600); removed after enrolling"},
-			{"/var/lib/drover", "key, certificates, database and payloads (mode 0700)"},
+			{paths.AgentConfigFile, "configuration; every setting is listed there, commented out, with its default"},
+			{paths.EnrollTokenFile, "one-time enrollment token dropped by config management (mode 0600); removed after enrolling"},
+			{paths.AgentDataDir, "key, certificates, database and payloads (mode 0700)"},
 			{"/etc/systemd/system/drover-pipe-*.timer, drover-pipe-*.service", "the pipes' units; only files whose first line is \"# Managed by drover-agent. Local changes are overwritten.\" are ever changed or removed"},
 		},
 		Environment: [][2]string{
@@ -57,8 +58,8 @@ Inspect the pipes with systemctl list-timers 'drover-pipe-*', systemctl status d
 
 Normally it runs as the systemd service drover-server.service, as the system user drover. The first start creates the CA, the keys, admin.token (the bootstrap administrator API token, mode 0600) and ca.crt (the CA certificate, PEM) in the data directory.`,
 		Files: [][2]string{
-			{"/etc/drover-server/server.yaml", "configuration; every setting is listed there, commented out, with its default"},
-			{"/var/lib/drover-server", "CA, keys, database, admin.token and ca.crt (mode 0700, owner drover)"},
+			{paths.ServerConfigFile, "configuration; every setting is listed there, commented out, with its default"},
+			{paths.ServerDataDir, "CA, keys, database, admin.token and ca.crt (mode 0700, owner drover)"},
 		},
 		Environment: [][2]string{
 			{"DROVER_<PATH>", "overrides the setting at PATH in server.yaml, upper-cased and joined by '_': DROVER_HTTP_ADDR, DROVER_DATA_DIR, DROVER_ENROLLMENT_CERT_LIFETIME; flags override both"},

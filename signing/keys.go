@@ -15,8 +15,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
+	"github.com/drover/drover/internal/atomicfile"
 	"github.com/sigstore/sigstore/pkg/signature"
 )
 
@@ -193,7 +193,7 @@ func LoadSigner(path string) (*Signer, error) {
 // WriteSigner writes s as PKCS#8 PEM to path with mode 0600, atomically: a
 // temporary file in the same directory is written, synced and renamed over
 // path, and the directory is synced.
-func WriteSigner(path string, s *Signer) (err error) {
+func WriteSigner(path string, s *Signer) error {
 	if s == nil {
 		return errors.New("write signing key: nil signer")
 	}
@@ -201,38 +201,8 @@ func WriteSigner(path string, s *Signer) (err error) {
 	if err != nil {
 		return fmt.Errorf("write signing key: %w", err)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
+	if err := atomicfile.Write(path, b, 0o600); err != nil {
 		return fmt.Errorf("write signing key: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err = tmp.Chmod(0o600); err != nil {
-		return fmt.Errorf("write signing key: %w", err)
-	}
-	if _, err = tmp.Write(b); err != nil {
-		return fmt.Errorf("write signing key: %w", err)
-	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("write signing key: %w", err)
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("write signing key: %w", err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write signing key: %w", err)
-	}
-	if d, derr := os.Open(dir); derr == nil {
-		serr := d.Sync()
-		d.Close()
-		if serr != nil {
-			return fmt.Errorf("write signing key: sync %s: %w", dir, serr)
-		}
 	}
 	return nil
 }

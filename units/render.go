@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 )
 
@@ -25,16 +26,16 @@ const (
 
 // Defaults for Options.
 const (
-	DefaultAgentPath = "/usr/bin/drover-agent"
-	DefaultDataDir   = "/var/lib/drover"
+	DefaultAgentPath = paths.AgentBinary
+	DefaultDataDir   = paths.AgentDataDir
 	// PipeMount is where system-scope services see their pipe's files.
-	PipeMount = "/run/drover/pipe"
+	PipeMount = paths.PipeMount
 	// PipeDirEnv names the variable that tells the runner where the pipe's
 	// files are.
 	PipeDirEnv = "DROVER_PIPE_DIR"
 	// StateDirPrefix is the per-pipe StateDirectory= below /var/lib (system)
 	// or $XDG_STATE_HOME (user): drover-runs/<name>.
-	StateDirPrefix = "drover-runs"
+	StateDirPrefix = paths.RunsName
 	// TimeoutGrace is added to a pipe's timeout for TimeoutStartSec=: the
 	// runner times the job out itself (SIGTERM, SIGKILL 5 s later) and
 	// records timed_out before systemd's own limit would stop it.

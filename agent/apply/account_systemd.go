@@ -12,6 +12,7 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/google/uuid"
 
+	"github.com/drover/drover/agent/runreq"
 	"github.com/drover/drover/units"
 )
 
@@ -172,7 +173,7 @@ func (b *Systemd) Ended(ctx context.Context) ([]Ended, error) {
 			continue
 		}
 		if req != nil && key != reqCopy.beforeKey && (reqCopy.usedKey == "" || reqCopy.usedKey == key) &&
-			!e.StartedAt.Before(reqCopy.at.Add(-2*time.Second)) && e.StartedAt.Before(reqCopy.at.Add(RequestTTL)) {
+			!e.StartedAt.Before(reqCopy.at.Add(-2*time.Second)) && e.StartedAt.Before(reqCopy.at.Add(runreq.TTL)) {
 			// The first invocation after the request is its run.
 			e.Trigger, e.RequestID = "api", reqCopy.id
 			b.amu.Lock()

@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/drover/drover/internal/atomicfile"
+	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -147,13 +149,13 @@ func (c Config) defaults(manager bool) (Config, error) {
 	switch c.Scope {
 	case units.ScopeSystem:
 		if c.UnitDir == "" {
-			c.UnitDir = "/etc/systemd/system"
+			c.UnitDir = paths.SystemUnitDir
 		}
 		if c.RuntimeDir == "" {
-			c.RuntimeDir = "/run/drover"
+			c.RuntimeDir = paths.RuntimeDir
 		}
 		if c.StampDir == "" {
-			c.StampDir = "/var/lib/systemd/timers"
+			c.StampDir = paths.SystemTimerStampDir
 		}
 	case units.ScopeUser:
 		if c.UnitDir == "" {
@@ -167,7 +169,7 @@ func (c Config) defaults(manager bool) (Config, error) {
 			rt := os.Getenv("XDG_RUNTIME_DIR")
 			switch {
 			case rt != "":
-				c.RuntimeDir = filepath.Join(rt, "drover")
+				c.RuntimeDir = filepath.Join(rt, paths.RuntimeName)
 			case !manager:
 				c.RuntimeDir = filepath.Join(c.DataDir, "run")
 			default:
@@ -367,7 +369,7 @@ func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *
 				res.fail(bl.pr.pipe.Name, fmt.Errorf("pipe directory: %w", err))
 			}
 		}
-		if err := syncDir(root); err != nil {
+		if err := atomicfile.SyncDir(root); err != nil {
 			for _, bl := range builds {
 				failed[bl.pr.pipe.Name] = true
 				res.fail(bl.pr.pipe.Name, err)

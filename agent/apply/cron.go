@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/robfig/cron/v3"
 
+	"github.com/drover/drover/agent/runreq"
 	"github.com/drover/drover/manifest"
 )
 
@@ -429,7 +430,7 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 		"DROVER_TRIGGER="+trigger,
 		"DROVER_SCHEDULED_AT="+scheduled.UTC().Format(time.RFC3339),
 		"DROVER_RUN_ID="+runID,
-		"DROVER_REQUEST_DIR="+filepath.Join(b.cfg.RuntimeDir, "requests"),
+		"DROVER_REQUEST_DIR="+runreq.Dir(b.cfg.RuntimeDir),
 	)
 	if requestID != "" {
 		cmd.Env = append(cmd.Env, "DROVER_REQUEST_ID="+requestID)
@@ -492,7 +493,7 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 		p.lastRes, p.lastExit = res, code
 		b.mu.Unlock()
 		if requestID != "" {
-			removeRequest(RequestPath(b.cfg.RuntimeDir, name), requestID)
+			runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), name), requestID)
 		}
 	}()
 	return proc, nil
@@ -525,12 +526,12 @@ func (b *Cron) RunNow(ctx context.Context, pipe, requestID string) error {
 	if running {
 		return ErrAlreadyRunning
 	}
-	if _, err := writeRequest(b.cfg.RuntimeDir, pipe, requestID, b.cfg.Now()); err != nil {
+	if _, err := runreq.Write(runreq.Dir(b.cfg.RuntimeDir), pipe, requestID, b.cfg.Now()); err != nil {
 		return err
 	}
 	_, err := b.spawn(pipe, "api", b.cfg.Now(), requestID)
 	if err != nil {
-		removeRequest(RequestPath(b.cfg.RuntimeDir, pipe), requestID)
+		runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), pipe), requestID)
 	}
 	return err
 }

@@ -48,15 +48,15 @@
 //
 // # RunNow requests
 //
-// RunNow writes a request file before it starts the run:
+// RunNow writes a request file (agent/runreq: its format, path and
+// freshness) before it starts the run:
 //
 //	system scope: /run/drover/requests/<name>.json
 //	user scope:   $XDG_RUNTIME_DIR/drover/requests/<name>.json
 //
-// mode 0644, JSON {"request_id", "trigger":"api", "requested_at",
-// "expires_at"}. A runner starting before expires_at with such a file present
-// takes trigger=api and the request id from it; it must not remove it (it
-// may lack the right to): the backend removes it once the run has ended.
+// A runner starting before its expires_at takes trigger=api and the request
+// id from it; it must not remove it (it may lack the right to): the backend
+// removes it once the run has ended.
 //
 // # The cron backend's contract with the runner
 //

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/drover/drover/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -115,40 +116,23 @@ func commitFiles(files []pendingFile) error {
 		}
 	}
 	for d := range dirs {
-		if err := syncDir(d); err != nil {
+		if err := atomicfile.SyncDir(d); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// writeFileAtomic writes one file: temp, fsync, rename, fsync dir.
+// writeFileAtomic replaces path (see internal/atomicfile). Its temporary
+// file starts with tmpPrefix, so removeTemps sweeps it after a crash.
 func writeFileAtomic(path string, data []byte, perm fs.FileMode) error {
-	if err := replaceFile(path, data, perm); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
+	return atomicfile.Options{Perm: perm, TempPrefix: tmpPrefix + filepath.Base(path) + "-"}.Write(path, data)
 }
 
-// replaceFile writes a temporary file, fsyncs it and renames it over path;
-// the caller syncs the directory (once for several files).
+// replaceFile is writeFileAtomic without the directory sync: the caller
+// syncs the directory once for several files.
 func replaceFile(path string, data []byte, perm fs.FileMode) error {
-	p, err := writeTemp(path, data, perm)
-	if err != nil {
-		return err
-	}
-	f, err := os.Open(p.tmp)
-	if err == nil {
-		err = f.Sync()
-		f.Close()
-	}
-	if err == nil {
-		err = os.Rename(p.tmp, path)
-	}
-	if err != nil {
-		os.Remove(p.tmp)
-	}
-	return err
+	return atomicfile.Options{Perm: perm, TempPrefix: tmpPrefix + filepath.Base(path) + "-", NoDirSync: true}.Write(path, data)
 }
 
 // syncFS flushes the file systems holding dirs: one syncfs(2) per file system.
@@ -172,18 +156,6 @@ func syncFS(dirs map[string]bool) error {
 		if err != nil {
 			return fmt.Errorf("syncfs %s: %w", d, err)
 		}
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
 	}
 	return nil
 }

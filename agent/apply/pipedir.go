@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/drover/drover/agent/runner"
+	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/manifest"
 )
 
@@ -223,7 +224,7 @@ func gcPipeDirs(dataDir string, keep map[string]bool, busy func(string) bool) er
 		}
 		os.RemoveAll(filepath.Join(root, name))
 	}
-	return syncDir(root)
+	return atomicfile.SyncDir(root)
 }
 
 // writeSecrets makes D/secrets/<name> hold exactly values (files 0600 in a
@@ -269,7 +270,7 @@ func writeSecrets(dataDir, pipe string, values map[string]string) error {
 		}
 	}
 	if changed {
-		return syncDir(dir)
+		return atomicfile.SyncDir(dir)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package apply
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,8 @@ import (
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 
+	"github.com/drover/drover/agent/runreq"
+	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -325,7 +326,7 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		}
 	}
 	if len(removes) > 0 {
-		_ = syncDir(b.cfg.UnitDir)
+		_ = atomicfile.SyncDir(b.cfg.UnitDir)
 	}
 	for _, tm := range startJobs {
 		if !loaded[tm] {
@@ -569,7 +570,7 @@ func enableLinks(unitDir string, timers []string) error {
 			return err
 		}
 	}
-	return syncDir(wants)
+	return atomicfile.SyncDir(wants)
 }
 
 // disableLinks removes the links enableLinks makes.
@@ -585,7 +586,7 @@ func disableLinks(unitDir string, timers []string) error {
 		}
 	}
 	if _, err := os.Stat(wants); err == nil {
-		errs = append(errs, syncDir(wants))
+		errs = append(errs, atomicfile.SyncDir(wants))
 	}
 	return errors.Join(errs...)
 }
@@ -712,7 +713,7 @@ func (b *Systemd) RunNow(ctx context.Context, pipe, requestID string) error {
 			return ErrAlreadyRunning
 		}
 	}
-	path, err := writeRequest(b.cfg.RuntimeDir, pipe, requestID, b.cfg.Now())
+	path, err := runreq.Write(runreq.Dir(b.cfg.RuntimeDir), pipe, requestID, b.cfg.Now())
 	if err != nil {
 		return err
 	}
@@ -723,7 +724,7 @@ func (b *Systemd) RunNow(ctx context.Context, pipe, requestID string) error {
 	b.amu.Unlock()
 	ch := make(chan string, 1)
 	if _, err := b.conn.StartUnitContext(ctx, svc, "replace", ch); err != nil {
-		removeRequest(path, requestID)
+		runreq.Remove(path, requestID)
 		b.amu.Lock()
 		if b.reqs[pipe] == req {
 			delete(b.reqs, pipe)
@@ -737,7 +738,7 @@ func (b *Systemd) RunNow(ctx context.Context, pipe, requestID string) error {
 		// is settled by the daemon from the service's account (Ended):
 		// never silence.
 		r := <-ch
-		removeRequest(path, requestID)
+		runreq.Remove(path, requestID)
 		b.amu.Lock()
 		req.job = r
 		b.amu.Unlock()
@@ -782,68 +783,6 @@ func (b *Systemd) Cancel(ctx context.Context, pipe, runID string) error {
 	}
 }
 
-// request is the RunNow request file (see the package doc).
-type request struct {
-	RequestID   string    `json:"request_id"`
-	Trigger     string    `json:"trigger"`
-	RequestedAt time.Time `json:"requested_at"`
-	ExpiresAt   time.Time `json:"expires_at"`
-}
-
-// RequestTTL bounds how long after RunNow a starting runner honours a request.
-const RequestTTL = time.Minute
-
-// RequestPath returns where RunNow writes pipe's request under runtimeDir.
-func RequestPath(runtimeDir, pipe string) string {
-	return filepath.Join(runtimeDir, "requests", pipe+".json")
-}
-
-func writeRequest(runtimeDir, pipe, requestID string, now time.Time) (string, error) {
-	if err := os.MkdirAll(filepath.Join(runtimeDir, "requests"), 0o755); err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(request{RequestID: requestID, Trigger: "api", RequestedAt: now.UTC(), ExpiresAt: now.Add(RequestTTL).UTC()})
-	if err != nil {
-		return "", err
-	}
-	path := RequestPath(runtimeDir, pipe)
-	p, err := writeTemp(path, append(b, '\n'), 0o644)
-	if err != nil {
-		return "", err
-	}
-	if err := os.Rename(p.tmp, path); err != nil {
-		os.Remove(p.tmp)
-		return "", err
-	}
-	return path, nil
-}
-
-// removeRequest deletes the request file if it still holds requestID.
-func removeRequest(path, requestID string) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return
-	}
-	var r request
-	if json.Unmarshal(b, &r) == nil && r.RequestID == requestID {
-		os.Remove(path)
-	}
-}
-
-// ReadRequest reads pipe's pending RunNow request, for the runner: ok is
-// false when there is none or it expired.
-func ReadRequest(runtimeDir, pipe string, now time.Time) (requestID string, ok bool) {
-	b, err := os.ReadFile(RequestPath(runtimeDir, pipe))
-	if err != nil {
-		return "", false
-	}
-	var r request
-	if json.Unmarshal(b, &r) != nil || r.Trigger != "api" || now.After(r.ExpiresAt) {
-		return "", false
-	}
-	return r.RequestID, true
-}
-
 // DropInReason is the reason of the drift step for a removed drop-in; its
 // File is "<unit>.d/<entry>" below the unit dir.
 const DropInReason = "drop-in beside a managed unit removed"
@@ -878,7 +817,7 @@ func removeDropIns(unitDir string, preps []prepared) []Step {
 		}
 	}
 	if len(out) > 0 {
-		_ = syncDir(unitDir)
+		_ = atomicfile.SyncDir(unitDir)
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/agent/runreq"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -381,7 +382,7 @@ func TestSystemdRunNowCancel(t *testing.T) {
 	// The request file is removed once the run ended.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if _, err := os.Stat(RequestPath(b.cfg.RuntimeDir, "sleeper")); os.IsNotExist(err) {
+		if _, err := os.Stat(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), "sleeper")); os.IsNotExist(err) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/internal/atomicfile"
+	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -85,7 +87,7 @@ the pipe's zone within 400 days of that day.`,
 				return err
 			}
 			for _, f := range files {
-				if err := writeFileAtomic(filepath.Join(outDir, f.Name), f.Content, 0o644); err != nil {
+				if err := atomicfile.Write(filepath.Join(outDir, f.Name), f.Content, 0o644); err != nil {
 					return err
 				}
 				fmt.Fprintln(env.Stdout, filepath.Join(outDir, f.Name))
@@ -96,8 +98,8 @@ the pipe's zone within 400 days of that day.`,
 	cmd.Flags().StringVar(&pipeFile, "pipe", "", "pipe spec YAML file (one document)")
 	cmd.Flags().StringVar(&outDir, "out", "", "write the unit files into this directory instead of printing them")
 	cmd.Flags().StringVar(&scope, "scope", string(units.ScopeSystem), "systemd scope the units are for: system or user")
-	cmd.Flags().StringVar(&agentPath, "agent-path", "/usr/bin/drover-agent", "agent binary the service runs")
-	cmd.Flags().StringVar(&dataDir, "data-dir", "/var/lib/drover", "agent data directory")
+	cmd.Flags().StringVar(&agentPath, "agent-path", paths.AgentBinary, "agent binary the service runs")
+	cmd.Flags().StringVar(&dataDir, "data-dir", paths.AgentDataDir, "agent data directory")
 	cmd.Flags().StringVar(&now, "now", "", "render as the agent would at this RFC 3339 time (DST correction lines; default now)")
 	return cmd
 }
@@ -109,30 +111,4 @@ func lineOrField(p manifest.FieldError) string {
 		return fmt.Sprintf("%d: %s", p.Line, p2.Error())
 	}
 	return " " + p.Error()
-}
-
-// writeFileAtomic writes data to path through a temporary file in the same
-// directory, fsyncs it, and renames it into place.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -50,6 +50,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/spool"
+	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/google/uuid"
@@ -70,7 +71,7 @@ const (
 	DefaultChunkBytes = 16 << 10
 	DefaultFlushEvery = 200 * time.Millisecond
 	DefaultKillGrace  = 5 * time.Second
-	DefaultDataDir    = "/var/lib/drover"
+	DefaultDataDir    = paths.AgentDataDir
 )
 
 const noFollow = syscall.O_NOFOLLOW

@@ -2,15 +2,14 @@ package runner
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/drover/drover/agent/runreq"
 	"github.com/drover/drover/agent/spool"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
@@ -23,9 +22,6 @@ const StateFile = "state.json"
 
 // LockFile is the lock that keeps two runs of a pipe from overlapping.
 const LockFile = "lock"
-
-// RequestFreshness is how old a run request file may be and still count.
-const RequestFreshness = time.Minute
 
 // state is the content of StateFile.
 type state struct {
@@ -89,48 +85,18 @@ func (r *runner) requestDir() string {
 		return r.opts.RequestDir
 	case r.env["DROVER_REQUEST_DIR"] != "":
 		return r.env["DROVER_REQUEST_DIR"]
-	case r.env["XDG_RUNTIME_DIR"] != "":
-		return filepath.Join(r.env["XDG_RUNTIME_DIR"], "drover", "requests")
 	}
-	return "/run/drover/requests"
+	return runreq.DefaultDir(r.env["XDG_RUNTIME_DIR"])
 }
 
 // takeRequest consumes a fresh run request for this pipe and returns its id,
-// or "". Fresh: written less than RequestFreshness ago and, when it has an
-// expires_at, not expired. lastID is the request the previous run consumed (a request whose
-// file could not be removed must not count twice).
+// or "" (see runreq.Take). lastID is the request the previous run consumed.
 func (r *runner) takeRequest(lastID string) string {
-	path := filepath.Join(r.requestDir(), r.opts.Pipe+".json")
-	f, err := os.OpenFile(path, os.O_RDONLY|noFollow, 0)
+	id, err := runreq.Take(r.requestDir(), r.opts.Pipe, lastID, r.now())
 	if err != nil {
-		return ""
+		r.debugf("cannot remove run request %s: %v", runreq.Path(r.requestDir(), r.opts.Pipe), err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() || st.Size() > 64<<10 {
-		return ""
-	}
-	if age := r.now().Sub(st.ModTime()); age > RequestFreshness || age < -RequestFreshness {
-		return ""
-	}
-	var req struct {
-		RequestID string    `json:"request_id"`
-		ExpiresAt time.Time `json:"expires_at"`
-	}
-	if err := json.NewDecoder(f).Decode(&req); err != nil || req.RequestID == "" || req.RequestID == lastID {
-		return ""
-	}
-	if !req.ExpiresAt.IsZero() && !r.now().Before(req.ExpiresAt) {
-		return ""
-	}
-	// Consume it. A runner without write access to the directory (a dynamic
-	// user) cannot — the expected case, not worth a line in the journal;
-	// lastID in the state file then keeps it from counting twice, and the
-	// backend removes the file when the run ends.
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, fs.ErrPermission) {
-		r.debugf("cannot remove run request %s: %v", path, err)
-	}
-	return req.RequestID
+	return id
 }
 
 // timerElapse returns when the systemd timer that started this service

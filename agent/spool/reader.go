@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/drover/drover/internal/atomicfile"
 	agentpb "github.com/drover/drover/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -115,7 +116,7 @@ func (r *Reader) DrainBatch(fn func([]Record) error) (int, error) {
 			}
 			done++
 		}
-		if err := SyncDir(r.Dir); err != nil {
+		if err := atomicfile.SyncDir(r.Dir); err != nil {
 			return done, fmt.Errorf("spool: sync %s: %w", r.Dir, err)
 		}
 	}

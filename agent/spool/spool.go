@@ -27,8 +27,8 @@
 package spool
 
 import (
-	"errors"
 	"fmt"
+	"github.com/drover/drover/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -80,40 +80,11 @@ func EnsureDir(dir string) error {
 	return nil
 }
 
-// SyncDir fsyncs a directory so that renames and removals in it are durable.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	// Some file systems refuse fsync on directories; nothing more can be done.
-	if errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSUP) {
-		err = nil
-	}
-	return err
-}
-
-// WriteFileAtomic replaces path with data: a temp file in the same directory
-// (mode perm), fsync, rename, directory fsync. A reader sees the old or the
-// new content, never a mix.
+// WriteFileAtomic replaces path with data (see internal/atomicfile); its
+// temporary file starts with TempPrefix, so a reader sweeps it if a crash
+// leaves it behind.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	tmp := filepath.Join(dir, fmt.Sprintf("%s%s.%d", TempPrefix, base, os.Getpid()))
-	if err := writeSynced(tmp, data, perm, false); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return SyncDir(dir)
+	return atomicfile.Options{Perm: perm, TempPrefix: TempPrefix + filepath.Base(path) + "."}.Write(path, data)
 }
 
 // writeSynced writes a new file and fsyncs it. With excl the file must not

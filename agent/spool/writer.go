@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/internal/atomicfile"
 	agentpb "github.com/drover/drover/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -77,7 +78,7 @@ func (w *Writer) syncLocked() error {
 	if !w.dirty {
 		return nil
 	}
-	if err := SyncDir(w.dir); err != nil {
+	if err := atomicfile.SyncDir(w.dir); err != nil {
 		return fmt.Errorf("spool: sync %s: %w", w.dir, err)
 	}
 	w.dirty = false

@@ -1,0 +1,40 @@
+package testkit
+
+import (
+	"testing"
+	"time"
+)
+
+// pollMin and pollMax bound the interval between two checks of a
+// condition: quick at first, then no busier than ten checks a second, so a
+// condition that costs a request or a systemctl call does not load a
+// small machine.
+const (
+	pollMin = 5 * time.Millisecond
+	pollMax = 100 * time.Millisecond
+)
+
+// WaitFor checks cond until it holds, and fails t when timeout has passed
+// first: "timed out after <timeout> waiting for <what>".
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !Eventually(timeout, cond) {
+		t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	}
+}
+
+// Eventually checks cond until it holds or timeout has passed, and reports
+// whether it held. cond is checked at least once, and once more after the
+// deadline.
+func Eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	interval := pollMin
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+		interval = min(2*interval, pollMax)
+	}
+	return true
+}
