@@ -3,10 +3,8 @@ package server
 import (
 	"bytes"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/drover/drover/api"
 	"mime"
 	"net/http"
 	"sort"
@@ -14,6 +12,9 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/compile"
 
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
@@ -501,100 +502,36 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 		}
 		out.Version = next.Version
 	}
-	var oldEntry, newEntry []byte
+	var was, will *compile.Pipe
 	if cur != nil {
-		e, err := newPipeEntry(&cur.PipeVersion)
-		if err != nil {
-			return err
-		}
-		oldEntry = e.json
+		p := compilePipe(&cur.PipeVersion)
+		was = &p
 	}
 	if next != nil {
-		e, err := newPipeEntry(next)
-		if err != nil {
-			return err
-		}
-		newEntry = e.json
+		p := compilePipe(next)
+		will = &p
 	}
 	agents, err := s.store.ListAgents(r.Context())
 	if err != nil {
 		return err
 	}
+	in := make([]compile.Agent, len(agents))
+	for i, a := range agents {
+		in[i] = compile.Agent{ID: a.ID, Tags: a.Tags, Revoked: !a.RevokedAt.IsZero()}
+	}
+	changes, err := compile.DryRun(in, was, will)
+	if err != nil {
+		return err
+	}
+	byID := make(map[string]*Agent, len(agents))
 	for _, a := range agents {
-		if !a.RevokedAt.IsZero() {
-			continue
-		}
-		was := cur != nil && cur.Spec.Targets.Selects(a.ID, a.Tags)
-		will := next != nil && next.Spec.Targets.Selects(a.ID, a.Tags)
-		c := api.AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname}
-		switch {
-		case was && !will:
-			c.Action, c.Diff = "remove", entryDiff(oldEntry, nil)
-		case !was && will:
-			c.Action, c.Diff = "add", entryDiff(nil, newEntry)
-		case was && will && !bytes.Equal(oldEntry, newEntry):
-			c.Action, c.Diff = "update", entryDiff(oldEntry, newEntry)
-		default:
-			continue
-		}
-		out.Agents = append(out.Agents, c)
+		byID[a.ID] = a
+	}
+	for _, c := range changes {
+		a := byID[c.AgentID]
+		out.Agents = append(out.Agents, api.AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname, Action: c.Action, Diff: c.Diff})
 	}
 	return writeJSON(w, http.StatusOK, out)
-}
-
-// entryDiff compares two manifest entries field by field (the spec's
-// fields flattened to spec.<field>): "- field: old" and "+ field: new".
-func entryDiff(old, new []byte) string {
-	a, b := flattenEntry(old), flattenEntry(new)
-	keys := make([]string, 0, len(a)+len(b))
-	for k := range a {
-		keys = append(keys, k)
-	}
-	for k := range b {
-		if _, ok := a[k]; !ok {
-			keys = append(keys, k)
-		}
-	}
-	sort.Strings(keys)
-	var sb strings.Builder
-	for _, k := range keys {
-		va, ina := a[k]
-		vb, inb := b[k]
-		if ina && inb && va == vb {
-			continue
-		}
-		if ina {
-			fmt.Fprintf(&sb, "- %s: %s\n", k, va)
-		}
-		if inb {
-			fmt.Fprintf(&sb, "+ %s: %s\n", k, vb)
-		}
-	}
-	return sb.String()
-}
-
-// flattenEntry maps a manifest entry's fields to their compact JSON, with
-// spec and payload fields as spec.<field> and payload.<field>.
-func flattenEntry(b []byte) map[string]string {
-	out := map[string]string{}
-	if b == nil {
-		return out
-	}
-	var top map[string]json.RawMessage
-	if json.Unmarshal(b, &top) != nil {
-		return out
-	}
-	for k, v := range top {
-		var sub map[string]json.RawMessage
-		if (k == "spec" || k == "payload") && json.Unmarshal(v, &sub) == nil {
-			for sk, sv := range sub {
-				out[k+"."+sk] = string(sv)
-			}
-			continue
-		}
-		out[k] = string(v)
-	}
-	return out
 }
 
 // ---- cancel

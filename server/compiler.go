@@ -1,20 +1,15 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"runtime"
-	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/server/compile"
 	"github.com/drover/drover/signing"
 )
 
@@ -67,18 +62,13 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 		return 0, nil
 	}
 	signer, klv := c.keys.signer()
-	now := c.clock.Now().UTC().Truncate(time.Second)
-	entries := make([]pipeEntry, len(pipes))
-	byAgent := map[string][]int{}
+	in := make([]compile.Pipe, len(pipes))
 	for i, p := range pipes {
-		if entries[i], err = newPipeEntry(p); err != nil {
-			return 0, fmt.Errorf("compile: %w", err)
-		}
-		if t := p.Spec.Targets; t != nil {
-			for _, id := range t.Agents {
-				byAgent[id] = append(byAgent[id], i)
-			}
-		}
+		in[i] = compilePipe(p)
+	}
+	plan, err := compile.New(in, klv, c.clock.Now(), c.lifetime)
+	if err != nil {
+		return 0, err
 	}
 
 	wctx, cancel := context.WithCancel(ctx)
@@ -91,7 +81,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(agents) && wctx.Err() == nil; i += workers {
-				m, err := c.compileOne(agents[i], entries, byAgent, signer, klv, now, force)
+				m, err := sign(plan, compileAgent(agents[i]), signer, force)
 				if m != nil || err != nil {
 					select {
 					case results <- compiled{m: m, err: err}:
@@ -147,130 +137,35 @@ type compiled struct {
 	err error
 }
 
-// pipeEntry is a pipe prepared once per compilation, with its JSON as it
-// appears in every manifest.
-type pipeEntry struct {
-	name    string
-	ref     string // name@version: versions are immutable, so this names the content
-	json    []byte
-	digest  string
-	targets *manifest.Targets
-	secrets []string
+// compilePipe is the compiler's view of a pipe version.
+func compilePipe(p *PipeVersion) compile.Pipe {
+	return compile.Pipe{Name: p.Name, Version: p.Version, Spec: p.Spec, PayloadDigest: p.PayloadDigest, PayloadSize: p.PayloadSize}
 }
 
-func newPipeEntry(p *PipeVersion) (pipeEntry, error) {
-	spec := p.Spec.Clone()
-	spec.Targets = nil
-	spec.Grace = 0 // the server's alone (missed.go); agents that predate the field would refuse it
-	mp := manifest.Pipe{Name: p.Name, Version: p.Version, Spec: *spec, Payload: manifest.Payload{Digest: p.PayloadDigest, Size: p.PayloadSize}}
-	b, err := encodeJSON(mp)
-	if err != nil {
-		return pipeEntry{}, err
+// compileAgent is the compiler's view of an agent and its stored manifest.
+func compileAgent(a *CompileAgent) compile.Agent {
+	ca := compile.Agent{ID: a.ID, Tags: a.Tags}
+	if p := a.Prev; p != nil {
+		ca.Prev = &compile.Previous{Serial: p.Serial, ContentHash: p.ContentHash, IssuedAt: p.IssuedAt, KeyListVersion: p.KeyListVersion}
 	}
-	return pipeEntry{name: p.Name, ref: p.Name + "@" + strconv.FormatUint(p.Version, 10), json: b,
-		digest: p.PayloadDigest, targets: p.Spec.Targets, secrets: p.Spec.Secrets}, nil
+	return ca
 }
 
-// encodeJSON encodes v as manifest.Manifest.Encode does: compact, no HTML
-// escaping, no trailing newline.
-func encodeJSON(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
+// sign plans one agent's manifest and signs it, or returns nil when the
+// stored one is still current.
+func sign(plan *compile.Compilation, a compile.Agent, signer *signing.Signer, force bool) (*StoredManifest, error) {
+	m, err := plan.Agent(a, force)
+	if err != nil || !m.Changed {
 		return nil, err
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
-}
-
-// encodeManifest returns the bytes manifest.Manifest.Encode would return for
-// a manifest with these fields and pipes, built from the pipes' JSON encoded
-// once per compilation (TestEncodeManifestMatches keeps them identical).
-func encodeManifest(agentID string, serial uint64, issued, expires time.Time, klv uint64, pipes [][]byte) ([]byte, error) {
-	head, err := encodeJSON(manifest.Manifest{AgentID: agentID, Serial: serial, IssuedAt: issued, ExpiresAt: expires, KeyListVersion: klv, Pipes: []manifest.Pipe{}})
-	if err != nil {
-		return nil, err
-	}
-	const empty = `"pipes":[]}`
-	if !bytes.HasSuffix(head, []byte(empty)) {
-		return nil, fmt.Errorf("encode manifest: unexpected layout %s", head)
-	}
-	n := len(head)
-	for _, p := range pipes {
-		n += len(p) + 1
-	}
-	out := make([]byte, 0, n)
-	out = append(out, head[:len(head)-2]...) // up to and including "pipes":[
-	for i, p := range pipes {
-		if i > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, p...)
-	}
-	return append(out, ']', '}'), nil
-}
-
-// contentHash names what a manifest says apart from its serial and times:
-// the agent, the key-list version and the pipe versions in it.
-func contentHash(agentID string, klv uint64, refs []string) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%d\n", agentID, klv)
-	for _, r := range refs {
-		h.Write([]byte(r))
-		h.Write([]byte{'\n'})
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// compileOne returns the new manifest for one agent, or nil when the stored
-// one is still current.
-func (c *compiler) compileOne(a *CompileAgent, entries []pipeEntry, byAgent map[string][]int, signer *signing.Signer, klv uint64, now time.Time, force bool) (*StoredManifest, error) {
-	var idx []int
-	for i := range entries {
-		if t := entries[i].targets; t.SelectsTags(a.Tags) {
-			idx = append(idx, i)
-		}
-	}
-	for _, i := range byAgent[a.ID] {
-		if !slices.Contains(idx, i) {
-			idx = append(idx, i)
-		}
-	}
-	slices.Sort(idx) // entries are sorted by name
-	refs := make([]string, len(idx))
-	for j, i := range idx {
-		refs[j] = entries[i].ref
-	}
-	hash := contentHash(a.ID, klv, refs)
-	if p := a.Prev; !force && p != nil && p.ContentHash == hash && now.Before(p.IssuedAt.Add(c.lifetime/2)) {
-		return nil, nil
-	}
-	serial := uint64(1)
-	if a.Prev != nil {
-		serial = a.Prev.Serial + 1
-	}
-	pipes := make([][]byte, len(idx))
-	var payloads, secrets []string
-	for j, i := range idx {
-		pipes[j] = entries[i].json
-		payloads = append(payloads, entries[i].digest)
-		secrets = append(secrets, entries[i].secrets...)
-	}
-	expires := now.Add(c.lifetime)
-	payload, err := encodeManifest(a.ID, serial, now, expires, klv, pipes)
+	env, err := signing.Sign(signer, manifest.PayloadType, m.Body)
 	if err != nil {
 		return nil, fmt.Errorf("compile %s: %w", a.ID, err)
 	}
-	env, err := signing.Sign(signer, manifest.PayloadType, payload)
-	if err != nil {
-		return nil, fmt.Errorf("compile %s: %w", a.ID, err)
-	}
-	slices.Sort(payloads)
-	slices.Sort(secrets)
 	return &StoredManifest{
-		AgentID: a.ID, Serial: serial, ContentHash: hash, Digest: manifest.Digest(env), Envelope: env,
-		IssuedAt: now, ExpiresAt: expires, KeyListVersion: klv,
-		Payloads: slices.Compact(payloads), Secrets: slices.Compact(secrets),
+		AgentID: a.ID, Serial: m.Serial, ContentHash: m.ContentHash, Digest: manifest.Digest(env), Envelope: env,
+		IssuedAt: plan.IssuedAt(), ExpiresAt: plan.ExpiresAt(), KeyListVersion: plan.KeyListVersion(),
+		Payloads: m.Payloads, Secrets: m.Secrets,
 	}, nil
 }
 

@@ -1,4 +1,4 @@
-package server
+package compile
 
 import (
 	"bytes"
@@ -23,7 +23,7 @@ func TestEncodeManifestMatches(t *testing.T) {
 		for i := range n {
 			s := specs[i]
 			s.Normalize()
-			e, err := newPipeEntry(&PipeVersion{Name: s.Name, Version: uint64(i + 1), Spec: s, PayloadDigest: manifest.Digest([]byte{byte(i)}), PayloadSize: 10})
+			e, err := newEntry(&Pipe{Name: s.Name, Version: uint64(i + 1), Spec: s, PayloadDigest: manifest.Digest([]byte{byte(i)}), PayloadSize: 10})
 			if err != nil {
 				t.Fatal(err)
 			}
