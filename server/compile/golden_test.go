@@ -1,0 +1,377 @@
+package compile
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	"golang.org/x/tools/txtar"
+
+	"github.com/drover/drover/manifest"
+)
+
+// Golden files: testdata/golden/<case>.txtar, one case each. The archive's
+// comment says what the case covers; then come input.yaml (the pipes in
+// force, the agents with their stored manifests, the secrets that exist, the
+// key-list version and the time), optionally dryrun.yaml (a proposed change
+// to one pipe), and the expected plan.txt, dryrun.txt and one
+// manifest/<agent>.json per changed agent holding the exact bytes to sign.
+// Regenerate the expected files with
+//
+//	go test ./server/compile -run Golden -update
+
+var update = flag.Bool("update", false, "rewrite the expected files in testdata/golden")
+
+type goldenInput struct {
+	Now            time.Time         `yaml:"now"`
+	Lifetime       manifest.Duration `yaml:"lifetime"`
+	KeyListVersion uint64            `yaml:"key_list_version"`
+	Force          bool              `yaml:"force"`
+	// Secrets are the secrets that exist, with their values: the plan never
+	// reads them, and no value may appear in what it returns.
+	Secrets map[string]string `yaml:"secrets"`
+	Pipes   []goldenPipe      `yaml:"pipes"`
+	Agents  []goldenAgent     `yaml:"agents"`
+}
+
+type goldenPipe struct {
+	Version uint64           `yaml:"version"`
+	Payload manifest.Payload `yaml:"payload"`
+	Spec    manifest.Spec    `yaml:"spec"`
+}
+
+type goldenAgent struct {
+	ID       string            `yaml:"id"`
+	Tags     map[string]string `yaml:"tags"`
+	Revoked  bool              `yaml:"revoked"`
+	Previous *struct {
+		Serial         uint64    `yaml:"serial"`
+		IssuedAt       time.Time `yaml:"issued_at"`
+		KeyListVersion uint64    `yaml:"key_list_version"`
+		// Pipes are the name@version references it held; its content hash
+		// is computed from them unless ContentHash is given.
+		Pipes       []string `yaml:"pipes"`
+		ContentHash string   `yaml:"content_hash"`
+	} `yaml:"previous"`
+}
+
+type goldenDryRun struct {
+	Pipe   string      `yaml:"pipe"`
+	Delete bool        `yaml:"delete"`
+	Spec   *goldenPipe `yaml:"next"`
+}
+
+func (p *goldenPipe) pipe() Pipe {
+	spec := p.Spec
+	spec.Normalize()
+	d := p.Payload
+	if d.Digest == "" {
+		d = manifest.Payload{Digest: manifest.Digest([]byte(spec.Name)), Size: 100} // one bundle per pipe
+	}
+	return Pipe{Name: spec.Name, Version: p.Version, Spec: spec, PayloadDigest: d.Digest, PayloadSize: d.Size}
+}
+
+func (g *goldenInput) input() Input {
+	in := Input{KeyListVersion: g.KeyListVersion, Now: g.Now, Lifetime: g.Lifetime.D(), Force: g.Force}
+	if in.Lifetime == 0 {
+		in.Lifetime = manifest.DefaultLifetime
+	}
+	for i := range g.Pipes {
+		in.Pipes = append(in.Pipes, g.Pipes[i].pipe())
+	}
+	for _, a := range g.Agents {
+		ca := Agent{ID: a.ID, Tags: a.Tags, Revoked: a.Revoked}
+		if p := a.Previous; p != nil {
+			ca.Prev = &Previous{Serial: p.Serial, IssuedAt: p.IssuedAt, KeyListVersion: p.KeyListVersion, Pipes: p.Pipes, ContentHash: p.ContentHash}
+			if ca.Prev.ContentHash == "" {
+				ca.Prev.ContentHash = contentHash(a.ID, p.KeyListVersion, p.Pipes)
+			}
+		}
+		in.Agents = append(in.Agents, ca)
+	}
+	return in
+}
+
+func decodeStrict(data []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	return dec.Decode(v)
+}
+
+func archiveFile(ar *txtar.Archive, name string) ([]byte, bool) {
+	for _, f := range ar.Files {
+		if f.Name == name {
+			return f.Data, true
+		}
+	}
+	return nil, false
+}
+
+// list joins a list for plan.txt, "-" for none.
+func list(s []string) string {
+	if len(s) == 0 {
+		return "-"
+	}
+	return strings.Join(s, " ")
+}
+
+// formatPlan writes a plan as plan.txt shows it.
+func formatPlan(p *Plan) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "issued_at: %s\nexpires_at: %s\nkey_list_version: %d\n", p.IssuedAt.Format(time.RFC3339), p.ExpiresAt.Format(time.RFC3339), p.KeyListVersion)
+	for _, m := range p.Agents {
+		state := "unchanged"
+		if m.Changed {
+			state = fmt.Sprintf("changed, serial %d", m.Serial)
+		}
+		fmt.Fprintf(&b, "\nagent %s: %s\n", m.AgentID, state)
+		fmt.Fprintf(&b, "  reasons: %s\n", strings.Join(m.Reasons, "; "))
+		fmt.Fprintf(&b, "  pipes: %s\n", list(m.Pipes))
+		if m.ContentHash != "" {
+			fmt.Fprintf(&b, "  content_hash: %s\n", m.ContentHash)
+		}
+		if m.Changed {
+			fmt.Fprintf(&b, "  payloads: %s\n", list(m.Payloads))
+			fmt.Fprintf(&b, "  secrets: %s\n", list(m.Secrets))
+		}
+	}
+	return b.Bytes()
+}
+
+func formatChanges(cs []Change) []byte {
+	var b bytes.Buffer
+	if len(cs) == 0 {
+		b.WriteString("no agent changes\n")
+	}
+	for _, c := range cs {
+		fmt.Fprintf(&b, "agent %s: %s\n", c.AgentID, c.Action)
+		for _, l := range strings.SplitAfter(strings.TrimSuffix(c.Diff, "\n"), "\n") {
+			fmt.Fprintf(&b, "  %s", strings.TrimSuffix(l, "\n")+"\n")
+		}
+	}
+	return b.Bytes()
+}
+
+// goldenOutputs computes a case's expected files.
+func goldenOutputs(t *testing.T, path string, ar *txtar.Archive) []txtar.File {
+	t.Helper()
+	data, ok := archiveFile(ar, "input.yaml")
+	if !ok {
+		t.Fatalf("%s: no input.yaml", path)
+	}
+	var g goldenInput
+	if err := decodeStrict(data, &g); err != nil {
+		t.Fatalf("%s: input.yaml: %v", path, err)
+	}
+	in := g.input()
+	plan, err := Compute(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPlan(t, in, plan)
+	files := []txtar.File{{Name: "plan.txt", Data: formatPlan(plan)}}
+	for _, m := range plan.Agents {
+		if m.Changed {
+			files = append(files, txtar.File{Name: "manifest/" + m.AgentID + ".json", Data: append(slices.Clone(m.Body), '\n')})
+		}
+	}
+	if data, ok := archiveFile(ar, "dryrun.yaml"); ok {
+		var d goldenDryRun
+		if err := decodeStrict(data, &d); err != nil {
+			t.Fatalf("%s: dryrun.yaml: %v", path, err)
+		}
+		files = append(files, txtar.File{Name: "dryrun.txt", Data: formatChanges(checkDryRun(t, in, d))})
+	}
+	for _, f := range files {
+		for name, v := range g.Secrets {
+			if bytes.Contains(f.Data, []byte(v)) {
+				t.Errorf("%s: the value of secret %s appears in %s", path, name, f.Name)
+			}
+		}
+	}
+	return files
+}
+
+// checkPlan holds every plan to what the manifest contract asks of it.
+func checkPlan(t *testing.T, in Input, plan *Plan) {
+	t.Helper()
+	// Deterministic, whatever the order of the input.
+	shuffled := in
+	shuffled.Pipes, shuffled.Agents = slices.Clone(in.Pipes), slices.Clone(in.Agents)
+	rand.Shuffle(len(shuffled.Pipes), func(i, j int) { shuffled.Pipes[i], shuffled.Pipes[j] = shuffled.Pipes[j], shuffled.Pipes[i] })
+	rand.Shuffle(len(shuffled.Agents), func(i, j int) { shuffled.Agents[i], shuffled.Agents[j] = shuffled.Agents[j], shuffled.Agents[i] })
+	again, err := Compute(shuffled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(formatPlan(again), formatPlan(plan)) {
+		t.Errorf("the plan depends on the order of its input")
+	}
+	for i, m := range plan.Agents {
+		if !bytes.Equal(again.Agents[i].Body, m.Body) {
+			t.Errorf("%s: the manifest depends on the order of the input", m.AgentID)
+		}
+		if !m.Changed {
+			if m.Body != nil {
+				t.Errorf("%s: unchanged, with a body", m.AgentID)
+			}
+			continue
+		}
+		dec, err := manifest.DecodeManifest(m.Body)
+		if err != nil {
+			t.Errorf("%s: %v", m.AgentID, err)
+			continue
+		}
+		if enc, err := dec.Encode(); err != nil || !bytes.Equal(enc, m.Body) {
+			t.Errorf("%s: the body is not what manifest.Encode makes of it (%v)\n got %s\nwant %s", m.AgentID, err, m.Body, enc)
+		}
+		if dec.AgentID != m.AgentID || dec.Serial != m.Serial || dec.KeyListVersion != plan.KeyListVersion ||
+			!dec.IssuedAt.Equal(plan.IssuedAt) || !dec.ExpiresAt.Equal(plan.ExpiresAt) {
+			t.Errorf("%s: body says %s serial %d, key list %d, %s..%s", m.AgentID, dec.AgentID, dec.Serial, dec.KeyListVersion, dec.IssuedAt, dec.ExpiresAt)
+		}
+		var refs []string
+		for _, p := range dec.Pipes {
+			refs = append(refs, Ref(p.Name, p.Version))
+			if p.Spec.Targets != nil || p.Spec.Grace != 0 {
+				t.Errorf("%s: pipe %s carries targets or grace", m.AgentID, p.Name)
+			}
+		}
+		if !slices.Equal(refs, m.Pipes) {
+			t.Errorf("%s: body has pipes %v, plan %v", m.AgentID, refs, m.Pipes)
+		}
+	}
+	for _, a := range in.Agents {
+		for _, m := range plan.Agents {
+			if m.AgentID == a.ID && !a.Revoked && a.Prev != nil && !m.Changed && m.ContentHash != a.Prev.ContentHash {
+				t.Errorf("%s: unchanged with another content hash", a.ID)
+			}
+		}
+	}
+}
+
+// checkDryRun runs a case's dry-run and checks it against the plans
+// before and after the change: the two can never disagree.
+func checkDryRun(t *testing.T, in Input, d goldenDryRun) []Change {
+	t.Helper()
+	var cur, next *Pipe
+	after := in
+	after.Pipes = nil
+	for i := range in.Pipes {
+		if in.Pipes[i].Name == d.Pipe {
+			cur = &in.Pipes[i]
+		} else {
+			after.Pipes = append(after.Pipes, in.Pipes[i])
+		}
+	}
+	if !d.Delete {
+		if d.Spec == nil {
+			t.Fatalf("dryrun.yaml: neither next nor delete")
+		}
+		p := d.Spec.pipe()
+		next = &p
+		after.Pipes = append(after.Pipes, p)
+	}
+	changes, err := DryRun(in.Agents, cur, next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := Compute(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planned, err := Compute(after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(p *Plan, id string) (string, bool) {
+		for _, m := range p.Agents {
+			if m.AgentID == id {
+				for _, r := range m.Pipes {
+					if strings.HasPrefix(r, d.Pipe+"@") {
+						return r, true
+					}
+				}
+			}
+		}
+		return "", false
+	}
+	var want []string
+	for _, a := range before.Agents {
+		r0, was := has(before, a.AgentID)
+		r1, will := has(planned, a.AgentID)
+		switch {
+		case was && !will:
+			want = append(want, a.AgentID+" "+ActionRemove)
+		case !was && will:
+			want = append(want, a.AgentID+" "+ActionAdd)
+		case was && will && r0 != r1:
+			want = append(want, a.AgentID+" "+ActionUpdate)
+		}
+	}
+	var got []string
+	for _, c := range changes {
+		got = append(got, c.AgentID+" "+c.Action)
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("dry-run says %v, the plans %v", got, want)
+	}
+	return changes
+}
+
+func TestGolden(t *testing.T) {
+	paths, err := filepath.Glob(filepath.Join("testdata", "golden", "*.txtar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) < 12 {
+		t.Fatalf("only %d golden cases in testdata/golden, want at least 12", len(paths))
+	}
+	for _, path := range paths {
+		t.Run(strings.TrimSuffix(filepath.Base(path), ".txtar"), func(t *testing.T) {
+			ar, err := txtar.ParseFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files := goldenOutputs(t, path, ar)
+			if *update {
+				kept := []txtar.File{}
+				for _, f := range ar.Files {
+					if f.Name == "input.yaml" || f.Name == "dryrun.yaml" {
+						kept = append(kept, f)
+					}
+				}
+				ar.Files = append(kept, files...)
+				if err := os.WriteFile(path, txtar.Format(ar), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want := map[string]bool{"input.yaml": true, "dryrun.yaml": true}
+			for _, f := range files {
+				want[f.Name] = true
+				data, ok := archiveFile(ar, f.Name)
+				if !ok {
+					t.Errorf("%s: no expected %s (run with -update)", path, f.Name)
+					continue
+				}
+				if !bytes.Equal(f.Data, data) {
+					t.Errorf("%s: %s differs from the golden file (run with -update and review the diff)\n--- got\n%s--- want\n%s", path, f.Name, f.Data, data)
+				}
+			}
+			for _, f := range ar.Files {
+				if !want[f.Name] {
+					t.Errorf("%s: unexpected %s (run with -update)", path, f.Name)
+				}
+			}
+		})
+	}
+}
