@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/api"
 	"mime"
 	"net/http"
 	"sort"
@@ -13,11 +14,9 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/drover/drover/api"
-	"github.com/drover/drover/server/compile"
-
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/server/compile"
 )
 
 // The operator API added on top of the control plane's first admin API:

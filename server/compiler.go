@@ -14,9 +14,10 @@ import (
 )
 
 // compiler turns pipes and agents into signed per-agent manifests
-// (docs/design.md, "Flows", Publish). A manifest's serial rises only when its
-// content (pipes, key-list version) changes or when it is re-signed at half
-// its lifetime; the exact signed bytes are stored and served as they are.
+// (docs/design.md, "Flows", Publish): package compile plans each agent's
+// manifest (when its serial rises and the exact bytes), the compiler reads
+// the inputs, signs those bytes and saves them; the exact signed bytes are
+// stored and served as they are.
 type compiler struct {
 	store    manifestStore
 	keys     *keyring
@@ -66,7 +67,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 	for i, p := range pipes {
 		in[i] = compilePipe(p)
 	}
-	plan, err := compile.New(in, klv, c.clock.Now(), c.lifetime)
+	comp, err := compile.New(in, klv, c.clock.Now(), c.lifetime)
 	if err != nil {
 		return 0, err
 	}
@@ -81,7 +82,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(agents) && wctx.Err() == nil; i += workers {
-				m, err := sign(plan, compileAgent(agents[i]), signer, force)
+				m, err := sign(comp, compileAgent(agents[i]), signer, force)
 				if m != nil || err != nil {
 					select {
 					case results <- compiled{m: m, err: err}:
@@ -153,8 +154,8 @@ func compileAgent(a *CompileAgent) compile.Agent {
 
 // sign plans one agent's manifest and signs it, or returns nil when the
 // stored one is still current.
-func sign(plan *compile.Compilation, a compile.Agent, signer *signing.Signer, force bool) (*StoredManifest, error) {
-	m, err := plan.Agent(a, force)
+func sign(comp *compile.Compilation, a compile.Agent, signer *signing.Signer, force bool) (*StoredManifest, error) {
+	m, err := comp.Agent(a, force)
 	if err != nil || !m.Changed {
 		return nil, err
 	}
@@ -164,7 +165,7 @@ func sign(plan *compile.Compilation, a compile.Agent, signer *signing.Signer, fo
 	}
 	return &StoredManifest{
 		AgentID: a.ID, Serial: m.Serial, ContentHash: m.ContentHash, Digest: manifest.Digest(env), Envelope: env,
-		IssuedAt: plan.IssuedAt(), ExpiresAt: plan.ExpiresAt(), KeyListVersion: plan.KeyListVersion(),
+		IssuedAt: comp.IssuedAt(), ExpiresAt: comp.ExpiresAt(), KeyListVersion: comp.KeyListVersion(),
 		Payloads: m.Payloads, Secrets: m.Secrets,
 	}, nil
 }
