@@ -18,16 +18,17 @@ import (
 	"github.com/drover/drover/manifest"
 )
 
-// Golden files: testdata/golden/<case>.txtar, one case each. The archive's
-// comment says what the case covers; then come input.yaml (the pipes in
-// force, the agents with their stored manifests, the secrets that exist, the
-// key-list version and the time), optionally dryrun.yaml (a proposed change
-// to one pipe), and the expected plan.txt, dryrun.txt and one
-// manifest/<agent>.json per changed agent holding the exact bytes to sign.
-// Regenerate the expected files with
+// TestGolden runs each testdata/golden/*.txtar as one case. The archive's
+// comment describes the case. input.yaml holds what a compilation reads:
+// pipes in force, agents and their stored manifests, existing secrets, the
+// key-list version, the time; dryrun.yaml, when present, proposes a change
+// to one pipe. The rest is expected output: plan.txt, dryrun.txt, and
+// manifest/<agent>.json with the exact bytes to sign for each changed
+// agent. After a deliberate change, rewrite the outputs with
 //
 //	go test ./server/compile -run Golden -update
-
+//
+// and review the diff.
 var update = flag.Bool("update", false, "rewrite the expected files in testdata/golden")
 
 type goldenInput struct {
