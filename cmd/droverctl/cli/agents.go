@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
@@ -52,7 +53,7 @@ unless --replace is given, which makes the listed tags the whole set.`,
 			}
 			tags := map[string]string{}
 			if !replace {
-				var ag agentObj
+				var ag api.Agent
 				if _, err := c.get(cmd.Context(), "/api/v1/agents/"+pathEscape(id), &ag); err != nil {
 					return fmt.Errorf("agent %s: %w", id, err)
 				}
@@ -66,8 +67,8 @@ unless --replace is given, which makes the listed tags the whole set.`,
 			for k, v := range set {
 				tags[k] = v
 			}
-			var ag agentObj
-			raw, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/agents/"+pathEscape(id)+"/tags", map[string]any{"tags": tags}, &ag)
+			var ag api.Agent
+			raw, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/agents/"+pathEscape(id)+"/tags", api.TagsRequest{Tags: tags}, &ag)
 			if err != nil {
 				return fmt.Errorf("agent %s: %w", id, err)
 			}
@@ -89,7 +90,7 @@ unless --replace is given, which makes the listed tags the whole set.`,
 			if err != nil {
 				return err
 			}
-			var ag agentObj
+			var ag api.Agent
 			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/agents/"+pathEscape(args[0])+"/revoke", map[string]any{}, &ag)
 			if err != nil {
 				return fmt.Errorf("agent %s: %w", args[0], err)

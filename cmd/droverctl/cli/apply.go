@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
@@ -27,26 +28,16 @@ const (
 
 // change is one entry of an apply plan (also the JSON of apply and diff).
 type change struct {
-	Name    string        `json:"name"`
-	File    string        `json:"file,omitempty"`
-	Action  string        `json:"action"`
-	Changes []string      `json:"changes,omitempty"`
-	Version uint64        `json:"version,omitempty"`
-	Digest  string        `json:"digest,omitempty"`
-	Agents  []agentChange `json:"agents,omitempty"`
+	Name    string            `json:"name"`
+	File    string            `json:"file,omitempty"`
+	Action  string            `json:"action"`
+	Changes []string          `json:"changes,omitempty"`
+	Version uint64            `json:"version,omitempty"`
+	Digest  string            `json:"digest,omitempty"`
+	Agents  []api.AgentChange `json:"agents,omitempty"`
 
 	local  *localPipe
-	remote *pipeObj
-}
-
-// agentChange is how one change reaches one agent: the pipe is added to,
-// updated in or removed from its manifest.
-type agentChange struct {
-	ID       string `json:"id"`
-	Name     string `json:"name,omitempty"`
-	Hostname string `json:"hostname,omitempty"`
-	Action   string `json:"action"` // add, update, remove
-	Diff     string `json:"diff,omitempty"`
+	remote *api.Pipe
 }
 
 // applyResult is the JSON form of apply.
@@ -56,19 +47,6 @@ type applyResult struct {
 	// Source says where the per-agent view came from: "server" (its dry-run
 	// endpoint) or "client" (computed from the agents' tags).
 	AgentsFrom string `json:"agents_from,omitempty"`
-}
-
-// PutPipeBody is the body of PUT /api/v1/pipes/{name} (and of the dry-run).
-type putPipeBody struct {
-	Spec   json.RawMessage `json:"spec"`
-	Bundle *string         `json:"bundle,omitempty"`
-}
-
-type putPipeResp struct {
-	Name    string `json:"name"`
-	Version uint64 `json:"version"`
-	Digest  string `json:"digest"`
-	Created bool   `json:"created"`
 }
 
 func (a *app) newApplyCmd() *cobra.Command {
@@ -156,19 +134,19 @@ func (a *app) loadValid(files []string, maxPayload int64) ([]*localPipe, error) 
 
 // plan compares the local pipes with the server's.
 func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune bool) ([]*change, error) {
-	var remote []pipeObj
+	var remote []api.Pipe
 	items, err := c.list(ctx, "/api/v1/pipes", "pipes", nil)
 	if err != nil {
 		return nil, err
 	}
 	for _, it := range items {
-		var p pipeObj
+		var p api.Pipe
 		if err := json.Unmarshal(it, &p); err != nil {
 			return nil, fmt.Errorf("GET /api/v1/pipes: unexpected pipe: %w", err)
 		}
 		remote = append(remote, p)
 	}
-	byName := map[string]*pipeObj{}
+	byName := map[string]*api.Pipe{}
 	for i := range remote {
 		byName[remote[i].Name] = &remote[i]
 	}
@@ -207,7 +185,7 @@ func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune boo
 }
 
 // specChanges lists the top-level spec fields (and "payload") that differ.
-func specChanges(r *pipeObj, lp *localPipe) []string {
+func specChanges(r *api.Pipe, lp *localPipe) []string {
 	rs := *r.Spec.Clone()
 	if rs.Name == "" {
 		rs.Name = r.Name
@@ -248,9 +226,9 @@ func fieldMap(s *manifest.Spec) map[string]json.RawMessage {
 }
 
 // body is the PUT body of a local pipe.
-func (lp *localPipe) body() putPipeBody {
+func (lp *localPipe) body() api.PutPipeRequest {
 	spec, _ := json.Marshal(&lp.spec)
-	b := putPipeBody{Spec: spec}
+	b := api.PutPipeRequest{Spec: spec}
 	if lp.bundle != nil {
 		s := base64.StdEncoding.EncodeToString(lp.bundle)
 		b.Bundle = &s
@@ -261,22 +239,6 @@ func (lp *localPipe) body() putPipeBody {
 // useServerDryRun is false in tests of the client-side fallback.
 var useServerDryRun = true
 
-// dryRunResp is the assumed answer of POST /api/v1/pipes/{name}/dry-run.
-type dryRunResp struct {
-	Name    string        `json:"name"`
-	Action  string        `json:"action"`
-	Version uint64        `json:"version"`
-	Digest  string        `json:"digest"`
-	Agents  []agentChange `json:"agents"`
-}
-
-// dryRunBody is its request: a PUT body, or {"delete": true}.
-type dryRunBody struct {
-	Spec   json.RawMessage `json:"spec,omitempty"`
-	Bundle *string         `json:"bundle,omitempty"`
-	Delete bool            `json:"delete,omitempty"`
-}
-
 // serverDryRun asks the server what each change would do. It returns false
 // when the server has no dry-run endpoint. Validation errors are returned,
 // so a real apply can check everything server-side before changing anything.
@@ -285,14 +247,14 @@ func (a *app) serverDryRun(ctx context.Context, c *client, plan []*change) (bool
 		if ch.Action == actUnchanged {
 			continue
 		}
-		var body dryRunBody
+		var body api.DryRunRequest
 		if ch.Action == actDelete {
 			body.Delete = true
 		} else {
 			pb := ch.local.body()
 			body.Spec, body.Bundle = pb.Spec, pb.Bundle
 		}
-		var resp dryRunResp
+		var resp api.DryRunResponse
 		_, err := c.call(ctx, http.MethodPost, "/api/v1/pipes/"+pathEscape(ch.Name)+"/dry-run", body, &resp)
 		if missingEndpoint(err) {
 			return false, nil
@@ -302,7 +264,7 @@ func (a *app) serverDryRun(ctx context.Context, c *client, plan []*change) (bool
 		}
 		ch.Agents = resp.Agents
 		if ch.Agents == nil {
-			ch.Agents = []agentChange{}
+			ch.Agents = []api.AgentChange{}
 		}
 		// The server has the last word on whether anything changes.
 		if resp.Action == actUnchanged && ch.Action == actUpdate {
@@ -319,9 +281,9 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 	if err != nil {
 		return err
 	}
-	agents := make([]agentObj, 0, len(items))
+	agents := make([]api.Agent, 0, len(items))
 	for _, it := range items {
-		var ag agentObj
+		var ag api.Agent
 		if err := json.Unmarshal(it, &ag); err != nil {
 			return fmt.Errorf("GET /api/v1/agents: unexpected agent: %w", err)
 		}
@@ -331,7 +293,7 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 		if ch.Action == actUnchanged {
 			continue
 		}
-		ch.Agents = []agentChange{}
+		ch.Agents = []api.AgentChange{}
 		var oldT, newT *manifest.Targets
 		if ch.remote != nil {
 			oldT = ch.remote.Spec.Targets
@@ -341,7 +303,7 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 		}
 		for i := range agents {
 			ag := &agents[i]
-			was, will := targetsAgent(oldT, ag), ch.Action != actDelete && targetsAgent(newT, ag)
+			was, will := targets(oldT, ag), ch.Action != actDelete && targets(newT, ag)
 			act := ""
 			switch {
 			case was && will:
@@ -353,7 +315,7 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 			default:
 				continue
 			}
-			ch.Agents = append(ch.Agents, agentChange{ID: ag.ID, Name: ag.Name, Hostname: ag.Hostname, Action: act})
+			ch.Agents = append(ch.Agents, api.AgentChange{ID: ag.ID, Name: ag.Name, Hostname: ag.Hostname, Action: act})
 		}
 	}
 	return nil
@@ -413,7 +375,7 @@ func (a *app) apply(ctx context.Context, files []string, prune, dryRun bool, max
 				fmt.Fprintf(a.stdout(), "pipe/%s deleted\n", ch.Name)
 			}
 		default:
-			var resp putPipeResp
+			var resp api.PutPipeResponse
 			if _, err := c.call(ctx, http.MethodPut, "/api/v1/pipes/"+pathEscape(ch.Name), ch.local.body(), &resp); err != nil {
 				return a.partial(done, plan, a.pipeError(ch, err))
 			}
@@ -451,7 +413,7 @@ func (a *app) partial(done int, plan []*change, err error) error {
 // pipeError turns an API error about one pipe into FILE:LINE: FIELD: MESSAGE
 // lines when the pipe came from a file.
 func (a *app) pipeError(ch *change, err error) error {
-	var ae *apiError
+	var ae *api.Error
 	if !errors.As(err, &ae) || ch.local == nil || len(ae.Details) == 0 {
 		return fmt.Errorf("pipe %s: %w", ch.Name, err)
 	}

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/drover/drover/api"
 )
 
 // pipesV1 is a directory of pipe YAML as it would sit in git.
@@ -355,8 +357,8 @@ func TestApplyServerRefusalIsMapped(t *testing.T) {
 	ch.local = lp
 	var errb strings.Builder
 	a := &app{env: &Env{Stderr: &errb}}
-	err := a.pipeError(ch, &apiError{Status: 422, Code: "validation_failed", Message: "the request has invalid fields",
-		Details: []errorDetail{{Field: "spec.schedule", Message: "nope"}, {Field: "bundle", Message: "too big"}}})
+	err := a.pipeError(ch, &apiError{err: &api.Error{Status: 422, ErrorInfo: api.ErrorInfo{Code: "validation_failed", Message: "the request has invalid fields",
+		Details: []api.Detail{{Field: "spec.schedule", Message: "nope"}, {Field: "bundle", Message: "too big"}}}}})
 	if err == nil || !strings.Contains(err.Error(), "the server refused pipe x") {
 		t.Fatalf("err = %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	agentpb "github.com/drover/drover/proto"
 )
 
@@ -422,7 +423,7 @@ func TestTokensListAndDelete(t *testing.T) {
 	ts := startServer(t)
 	ts.requireEndpoint("GET", "/api/v1/enrollment-tokens", nil, "listing enrollment tokens")
 	r := ts.ctlOK("tokens", "create", "--name", "n1", "-o", "json")
-	var tok tokenResp
+	var tok api.EnrollmentTokenCreated
 	json.Unmarshal([]byte(r.stdout), &tok)
 	r = ts.ctlOK("get", "tokens")
 	if !strings.Contains(r.stdout, tok.ID) || strings.Contains(r.stdout, tok.Token) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
@@ -68,7 +69,7 @@ object.
 
 // describePipeVersion shows one stored version of a pipe.
 func (a *app) describePipeVersion(ctx context.Context, c *client, name string, version uint64) error {
-	var v pipeVersionObj
+	var v api.PipeVersion
 	raw, err := c.get(ctx, versionsPath(name, version), &v)
 	if missingEndpoint(err) {
 		return fmt.Errorf("pipe %s: this server keeps no pipe history (it lacks GET /api/v1/pipes/{name}/versions/{version})", name)
@@ -117,7 +118,7 @@ func (a *app) printSpec(s *manifest.Spec) error {
 }
 
 func (a *app) describePipe(ctx context.Context, c *client, name string) error {
-	var p pipeObj
+	var p api.Pipe
 	raw, err := c.get(ctx, "/api/v1/pipes/"+pathEscape(name), &p)
 	if err != nil {
 		return fmt.Errorf("pipe %s: %w", name, err)
@@ -160,7 +161,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	if err != nil {
 		return err
 	}
-	all, err := decodeAll[agentObj](agents)
+	all, err := decodeAll[api.Agent](agents)
 	if err != nil {
 		return err
 	}
@@ -168,7 +169,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	t := newTable(indent(out), "ID", "HOSTNAME", "STATUS", "VERSION RUNNING", "APPLY ERROR")
 	n := 0
 	for _, ag := range all {
-		if !targetsAgent(s.Targets, &ag) {
+		if !targets(s.Targets, &ag) {
 			continue
 		}
 		n++
@@ -178,7 +179,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 				running, applyErr = itoa(int(ps.Version)), ps.ApplyError
 			}
 		}
-		t.row(ag.ID, ag.Hostname, ag.state(), running, applyErr)
+		t.row(ag.ID, ag.Hostname, agentState(&ag), running, applyErr)
 	}
 	if n == 0 {
 		fmt.Fprintln(out, "  (none: no agent matches the targets)")
@@ -208,7 +209,7 @@ func (a *app) recentRuns(ctx context.Context, c *client, q url.Values) error {
 	if err != nil {
 		return err
 	}
-	runs, err := decodeAll[runObj](items)
+	runs, err := decodeAll[api.Run](items)
 	if err != nil {
 		return err
 	}
@@ -220,13 +221,13 @@ func (a *app) recentRuns(ctx context.Context, c *client, q url.Values) error {
 	}
 	t := newTable(indent(out), "ID", "PIPE", "AGENT", "STATUS", "TRIGGER", "STARTED", "EXIT")
 	for _, r := range runs {
-		t.row(r.ID, r.Pipe, r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), r.exit())
+		t.row(r.ID, r.Pipe, r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), runExit(&r))
 	}
 	return t.flush()
 }
 
 func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
-	var ag agentObj
+	var ag api.Agent
 	raw, err := c.get(ctx, "/api/v1/agents/"+pathEscape(id), &ag)
 	if err != nil {
 		return fmt.Errorf("agent %s: %w", id, err)
@@ -251,7 +252,7 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 		kv.add("Identity conflicts", fmt.Sprintf("%d refused streams from another machine; last %s from machine %s",
 			ag.IdentityConflicts, fmtTime(ag.IdentityConflictAt), ag.IdentityConflictMachine))
 	}
-	kv.add("Status", ag.state())
+	kv.add("Status", agentState(&ag))
 	kv.add("Last seen", fmtTime(ag.LastSeenAt))
 	kv.add("Tags", fmtTags(ag.Tags))
 	kv.add("Platform", strings.Trim(ag.OS+"/"+ag.Arch, "/"))
@@ -312,7 +313,7 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 }
 
 func (a *app) describeRun(ctx context.Context, c *client, id string) error {
-	var r runObj
+	var r api.Run
 	raw, err := c.get(ctx, "/api/v1/runs/"+pathEscape(id), &r)
 	if err != nil {
 		return fmt.Errorf("run %s: %w", id, err)
@@ -333,7 +334,7 @@ func (a *app) describeRun(ctx context.Context, c *client, id string) error {
 	if r.FinishedAt != nil {
 		kv.add("Duration", fmtDuration(r.DurationMS))
 	}
-	kv.add("Exit", r.exit())
+	kv.add("Exit", runExit(&r))
 	kv.add("Reason", r.Reason)
 	if r.Attempts > 0 {
 		kv.add("Attempts", itoa(int(r.Attempts)))

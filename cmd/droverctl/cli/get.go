@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
@@ -87,7 +88,7 @@ WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLI
 	f.StringArrayVar(&o.tags, "tag", nil, "k=v: pipes targeting the tag, agents carrying it (repeatable)")
 	f.StringVar(&o.agent, "agent", "", "pipes reaching, or runs on, this agent id")
 	f.StringVar(&o.pipe, "pipe", "", "runs of this pipe")
-	f.StringVar(&o.status, "status", "", "runs with this status (pending, running, succeeded, failed, timed_out, canceled, skipped, missed); agents: online, offline or revoked")
+	f.StringVar(&o.status, "status", "", "runs with this status ("+strings.Join(api.RunStatuses, ", ")+"); agents: online, offline or revoked")
 	f.StringVar(&o.reason, "reason", "", "runs that ended for this reason, exactly (e.g. lost, oom-kill, \"systemd: 203/EXEC\")")
 	f.StringVar(&o.scheduledSince, "scheduled-since", "", "runs serving a fire time at or after this time")
 	f.StringVar(&o.scheduledUntil, "scheduled-until", "", "runs serving a fire time before this time")
@@ -135,10 +136,8 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 		if o.limit < 1 || o.limit > 1000 {
 			return usagef("--limit %d out of range 1-1000", o.limit)
 		}
-		switch o.status {
-		case "", "pending", "running", "succeeded", "failed", "timed_out", "canceled", "skipped", "missed":
-		default:
-			return usagef("--status %q is not a run status (pending, running, succeeded, failed, timed_out, canceled, skipped, missed)", o.status)
+		if o.status != "" && !api.KnownStatus(o.status) {
+			return usagef("--status %q is not a run status (%s)", o.status, strings.Join(api.RunStatuses, ", "))
 		}
 	}
 	_, err := parseTags(o.tags)
@@ -280,23 +279,23 @@ func (a *app) getPipes(ctx context.Context, c *client, names []string, o listOpt
 	// Filter here too, so an older server that ignores the query still
 	// gives the right answer.
 	if len(tags) > 0 || o.agent != "" {
-		var ag *agentObj
+		var ag *api.Agent
 		if o.agent != "" {
-			ag = &agentObj{}
+			ag = &api.Agent{}
 			if _, err := c.get(ctx, "/api/v1/agents/"+pathEscape(o.agent), ag); err != nil {
 				return fmt.Errorf("agent %s: %w", o.agent, err)
 			}
 		}
 		var kept []json.RawMessage
 		for _, it := range items {
-			var p pipeObj
+			var p api.Pipe
 			if err := json.Unmarshal(it, &p); err != nil {
 				return fmt.Errorf("unexpected pipe from the server: %w", err)
 			}
 			if len(tags) > 0 && (p.Spec.Targets == nil || !subset(tags, p.Spec.Targets.Tags)) {
 				continue
 			}
-			if ag != nil && !targetsAgent(p.Spec.Targets, ag) {
+			if ag != nil && !targets(p.Spec.Targets, ag) {
 				continue
 			}
 			kept = append(kept, it)
@@ -335,7 +334,7 @@ func fmtTargets(t *manifest.Targets) string {
 }
 
 func (a *app) pipesTable(items []json.RawMessage) error {
-	pipes, err := decodeAll[pipeObj](items)
+	pipes, err := decodeAll[api.Pipe](items)
 	if err != nil {
 		return err
 	}
@@ -383,11 +382,11 @@ func (a *app) getAgents(ctx context.Context, c *client, ids []string, o listOpts
 	if len(tags) > 0 || o.status != "" {
 		var kept []json.RawMessage
 		for _, it := range items {
-			var ag agentObj
+			var ag api.Agent
 			if err := json.Unmarshal(it, &ag); err != nil {
 				return fmt.Errorf("unexpected agent from the server: %w", err)
 			}
-			if subset(tags, ag.Tags) && (o.status == "" || ag.state() == o.status) {
+			if subset(tags, ag.Tags) && (o.status == "" || agentState(&ag) == o.status) {
 				kept = append(kept, it)
 			}
 		}
@@ -397,7 +396,7 @@ func (a *app) getAgents(ctx context.Context, c *client, ids []string, o listOpts
 }
 
 func (a *app) agentsTable(items []json.RawMessage) error {
-	agents, err := decodeAll[agentObj](items)
+	agents, err := decodeAll[api.Agent](items)
 	if err != nil {
 		return err
 	}
@@ -415,7 +414,7 @@ func (a *app) agentsTable(items []json.RawMessage) error {
 		if backend != "" && ag.Scope != "" {
 			backend += "/" + ag.Scope
 		}
-		row := []string{ag.ID, ag.Name, ag.Hostname, ag.state(), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(ag.applyErrors())}
+		row := []string{ag.ID, ag.Name, ag.Hostname, agentState(&ag), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(agentErrors(&ag))}
 		if a.wide() {
 			manifest := "ok"
 			if ag.ManifestExpired {
@@ -482,7 +481,7 @@ func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) 
 	if !since.IsZero() || !until.IsZero() {
 		var kept []json.RawMessage
 		for _, it := range items {
-			var r runObj
+			var r api.Run
 			if err := json.Unmarshal(it, &r); err != nil {
 				return fmt.Errorf("unexpected run from the server: %w", err)
 			}
@@ -497,7 +496,7 @@ func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) 
 }
 
 func (a *app) runsTable(items []json.RawMessage) error {
-	runs, err := decodeAll[runObj](items)
+	runs, err := decodeAll[api.Run](items)
 	if err != nil {
 		return err
 	}
@@ -511,7 +510,7 @@ func (a *app) runsTable(items []json.RawMessage) error {
 		if r.FinishedAt != nil || r.DurationMS > 0 {
 			dur = fmtDuration(r.DurationMS)
 		}
-		row := []string{r.ID, r.Pipe, itoa(int(r.PipeVersion)), r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), dur, r.exit()}
+		row := []string{r.ID, r.Pipe, itoa(int(r.PipeVersion)), r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), dur, runExit(&r)}
 		if a.wide() {
 			attempts := ""
 			if r.Attempts > 0 {
@@ -527,7 +526,7 @@ func (a *app) runsTable(items []json.RawMessage) error {
 // ---- tokens, secrets, API tokens
 
 func (a *app) tokensTable(items []json.RawMessage) error {
-	toks, err := decodeAll[enrollTokenObj](items)
+	toks, err := decodeAll[api.EnrollmentToken](items)
 	if err != nil {
 		return err
 	}
@@ -539,7 +538,7 @@ func (a *app) tokensTable(items []json.RawMessage) error {
 }
 
 func (a *app) secretsTable(items []json.RawMessage) error {
-	secs, err := decodeAll[secretObj](items)
+	secs, err := decodeAll[api.Secret](items)
 	if err != nil {
 		return err
 	}
@@ -551,7 +550,7 @@ func (a *app) secretsTable(items []json.RawMessage) error {
 }
 
 func (a *app) apiTokensTable(items []json.RawMessage) error {
-	toks, err := decodeAll[apiTokenObj](items)
+	toks, err := decodeAll[api.APIToken](items)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
 )
 
@@ -71,7 +72,7 @@ func (a *app) history(ctx context.Context, c *client, pipe string) error {
 		}
 		return a.printData(historyList{Name: head["name"], Deleted: head["deleted"], Versions: items})
 	}
-	vs, err := decodeAll[pipeVersionObj](items)
+	vs, err := decodeAll[api.PipeVersion](items)
 	if err != nil {
 		return err
 	}
@@ -117,7 +118,7 @@ Nothing changes when that version's spec and payload are the current ones.
 			if err != nil {
 				return err
 			}
-			var resp putPipeResp
+			var resp api.PutPipeResponse
 			raw, err := c.call(cmd.Context(), http.MethodPost, versionsPath(pipe, version)+"/restore", map[string]any{}, &resp)
 			if missingEndpoint(err) {
 				return fmt.Errorf("restore %s version %d: this server cannot restore versions (it lacks POST /api/v1/pipes/{name}/versions/{version}/restore)", pipe, version)

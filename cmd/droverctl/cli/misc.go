@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
 )
 
@@ -59,7 +60,7 @@ func (a *app) newAuditCmd() *cobra.Command {
 				return fmt.Errorf("audit: %w", err)
 			}
 			return a.printList("entries", items, func(items []json.RawMessage) error {
-				entries, err := decodeAll[auditObj](items)
+				entries, err := decodeAll[api.AuditEntry](items)
 				if err != nil {
 					return err
 				}

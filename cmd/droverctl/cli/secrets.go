@@ -10,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
 )
 
@@ -75,7 +76,8 @@ the shell history and the process list. It is never taken as an argument.`,
 			if err != nil {
 				return err
 			}
-			if _, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/secrets/"+pathEscape(name), map[string]string{"value": string(v)}, nil); err != nil {
+			val := string(v)
+			if _, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/secrets/"+pathEscape(name), api.SecretRequest{Value: &val}, nil); err != nil {
 				return fmt.Errorf("secret %s: %w", name, err)
 			}
 			if a.format() != "table" {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
 )
 
@@ -20,13 +21,6 @@ var tokenShapeRE = regexp.MustCompile(`^drv1\.[a-z2-7]{1,64}\.[A-Za-z0-9_-]{1,12
 var safePathRE = regexp.MustCompile(`^/[A-Za-z0-9._/-]+$`)
 
 const defaultDropinPath = "/etc/drover/enroll.token"
-
-// tokenResp is the answer of POST /api/v1/enrollment-tokens.
-type tokenResp struct {
-	ID        string    `json:"id"`
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
 
 func (a *app) newTokensCmd() *cobra.Command {
 	var ttl, name, dropinPath string
@@ -70,7 +64,7 @@ host to enroll: paste it there or hand it to config management.`,
 			if name != "" {
 				body["name"] = name
 			}
-			var resp tokenResp
+			var resp api.EnrollmentTokenCreated
 			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/enrollment-tokens", body, &resp)
 			if err != nil {
 				return fmt.Errorf("create token: %w", err)
@@ -190,22 +184,17 @@ func (a *app) newAPITokensCmd() *cobra.Command {
 			if !ok {
 				return usagef("--role %q: use %s", role, strings.Join(roles, ", "))
 			}
-			body := map[string]any{"name": name, "role": role}
 			if ttl != "" {
 				if _, err := time.ParseDuration(ttl); err != nil {
 					return usagef("--ttl %q is not a duration (e.g. 720h)", ttl)
 				}
-				body["ttl"] = ttl
 			}
 			c, err := a.apiClient()
 			if err != nil {
 				return err
 			}
-			var resp struct {
-				ID    string `json:"id"`
-				Token string `json:"token"`
-			}
-			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/api-tokens", body, &resp)
+			var resp api.APITokenCreated
+			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/api-tokens", api.APITokenRequest{Name: name, Role: role, TTL: ttl}, &resp)
 			if missingEndpoint(err) {
 				return fmt.Errorf("create API token: this server has no API tokens yet (it lacks POST /api/v1/api-tokens)")
 			}

@@ -19,7 +19,7 @@ func TestReadSSE(t *testing.T) {
 	p := &chunkPrinter{a: &app{env: &Env{Stdout: &out}}, seen: map[uint64]bool{}}
 	last := ""
 	run, err := readSSE(strings.NewReader(stream), p, &last)
-	if err != nil || run == nil || run.Status != "failed" || run.exit() != "2" {
+	if err != nil || run == nil || run.Status != "failed" || runExit(run) != "2" {
 		t.Fatalf("run %+v, err %v", run, err)
 	}
 	if out.String() != "hello\nworld\n" || last != "1" {
