@@ -402,7 +402,7 @@ func (a *simAgent) poll(ctx context.Context) {
 		return
 	case http.StatusOK:
 	default:
-		rec.fail("poll", readError(resp))
+		rec.fail("poll", api.ReadError(resp))
 		return
 	}
 	env, err := io.ReadAll(io.LimitReader(resp.Body, maxManifest+1))
@@ -564,7 +564,7 @@ func (a *simAgent) refreshTrust(ctx context.Context) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return readError(resp)
+		return api.ReadError(resp)
 	}
 	var tr signing.TrustRoot
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&tr); err != nil {
@@ -610,7 +610,7 @@ func (a *simAgent) fetchPayload(ctx context.Context, digest string, size int64) 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return readError(resp)
+		return api.ReadError(resp)
 	}
 	h := sha256.New()
 	n, err := io.Copy(h, io.LimitReader(resp.Body, size+1))

@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"context"
-	"github.com/drover/drover/api"
 	"log/slog"
 	"net"
 	"net/url"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/server"
 )
