@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/manifest"
 )
 
 // pipesV1 is a directory of pipe YAML as it would sit in git.
@@ -353,11 +354,15 @@ func TestApplyBadInput(t *testing.T) {
 // server's cap is lower than the client's.
 func TestApplyServerRefusalIsMapped(t *testing.T) {
 	ch := &change{Name: "x"}
-	lp := &localPipe{src: &source{name: "p.yaml", docs: yamlDocs([]byte("name: x\nschedule: '@daily'\nscript: echo\n"))}}
+	f, err := manifest.DecodeSpecFile([]byte("name: x\nschedule: '@daily'\nscript: echo\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := &localPipe{src: &source{name: "p.yaml", specs: f}}
 	ch.local = lp
 	var errb strings.Builder
 	a := &app{env: &Env{Stderr: &errb}}
-	err := a.pipeError(ch, &apiError{err: &api.Error{Status: 422, ErrorInfo: api.ErrorInfo{Code: "validation_failed", Message: "the request has invalid fields",
+	err = a.pipeError(ch, &apiError{err: &api.Error{Status: 422, ErrorInfo: api.ErrorInfo{Code: "validation_failed", Message: "the request has invalid fields",
 		Details: []api.Detail{{Field: "spec.schedule", Message: "nope"}, {Field: "bundle", Message: "too big"}}}}})
 	if err == nil || !strings.Contains(err.Error(), "the server refused pipe x") {
 		t.Fatalf("err = %v", err)
