@@ -102,24 +102,8 @@ unless --replace is given, which makes the listed tags the whole set.`,
 			return nil
 		},
 	}
-	rm := &cobra.Command{
-		Use:     "rm ID",
-		Aliases: []string{"delete"},
-		Short:   "Delete an agent's record (revoke it first)",
-		Args:    exactArgs(1, "an agent id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.deleteObj(cmd, "/api/v1/agents/", "agent", args[0], "deleted")
-		},
-	}
-	list := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List agents (as get agents)",
-		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.get(cmd.Context(), "agents", nil, listOpts{})
-		},
-	}
+	rm := a.deleteCmd("rm ID", []string{"delete"}, "Delete an agent's record (revoke it first)", "an agent id", "/api/v1/agents/", "agent", "deleted")
+	list := a.listCmd("List agents (as get agents)", "agents")
 	return groupCmd("agents", "Tag, revoke and delete agents", list, tag, revoke, rm)
 }
 

@@ -132,6 +132,21 @@ func (a *app) loadValid(files []string, maxPayload int64) ([]*localPipe, error) 
 	return nil, reportedError{fmt.Sprintf("%s in %s; nothing was sent to the server", n, f)}
 }
 
+// loadPlan loads the files (loadValid) and plans their changes against the
+// server (plan).
+func (a *app) loadPlan(ctx context.Context, files []string, prune bool, maxPayload int64) (*client, []*change, error) {
+	pipes, err := a.loadValid(files, maxPayload)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := a.apiClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	plan, err := a.plan(ctx, c, pipes, prune)
+	return c, plan, err
+}
+
 // plan compares the local pipes with the server's.
 func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune bool) ([]*change, error) {
 	var remote []api.Pipe
@@ -186,11 +201,7 @@ func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune boo
 
 // specChanges lists the top-level spec fields (and "payload") that differ.
 func specChanges(r *api.Pipe, lp *localPipe) []string {
-	rs := *r.Spec.Clone()
-	if rs.Name == "" {
-		rs.Name = r.Name
-	}
-	rs.Normalize()
+	rs := normalSpec(r)
 	rm, lm := fieldMap(&rs), fieldMap(&lp.norm)
 	keys := map[string]bool{}
 	for k := range rm {
@@ -210,6 +221,16 @@ func specChanges(r *api.Pipe, lp *localPipe) []string {
 		out = append(out, "payload")
 	}
 	return out
+}
+
+// normalSpec is a server pipe's spec, normalized as the local ones are.
+func normalSpec(p *api.Pipe) manifest.Spec {
+	s := *p.Spec.Clone()
+	if s.Name == "" {
+		s.Name = p.Name
+	}
+	s.Normalize()
+	return s
 }
 
 func fieldMap(s *manifest.Spec) map[string]json.RawMessage {
@@ -322,15 +343,7 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 }
 
 func (a *app) apply(ctx context.Context, files []string, prune, dryRun bool, maxPayload int64) error {
-	pipes, err := a.loadValid(files, maxPayload)
-	if err != nil {
-		return err
-	}
-	c, err := a.apiClient()
-	if err != nil {
-		return err
-	}
-	plan, err := a.plan(ctx, c, pipes, prune)
+	c, plan, err := a.loadPlan(ctx, files, prune, maxPayload)
 	if err != nil {
 		return err
 	}
@@ -509,15 +522,7 @@ func (a *app) printPlan(res *applyResult) error {
 
 // diff prints a unified diff of each pipe that would change.
 func (a *app) diff(ctx context.Context, files []string, prune bool, maxPayload int64) error {
-	pipes, err := a.loadValid(files, maxPayload)
-	if err != nil {
-		return err
-	}
-	c, err := a.apiClient()
-	if err != nil {
-		return err
-	}
-	plan, err := a.plan(ctx, c, pipes, prune)
+	_, plan, err := a.loadPlan(ctx, files, prune, maxPayload)
 	if err != nil {
 		return err
 	}
@@ -557,11 +562,7 @@ func pipeDiff(ch *change) string {
 	var oldText, newText []string
 	oldName, newName := "/dev/null", "/dev/null"
 	if ch.remote != nil {
-		rs := *ch.remote.Spec.Clone()
-		if rs.Name == "" {
-			rs.Name = ch.remote.Name
-		}
-		rs.Normalize()
+		rs := normalSpec(ch.remote)
 		oldText = specLines(&rs, ch.remote.Payload.Digest)
 		oldName = fmt.Sprintf("server/pipes/%s (version %d)", ch.Name, ch.remote.Version)
 	}

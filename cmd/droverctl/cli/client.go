@@ -147,21 +147,16 @@ func (c *client) do(ctx context.Context, hc *http.Client, req request) (*http.Re
 		if raw != nil {
 			rd = bytes.NewReader(raw)
 		}
-		hr, err := http.NewRequestWithContext(ctx, req.method, c.base+req.path, rd)
+		accept := req.accept
+		if accept == "" {
+			accept = "application/json"
+		}
+		hr, err := c.newRequest(ctx, req.method, req.path, rd, accept)
 		if err != nil {
 			return nil, err
 		}
 		if raw != nil {
 			hr.Header.Set("Content-Type", "application/json")
-		}
-		accept := req.accept
-		if accept == "" {
-			accept = "application/json"
-		}
-		hr.Header.Set("Accept", accept)
-		hr.Header.Set("User-Agent", "droverctl/"+Version)
-		if c.token != "" {
-			hr.Header.Set("Authorization", "Bearer "+c.token)
 		}
 		resp, err := hc.Do(hr)
 		if err != nil {
@@ -186,6 +181,21 @@ func (c *client) do(ctx context.Context, hc *http.Client, req request) (*http.Re
 		}
 		return nil, ae
 	}
+}
+
+// newRequest is a request to path under the base URL that accepts accept,
+// with droverctl's User-Agent and the token.
+func (c *client) newRequest(ctx context.Context, method, path string, body io.Reader, accept string) (*http.Request, error) {
+	hr, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Accept", accept)
+	hr.Header.Set("User-Agent", "droverctl/"+Version)
+	if c.token != "" {
+		hr.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return hr, nil
 }
 
 // readAPIError decodes the error answer to method path and closes its

@@ -70,33 +70,54 @@ object.
 // describePipeVersion shows one stored version of a pipe.
 func (a *app) describePipeVersion(ctx context.Context, c *client, name string, version uint64) error {
 	var v api.PipeVersion
-	raw, err := c.get(ctx, versionsPath(name, version), &v)
+	shown, err := a.getShown(ctx, c, versionsPath(name, version), &v, fmt.Sprintf("pipe %s version %d", name, version))
 	if missingEndpoint(err) {
 		return fmt.Errorf("pipe %s: this server keeps no pipe history (it lacks GET /api/v1/pipes/{name}/versions/{version})", name)
 	}
-	if err != nil {
-		return fmt.Errorf("pipe %s version %d: %w", name, version, err)
-	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	if shown || err != nil {
+		return err
 	}
 	s := v.Spec
 	s.Normalize()
 	kv := newKV(a.stdout())
-	kv.add("Name", v.Name)
-	kv.add("Description", s.Description)
-	kv.add("Version", itoa(int(v.Version)))
+	pipeHeadKV(kv, v.Name, v.Version, &s)
 	kv.add("Current", strconv.FormatBool(v.Current))
-	kv.add("Schedule", s.Schedule)
-	kv.add("Time zone", s.Timezone)
-	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
-	kv.add("Targets", fmtTargets(s.Targets))
-	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", v.Payload.Digest, v.Payload.Size))
+	specKV(kv, &s, v.Payload)
 	kv.add("Created", fmtTimeV(v.CreatedAt))
 	if err := kv.flush(); err != nil {
 		return err
 	}
 	return a.printSpec(&s)
+}
+
+// getShown gets the object at path into out. With -o json or -o yaml it
+// prints the object as the server sent it and reports shown; the table is
+// the caller's otherwise. what names the object in errors ("pipe x").
+func (a *app) getShown(ctx context.Context, c *client, path string, out any, what string) (shown bool, err error) {
+	raw, err := c.get(ctx, path, out)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", what, err)
+	}
+	if a.format() != "table" {
+		return true, a.printData(raw)
+	}
+	return false, nil
+}
+
+// pipeHeadKV and specKV add the rows describe shows for a pipe (or one of
+// its versions) with normalized spec s.
+func pipeHeadKV(kv *kvWriter, name string, version uint64, s *manifest.Spec) {
+	kv.add("Name", name)
+	kv.add("Description", s.Description)
+	kv.add("Version", itoa(int(version)))
+}
+
+func specKV(kv *kvWriter, s *manifest.Spec, payload manifest.Payload) {
+	kv.add("Schedule", s.Schedule)
+	kv.add("Time zone", s.Timezone)
+	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
+	kv.add("Targets", fmtTargets(s.Targets))
+	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", payload.Digest, payload.Size))
 }
 
 // printSpec writes a pipe spec as indented YAML under "Spec:".
@@ -119,25 +140,15 @@ func (a *app) printSpec(s *manifest.Spec) error {
 
 func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	var p api.Pipe
-	raw, err := c.get(ctx, "/api/v1/pipes/"+pathEscape(name), &p)
-	if err != nil {
-		return fmt.Errorf("pipe %s: %w", name, err)
-	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	if shown, err := a.getShown(ctx, c, "/api/v1/pipes/"+pathEscape(name), &p, "pipe "+name); shown || err != nil {
+		return err
 	}
 	out := a.stdout()
 	s := p.Spec
 	s.Normalize()
 	kv := newKV(out)
-	kv.add("Name", p.Name)
-	kv.add("Description", s.Description)
-	kv.add("Version", itoa(int(p.Version)))
-	kv.add("Schedule", s.Schedule)
-	kv.add("Time zone", s.Timezone)
-	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
-	kv.add("Targets", fmtTargets(s.Targets))
-	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", p.Payload.Digest, p.Payload.Size))
+	pipeHeadKV(kv, p.Name, p.Version, &s)
+	specKV(kv, &s, p.Payload)
 	kv.add("Created", fmtTimeV(p.CreatedAt))
 	kv.add("Updated", fmtTimeV(p.UpdatedAt))
 	if err := kv.flush(); err != nil {
@@ -228,12 +239,8 @@ func (a *app) recentRuns(ctx context.Context, c *client, q url.Values) error {
 
 func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 	var ag api.Agent
-	raw, err := c.get(ctx, "/api/v1/agents/"+pathEscape(id), &ag)
-	if err != nil {
-		return fmt.Errorf("agent %s: %w", id, err)
-	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	if shown, err := a.getShown(ctx, c, "/api/v1/agents/"+pathEscape(id), &ag, "agent "+id); shown || err != nil {
+		return err
 	}
 	out := a.stdout()
 	kv := newKV(out)
@@ -314,12 +321,8 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 
 func (a *app) describeRun(ctx context.Context, c *client, id string) error {
 	var r api.Run
-	raw, err := c.get(ctx, "/api/v1/runs/"+pathEscape(id), &r)
-	if err != nil {
-		return fmt.Errorf("run %s: %w", id, err)
-	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	if shown, err := a.getShown(ctx, c, "/api/v1/runs/"+pathEscape(id), &r, "run "+id); shown || err != nil {
+		return err
 	}
 	kv := newKV(a.stdout())
 	kv.add("ID", r.ID)

@@ -200,11 +200,6 @@ func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) 
 	return usagef("unknown resource %q", kind)
 }
 
-// fetchOne gets one object by name or id; raw is its JSON.
-func (c *client) fetchOne(ctx context.Context, path string, out any) (json.RawMessage, error) {
-	return c.get(ctx, path, out)
-}
-
 // printList prints items as {"<key>": [...]} or as a table.
 func (a *app) printList(key string, items []json.RawMessage, table func([]json.RawMessage) error) error {
 	if a.format() != "table" {
@@ -235,6 +230,46 @@ func (a *app) getList(ctx context.Context, c *client, names []string, path, key 
 	return a.printList(key, items, table)
 }
 
+// fetchNamed gets the object base+name of each name; what names the kind
+// in errors ("pipe").
+func fetchNamed(ctx context.Context, c *client, base, what string, names []string) ([]json.RawMessage, error) {
+	items := make([]json.RawMessage, 0, len(names))
+	for _, n := range names {
+		raw, err := c.get(ctx, base+pathEscape(n), nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", what, n, err)
+		}
+		items = append(items, raw)
+	}
+	return items, nil
+}
+
+// keepIf returns the items that ok accepts once decoded as T; what names the
+// kind in errors ("pipe"). The filters run here too, so that an older
+// server that ignores the query still gives the right answer.
+func keepIf[T any](items []json.RawMessage, what string, ok func(*T) bool) ([]json.RawMessage, error) {
+	var kept []json.RawMessage
+	for _, it := range items {
+		var v T
+		if err := json.Unmarshal(it, &v); err != nil {
+			return nil, fmt.Errorf("unexpected %s from the server: %w", what, err)
+		}
+		if ok(&v) {
+			kept = append(kept, it)
+		}
+	}
+	return kept, nil
+}
+
+// tagQuery is the query of a list filtered by k=v tags.
+func tagQuery(tags []string) url.Values {
+	q := url.Values{}
+	for _, t := range tags {
+		q.Add("tag", t)
+	}
+	return q
+}
+
 func decodeAll[T any](items []json.RawMessage) ([]T, error) {
 	out := make([]T, 0, len(items))
 	for _, it := range items {
@@ -252,32 +287,23 @@ func decodeAll[T any](items []json.RawMessage) ([]T, error) {
 func (a *app) getPipes(ctx context.Context, c *client, names []string, o listOpts) error {
 	tags, _ := parseTags(o.tags)
 	var items []json.RawMessage
+	var err error
 	if len(names) > 0 {
-		for _, n := range names {
-			raw, err := c.fetchOne(ctx, "/api/v1/pipes/"+pathEscape(n), nil)
-			if err != nil {
-				return fmt.Errorf("pipe %s: %w", n, err)
-			}
-			items = append(items, raw)
+		if items, err = fetchNamed(ctx, c, "/api/v1/pipes/", "pipe", names); err != nil {
+			return err
 		}
 		if len(names) == 1 && len(tags) == 0 && o.agent == "" {
 			return a.printOne(items[0], a.pipesTable)
 		}
 	} else {
-		q := url.Values{}
-		for _, t := range o.tags {
-			q.Add("tag", t)
-		}
+		q := tagQuery(o.tags)
 		if o.agent != "" {
 			q.Set("agent", o.agent)
 		}
-		var err error
 		if items, err = c.list(ctx, "/api/v1/pipes", "pipes", q); err != nil {
 			return err
 		}
 	}
-	// Filter here too, so an older server that ignores the query still
-	// gives the right answer.
 	if len(tags) > 0 || o.agent != "" {
 		var ag *api.Agent
 		if o.agent != "" {
@@ -286,21 +312,15 @@ func (a *app) getPipes(ctx context.Context, c *client, names []string, o listOpt
 				return fmt.Errorf("agent %s: %w", o.agent, err)
 			}
 		}
-		var kept []json.RawMessage
-		for _, it := range items {
-			var p api.Pipe
-			if err := json.Unmarshal(it, &p); err != nil {
-				return fmt.Errorf("unexpected pipe from the server: %w", err)
-			}
+		items, err = keepIf(items, "pipe", func(p *api.Pipe) bool {
 			if len(tags) > 0 && (p.Spec.Targets == nil || !subset(tags, p.Spec.Targets.Tags)) {
-				continue
+				return false
 			}
-			if ag != nil && !targets(p.Spec.Targets, ag) {
-				continue
-			}
-			kept = append(kept, it)
+			return ag == nil || targets(p.Spec.Targets, ag)
+		})
+		if err != nil {
+			return err
 		}
-		items = kept
 	}
 	return a.printList("pipes", items, a.pipesTable)
 }
@@ -355,42 +375,30 @@ func (a *app) pipesTable(items []json.RawMessage) error {
 func (a *app) getAgents(ctx context.Context, c *client, ids []string, o listOpts) error {
 	tags, _ := parseTags(o.tags)
 	var items []json.RawMessage
+	var err error
 	if len(ids) > 0 {
-		for _, id := range ids {
-			raw, err := c.fetchOne(ctx, "/api/v1/agents/"+pathEscape(id), nil)
-			if err != nil {
-				return fmt.Errorf("agent %s: %w", id, err)
-			}
-			items = append(items, raw)
+		if items, err = fetchNamed(ctx, c, "/api/v1/agents/", "agent", ids); err != nil {
+			return err
 		}
 		if len(ids) == 1 && len(tags) == 0 && o.status == "" {
 			return a.printOne(items[0], a.agentsTable)
 		}
 	} else {
-		q := url.Values{}
-		for _, t := range o.tags {
-			q.Add("tag", t)
-		}
+		q := tagQuery(o.tags)
 		if o.status != "" {
 			q.Set("status", o.status)
 		}
-		var err error
 		if items, err = c.list(ctx, "/api/v1/agents", "agents", q); err != nil {
 			return err
 		}
 	}
 	if len(tags) > 0 || o.status != "" {
-		var kept []json.RawMessage
-		for _, it := range items {
-			var ag api.Agent
-			if err := json.Unmarshal(it, &ag); err != nil {
-				return fmt.Errorf("unexpected agent from the server: %w", err)
-			}
-			if subset(tags, ag.Tags) && (o.status == "" || agentState(&ag) == o.status) {
-				kept = append(kept, it)
-			}
+		items, err = keepIf(items, "agent", func(ag *api.Agent) bool {
+			return subset(tags, ag.Tags) && (o.status == "" || agentState(ag) == o.status)
+		})
+		if err != nil {
+			return err
 		}
-		items = kept
 	}
 	return a.printList("agents", items, a.agentsTable)
 }
@@ -431,13 +439,9 @@ func (a *app) agentsTable(items []json.RawMessage) error {
 
 func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) error {
 	if len(ids) > 0 {
-		var items []json.RawMessage
-		for _, id := range ids {
-			raw, err := c.fetchOne(ctx, "/api/v1/runs/"+pathEscape(id), nil)
-			if err != nil {
-				return fmt.Errorf("run %s: %w", id, err)
-			}
-			items = append(items, raw)
+		items, err := fetchNamed(ctx, c, "/api/v1/runs/", "run", ids)
+		if err != nil {
+			return err
 		}
 		if len(ids) == 1 {
 			return a.printOne(items[0], a.runsTable)
@@ -479,18 +483,12 @@ func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) 
 		return err
 	}
 	if !since.IsZero() || !until.IsZero() {
-		var kept []json.RawMessage
-		for _, it := range items {
-			var r api.Run
-			if err := json.Unmarshal(it, &r); err != nil {
-				return fmt.Errorf("unexpected run from the server: %w", err)
-			}
-			if (!since.IsZero() && r.CreatedAt.Before(since)) || (!until.IsZero() && !r.CreatedAt.Before(until)) {
-				continue
-			}
-			kept = append(kept, it)
+		items, err = keepIf(items, "run", func(r *api.Run) bool {
+			return (since.IsZero() || !r.CreatedAt.Before(since)) && (until.IsZero() || r.CreatedAt.Before(until))
+		})
+		if err != nil {
+			return err
 		}
-		items = kept
 	}
 	return a.printList("runs", items, a.runsTable)
 }

@@ -190,16 +190,11 @@ func isStreamBreak(err error) bool {
 }
 
 func (c *client) doSSE(ctx context.Context, path, lastID string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	req, err := c.newRequest(ctx, http.MethodGet, path, nil, "text/event-stream")
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("Cache-Control", "no-cache")
-	req.Header.Set("User-Agent", "droverctl/"+Version)
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}

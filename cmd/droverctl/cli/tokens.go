@@ -104,24 +104,9 @@ host to enroll: paste it there or hand it to config management.`,
 	f.BoolVar(&dropin, "print-dropin", false, "print a shell line that writes the token to "+defaultDropinPath+" with mode 0600")
 	f.StringVar(&dropinPath, "dropin-path", defaultDropinPath, "where the --print-dropin line writes the token")
 
-	list := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List enrollment tokens (never their secrets)",
-		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.get(cmd.Context(), "tokens", nil, listOpts{})
-		},
-	}
-	rm := &cobra.Command{
-		Use:     "rm ID",
-		Aliases: []string{"delete", "revoke"},
-		Short:   "Delete an enrollment token so it can no longer enroll",
-		Args:    exactArgs(1, "a token id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.deleteObj(cmd, "/api/v1/enrollment-tokens/", "token", args[0], "deleted")
-		},
-	}
+	list := a.listCmd("List enrollment tokens (never their secrets)", "tokens")
+	rm := a.deleteCmd("rm ID", []string{"delete", "revoke"}, "Delete an enrollment token so it can no longer enroll", "a token id",
+		"/api/v1/enrollment-tokens/", "token", "deleted")
 	return groupCmd("tokens", "Create, list and delete enrollment tokens", create, list, rm)
 }
 
@@ -212,23 +197,8 @@ func (a *app) newAPITokensCmd() *cobra.Command {
 	create.Flags().StringVar(&name, "name", "", "who or what uses the token")
 	create.Flags().StringVar(&role, "role", "viewer", "viewer (reads), operator (also runs, applies, sets secrets) or admin")
 	create.Flags().StringVar(&ttl, "ttl", "", "how long the token works, e.g. 720h (default: until revoked)")
-	list := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List API tokens (never their secrets)",
-		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.get(cmd.Context(), "api-tokens", nil, listOpts{})
-		},
-	}
-	revoke := &cobra.Command{
-		Use:     "revoke ID",
-		Aliases: []string{"rm", "delete"},
-		Short:   "Revoke an API token",
-		Args:    exactArgs(1, "a token id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.deleteObj(cmd, "/api/v1/api-tokens/", "API token", args[0], "revoked")
-		},
-	}
+	list := a.listCmd("List API tokens (never their secrets)", "api-tokens")
+	revoke := a.deleteCmd("revoke ID", []string{"rm", "delete"}, "Revoke an API token", "a token id",
+		"/api/v1/api-tokens/", "API token", "revoked")
 	return groupCmd("api-tokens", "Create, list and revoke operator API tokens (roles viewer, operator, admin)", create, list, revoke)
 }
