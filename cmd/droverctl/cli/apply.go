@@ -149,17 +149,13 @@ func (a *app) loadPlan(ctx context.Context, files []string, prune bool, maxPaylo
 
 // plan compares the local pipes with the server's.
 func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune bool) ([]*change, error) {
-	var remote []api.Pipe
 	items, err := c.list(ctx, "/api/v1/pipes", "pipes", nil)
 	if err != nil {
 		return nil, err
 	}
-	for _, it := range items {
-		var p api.Pipe
-		if err := json.Unmarshal(it, &p); err != nil {
-			return nil, fmt.Errorf("GET /api/v1/pipes: unexpected pipe: %w", err)
-		}
-		remote = append(remote, p)
+	remote, err := decodeList[api.Pipe](items, "GET /api/v1/pipes: unexpected pipe")
+	if err != nil {
+		return nil, err
 	}
 	byName := map[string]*api.Pipe{}
 	for i := range remote {
@@ -302,13 +298,9 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 	if err != nil {
 		return err
 	}
-	agents := make([]api.Agent, 0, len(items))
-	for _, it := range items {
-		var ag api.Agent
-		if err := json.Unmarshal(it, &ag); err != nil {
-			return fmt.Errorf("GET /api/v1/agents: unexpected agent: %w", err)
-		}
-		agents = append(agents, ag)
+	agents, err := decodeList[api.Agent](items, "GET /api/v1/agents: unexpected agent")
+	if err != nil {
+		return err
 	}
 	for _, ch := range plan {
 		if ch.Action == actUnchanged {

@@ -190,7 +190,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 				running, applyErr = itoa(int(ps.Version)), ps.ApplyError
 			}
 		}
-		t.row(ag.ID, ag.Hostname, agentState(&ag), running, applyErr)
+		t.row(ag.ID, ag.Hostname, ag.State(), running, applyErr)
 	}
 	if n == 0 {
 		fmt.Fprintln(out, "  (none: no agent matches the targets)")
@@ -259,7 +259,7 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 		kv.add("Identity conflicts", fmt.Sprintf("%d refused streams from another machine; last %s from machine %s",
 			ag.IdentityConflicts, fmtTime(ag.IdentityConflictAt), ag.IdentityConflictMachine))
 	}
-	kv.add("Status", agentState(&ag))
+	kv.add("Status", ag.State())
 	kv.add("Last seen", fmtTime(ag.LastSeenAt))
 	kv.add("Tags", fmtTags(ag.Tags))
 	kv.add("Platform", strings.Trim(ag.OS+"/"+ag.Arch, "/"))

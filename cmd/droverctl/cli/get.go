@@ -244,6 +244,15 @@ func fetchNamed(ctx context.Context, c *client, base, what string, names []strin
 	return items, nil
 }
 
+// fetchOrList gets the named objects of kind ("pipes"), or when there are
+// no names lists them all with query q; what names one in errors ("pipe").
+func fetchOrList(ctx context.Context, c *client, kind, what string, names []string, q url.Values) ([]json.RawMessage, error) {
+	if len(names) > 0 {
+		return fetchNamed(ctx, c, "/api/v1/"+kind+"/", what, names)
+	}
+	return c.list(ctx, "/api/v1/"+kind, kind, q)
+}
+
 // keepIf returns the items that ok accepts once decoded as T; what names the
 // kind in errors ("pipe"). The filters run here too, so that an older
 // server that ignores the query still gives the right answer.
@@ -271,11 +280,17 @@ func tagQuery(tags []string) url.Values {
 }
 
 func decodeAll[T any](items []json.RawMessage) ([]T, error) {
+	return decodeList[T](items, "unexpected object from the server")
+}
+
+// decodeList decodes every item as T; a malformed one is an error that
+// starts with what.
+func decodeList[T any](items []json.RawMessage, what string) ([]T, error) {
 	out := make([]T, 0, len(items))
 	for _, it := range items {
 		var v T
 		if err := json.Unmarshal(it, &v); err != nil {
-			return nil, fmt.Errorf("unexpected object from the server: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		out = append(out, v)
 	}
@@ -286,23 +301,16 @@ func decodeAll[T any](items []json.RawMessage) ([]T, error) {
 
 func (a *app) getPipes(ctx context.Context, c *client, names []string, o listOpts) error {
 	tags, _ := parseTags(o.tags)
-	var items []json.RawMessage
-	var err error
-	if len(names) > 0 {
-		if items, err = fetchNamed(ctx, c, "/api/v1/pipes/", "pipe", names); err != nil {
-			return err
-		}
-		if len(names) == 1 && len(tags) == 0 && o.agent == "" {
-			return a.printOne(items[0], a.pipesTable)
-		}
-	} else {
-		q := tagQuery(o.tags)
-		if o.agent != "" {
-			q.Set("agent", o.agent)
-		}
-		if items, err = c.list(ctx, "/api/v1/pipes", "pipes", q); err != nil {
-			return err
-		}
+	q := tagQuery(o.tags)
+	if o.agent != "" {
+		q.Set("agent", o.agent)
+	}
+	items, err := fetchOrList(ctx, c, "pipes", "pipe", names, q)
+	if err != nil {
+		return err
+	}
+	if len(names) == 1 && len(tags) == 0 && o.agent == "" {
+		return a.printOne(items[0], a.pipesTable)
 	}
 	if len(tags) > 0 || o.agent != "" {
 		var ag *api.Agent
@@ -354,47 +362,35 @@ func fmtTargets(t *manifest.Targets) string {
 }
 
 func (a *app) pipesTable(items []json.RawMessage) error {
-	pipes, err := decodeAll[api.Pipe](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "NAME", "VERSION", "SCHEDULE", "TIMEZONE", "TARGETS", "ENABLED", "PAYLOAD", "UPDATED")
-	for _, p := range pipes {
+	cols := []string{"NAME", "VERSION", "SCHEDULE", "TIMEZONE", "TARGETS", "ENABLED", "PAYLOAD", "UPDATED"}
+	return tableOf(a.stdout(), items, cols, func(p *api.Pipe) []string {
 		tz := p.Spec.Timezone
 		if tz == "" {
 			tz = manifest.DefaultTimezone
 		}
-		t.row(p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
-			strconv.FormatBool(p.Spec.IsEnabled()), shortDigest(p.Payload.Digest), fmtTimeV(p.UpdatedAt))
-	}
-	return t.flush()
+		return []string{p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
+			strconv.FormatBool(p.Spec.IsEnabled()), shortDigest(p.Payload.Digest), fmtTimeV(p.UpdatedAt)}
+	})
 }
 
 // ---- agents
 
 func (a *app) getAgents(ctx context.Context, c *client, ids []string, o listOpts) error {
 	tags, _ := parseTags(o.tags)
-	var items []json.RawMessage
-	var err error
-	if len(ids) > 0 {
-		if items, err = fetchNamed(ctx, c, "/api/v1/agents/", "agent", ids); err != nil {
-			return err
-		}
-		if len(ids) == 1 && len(tags) == 0 && o.status == "" {
-			return a.printOne(items[0], a.agentsTable)
-		}
-	} else {
-		q := tagQuery(o.tags)
-		if o.status != "" {
-			q.Set("status", o.status)
-		}
-		if items, err = c.list(ctx, "/api/v1/agents", "agents", q); err != nil {
-			return err
-		}
+	q := tagQuery(o.tags)
+	if o.status != "" {
+		q.Set("status", o.status)
+	}
+	items, err := fetchOrList(ctx, c, "agents", "agent", ids, q)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 1 && len(tags) == 0 && o.status == "" {
+		return a.printOne(items[0], a.agentsTable)
 	}
 	if len(tags) > 0 || o.status != "" {
 		items, err = keepIf(items, "agent", func(ag *api.Agent) bool {
-			return subset(tags, ag.Tags) && (o.status == "" || agentState(ag) == o.status)
+			return subset(tags, ag.Tags) && (o.status == "" || ag.State() == o.status)
 		})
 		if err != nil {
 			return err
@@ -422,7 +418,7 @@ func (a *app) agentsTable(items []json.RawMessage) error {
 		if backend != "" && ag.Scope != "" {
 			backend += "/" + ag.Scope
 		}
-		row := []string{ag.ID, ag.Name, ag.Hostname, agentState(&ag), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(agentErrors(&ag))}
+		row := []string{ag.ID, ag.Name, ag.Hostname, ag.State(), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(agentErrors(&ag))}
 		if a.wide() {
 			manifest := "ok"
 			if ag.ManifestExpired {
@@ -524,37 +520,19 @@ func (a *app) runsTable(items []json.RawMessage) error {
 // ---- tokens, secrets, API tokens
 
 func (a *app) tokensTable(items []json.RawMessage) error {
-	toks, err := decodeAll[api.EnrollmentToken](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "ID", "NAME", "TAGS", "STATE", "CREATED", "EXPIRES", "USED", "AGENT")
-	for _, k := range toks {
-		t.row(k.ID, k.Name, fmtTags(k.Tags), k.State, fmtTimeV(k.CreatedAt), fmtTimeV(k.ExpiresAt), fmtTime(k.UsedAt), k.AgentID)
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"ID", "NAME", "TAGS", "STATE", "CREATED", "EXPIRES", "USED", "AGENT"}, func(k *api.EnrollmentToken) []string {
+		return []string{k.ID, k.Name, fmtTags(k.Tags), k.State, fmtTimeV(k.CreatedAt), fmtTimeV(k.ExpiresAt), fmtTime(k.UsedAt), k.AgentID}
+	})
 }
 
 func (a *app) secretsTable(items []json.RawMessage) error {
-	secs, err := decodeAll[api.Secret](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "NAME", "CREATED", "UPDATED")
-	for _, s := range secs {
-		t.row(s.Name, fmtTimeV(s.CreatedAt), fmtTimeV(s.UpdatedAt))
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"NAME", "CREATED", "UPDATED"}, func(s *api.Secret) []string {
+		return []string{s.Name, fmtTimeV(s.CreatedAt), fmtTimeV(s.UpdatedAt)}
+	})
 }
 
 func (a *app) apiTokensTable(items []json.RawMessage) error {
-	toks, err := decodeAll[api.APIToken](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "ID", "NAME", "ROLE", "CREATED", "EXPIRES", "LAST USED", "REVOKED")
-	for _, k := range toks {
-		t.row(k.ID, k.Name, k.Role, fmtTimeV(k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt), fmtTime(k.RevokedAt))
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"ID", "NAME", "ROLE", "CREATED", "EXPIRES", "LAST USED", "REVOKED"}, func(k *api.APIToken) []string {
+		return []string{k.ID, k.Name, k.Role, fmtTimeV(k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt), fmtTime(k.RevokedAt)}
+	})
 }

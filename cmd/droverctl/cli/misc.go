@@ -59,21 +59,7 @@ func (a *app) newAuditCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("audit: %w", err)
 			}
-			return a.printList("entries", items, func(items []json.RawMessage) error {
-				entries, err := decodeAll[api.AuditEntry](items)
-				if err != nil {
-					return err
-				}
-				t := newTable(a.stdout(), "TIME", "ACTOR", "ROLE", "ACTION", "TARGET", "BEFORE", "AFTER")
-				for _, e := range entries {
-					actor := e.Actor
-					if e.ActorID != "" && e.ActorID != e.Actor {
-						actor += " (" + e.ActorID + ")"
-					}
-					t.row(fmtTimeV(e.At), actor, e.Role, e.Action, e.Target, shortDigest(e.BeforeDigest), shortDigest(e.AfterDigest))
-				}
-				return t.flush()
-			})
+			return a.printList("entries", items, a.auditTable)
 		},
 	}
 	f := cmd.Flags()
@@ -84,6 +70,17 @@ func (a *app) newAuditCmd() *cobra.Command {
 	f.StringVar(&until, "until", "", "entries before this time (RFC 3339, or a duration before now)")
 	f.IntVar(&limit, "limit", 100, "at most this many entries")
 	return cmd
+}
+
+func (a *app) auditTable(items []json.RawMessage) error {
+	cols := []string{"TIME", "ACTOR", "ROLE", "ACTION", "TARGET", "BEFORE", "AFTER"}
+	return tableOf(a.stdout(), items, cols, func(e *api.AuditEntry) []string {
+		actor := e.Actor
+		if e.ActorID != "" && e.ActorID != e.Actor {
+			actor += " (" + e.ActorID + ")"
+		}
+		return []string{fmtTimeV(e.At), actor, e.Role, e.Action, e.Target, shortDigest(e.BeforeDigest), shortDigest(e.AfterDigest)}
+	})
 }
 
 // ---- completion

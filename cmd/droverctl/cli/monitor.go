@@ -117,13 +117,7 @@ func (a *app) getEvents(ctx context.Context, c *client, names []string, o listOp
 }
 
 func (a *app) eventsTable(items []json.RawMessage) error {
-	evs, err := decodeAll[api.Event](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "AT", "KIND", "PIPE", "AGENT", "RUN", "MESSAGE")
-	for _, e := range evs {
-		t.row(fmtTimeV(e.At), e.Kind, e.Pipe, e.Agent, e.RunID, e.Message)
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"AT", "KIND", "PIPE", "AGENT", "RUN", "MESSAGE"}, func(e *api.Event) []string {
+		return []string{fmtTimeV(e.At), e.Kind, e.Pipe, e.Agent, e.RunID, e.Message}
+	})
 }

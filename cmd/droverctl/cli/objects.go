@@ -9,17 +9,6 @@ import (
 // print what the server sent, unchanged, so fields added to the API show
 // there without a change here.
 
-// agentState is an agent's STATUS column: revoked, online or offline.
-func agentState(a *api.Agent) string {
-	switch {
-	case a.Revoked:
-		return "revoked"
-	case a.Online:
-		return "online"
-	}
-	return "offline"
-}
-
 // agentErrors counts an agent's problems: a manifest error and pipe apply
 // errors.
 func agentErrors(a *api.Agent) int {
