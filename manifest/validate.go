@@ -15,7 +15,6 @@ import (
 // Limits on what a spec may hold. They keep manifests, units and the runner's
 // environment bounded whatever an operator (or an attacker with a token) sends.
 const (
-	MaxNameLen        = 63
 	MaxDescriptionLen = 256
 	MaxScriptBytes    = 1 << 20
 	MaxCommandArgs    = 256

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
-
 	"github.com/drover/drover/server"
 )
 

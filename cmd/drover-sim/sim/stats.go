@@ -14,8 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/drover/drover/api"
 	"google.golang.org/grpc/status"
+
+	"github.com/drover/drover/api"
 )
 
 // Hist is a mergeable latency histogram in microseconds: 16 sub-buckets per

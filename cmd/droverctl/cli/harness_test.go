@@ -28,12 +28,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/api"
-	"github.com/drover/drover/internal/testkit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/server"
 )

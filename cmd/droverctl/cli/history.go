@@ -7,8 +7,9 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // versionsPath is the path of a pipe's versions, or of one with version > 0.

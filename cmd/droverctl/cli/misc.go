@@ -10,8 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // ---- audit

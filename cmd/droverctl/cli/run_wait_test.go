@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/internal/testkit"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/drover/drover/internal/testkit"
 )
 
 // runFleet is a real server with two agents that run what they are asked

@@ -15,8 +15,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // pollInterval is how often logs -f polls a server without live logs.

@@ -10,8 +10,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // maxSecretBytes is the server's cap on one value.

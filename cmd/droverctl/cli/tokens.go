@@ -9,8 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/drover/drover/api"
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // tokenShapeRE is the pinned shape of an enrollment token; only tokens of
@@ -57,15 +58,8 @@ host to enroll: paste it there or hand it to config management.`,
 			if err != nil {
 				return err
 			}
-			body := map[string]any{"tags": tags}
-			if ttl != "" {
-				body["ttl"] = ttl
-			}
-			if name != "" {
-				body["name"] = name
-			}
 			var resp api.EnrollmentTokenCreated
-			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/enrollment-tokens", body, &resp)
+			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags}, &resp)
 			if err != nil {
 				return fmt.Errorf("create token: %w", err)
 			}
