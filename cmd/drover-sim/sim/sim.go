@@ -575,13 +575,45 @@ func finish(cfg Config, f *fleet, rep *Report, runErr error) error {
 
 func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report, n, pid int, base procSample, prev *Stats, prevErrs map[string]int64) (*StepReport, error) {
 	st := &StepReport{Agents: n}
-	// Grow: workers fill up in order, each to at most PerWorker agents.
+	s, err := growFleet(ctx, cfg, f, st, n, prev)
+	if err != nil {
+		return nil, err
+	}
+	if s, err = settleFleet(ctx, cfg, f, st, s); err != nil {
+		return nil, err
+	}
+	w1, err := idleWindow(ctx, cfg, f, st, s, pid, base)
+	if err != nil {
+		return nil, err
+	}
+
+	// Changes: one PUT of the fleet's pipe each, timed from the PUT's start.
+	last := w1
+	for range cfg.Changes {
+		ch, s, err := runChange(ctx, cfg, f, adm, rep, len(rep.Steps)+1)
+		if err != nil {
+			return st, err
+		}
+		st.Changes = append(st.Changes, *ch)
+		last = s
+	}
+	st.Enrolled, st.Connected = last.Enrolled, last.Connected
+	stepErrors(st, rep, last, n, prevErrs)
+	st.LoadAvg = loadAvg()
+	*prev = last
+	return st, nil
+}
+
+// growFleet grows the fleet to n agents (workers fill up in order, each to
+// at most PerWorker agents) and records the enrollment figures; it returns
+// the stats after growing.
+func growFleet(ctx context.Context, cfg Config, f *fleet, st *StepReport, n int, prev *Stats) (Stats, error) {
 	start := time.Now()
 	need := (n + cfg.PerWorker - 1) / cfg.PerWorker
 	for len(f.workers) < need {
 		p, err := f.spawn(ctx, len(f.workers))
 		if err != nil {
-			return nil, err
+			return Stats{}, err
 		}
 		f.workers = append(f.workers, p)
 	}
@@ -591,7 +623,7 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 		if to > p.target {
 			p.target = to
 			if err := p.send(command{Op: "grow", To: to}); err != nil {
-				return nil, err
+				return Stats{}, err
 			}
 			growing = append(growing, p)
 		}
@@ -600,7 +632,7 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	for _, p := range growing {
 		r, err := p.await(ctx, "grown", cfg.Settle+time.Duration(n)*time.Second)
 		if err != nil {
-			return nil, err
+			return Stats{}, err
 		}
 		if from == 0 || r.EnrollFrom < from {
 			from = r.EnrollFrom
@@ -612,15 +644,20 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.Workers = len(f.workers)
 	s, err := f.stats(ctx)
 	if err != nil {
-		return nil, err
+		return Stats{}, err
 	}
 	st.NewAgents = s.Enrolled - prev.Enrolled
 	if st.EnrollSeconds > 0 {
 		st.EnrollRate = float64(st.NewAgents) / st.EnrollSeconds
 	}
 	st.Enroll = s.Enroll.sub(prev.Enroll).summary()
+	return s, nil
+}
 
-	// Settle: every agent connected and its manifest applied and acknowledged.
+// settleFleet waits until every agent is connected and has its manifest
+// applied and acknowledged (at most cfg.Settle), then for the warm-up; it
+// returns the stats after.
+func settleFleet(ctx context.Context, cfg Config, f *fleet, st *StepReport, s Stats) (Stats, error) {
 	settle := time.Now()
 	deadline := settle.Add(cfg.Settle)
 	for s.Connected < s.Enrolled || s.AgentsApplied < s.Enrolled {
@@ -628,10 +665,11 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 			break
 		}
 		if err := sleep(ctx, 250*time.Millisecond); err != nil {
-			return nil, err
+			return Stats{}, err
 		}
+		var err error
 		if s, err = f.stats(ctx); err != nil {
-			return nil, err
+			return Stats{}, err
 		}
 	}
 	st.SettleSeconds = time.Since(settle).Seconds()
@@ -640,24 +678,24 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 		warm = time.Duration(float64(cfg.Agent.PollInterval) * (1 + cfg.Agent.PollJitter))
 	}
 	if err := sleep(ctx, warm); err != nil {
-		return nil, err
+		return Stats{}, err
 	}
-	if s, err = f.stats(ctx); err != nil {
-		return nil, err
-	}
+	return f.stats(ctx)
+}
 
-	// Idle window.
-	w0 := s
+// idleWindow measures the fleet and the server over cfg.Window from s, and
+// returns the stats at its end.
+func idleWindow(ctx context.Context, cfg Config, f *fleet, st *StepReport, w0 Stats, pid int, base procSample) (Stats, error) {
 	var p0 procSample
 	if pid > 0 {
 		p0, _ = readProc(pid)
 	}
 	if err := sleep(ctx, cfg.Window); err != nil {
-		return nil, err
+		return Stats{}, err
 	}
 	w1, err := f.stats(ctx)
 	if err != nil {
-		return nil, err
+		return Stats{}, err
 	}
 	secs := cfg.Window.Seconds()
 	st.WindowSeconds = secs
@@ -685,18 +723,14 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.SimLag = w1.Lag.sub(w0.Lag).summary()
 	st.SimRSSBytes = w1.SimRSS
 	st.SimCPUPercent = float64(w1.SimCPUTicks-w0.SimCPUTicks) / clockTicks / secs * 100
+	return w1, nil
+}
 
-	// Changes: one PUT of the fleet's pipe each, timed from the PUT's start.
-	last := w1
-	for range cfg.Changes {
-		ch, s, err := runChange(ctx, cfg, f, adm, rep, len(rep.Steps)+1)
-		if err != nil {
-			return st, err
-		}
-		st.Changes = append(st.Changes, *ch)
-		last = s
-	}
-	st.Enrolled, st.Connected = last.Enrolled, last.Connected
+// stepErrors counts the errors of a step: those the agents met since the
+// last step (prevErrs is updated), changes not fetched or applied in time,
+// agents not enrolled or not connected. The changes' and agents' counts go
+// to the report too.
+func stepErrors(st *StepReport, rep *Report, last Stats, n int, prevErrs map[string]int64) {
 	st.Errors = map[string]int64{}
 	for k, v := range last.Errors {
 		if v > prevErrs[k] {
@@ -704,27 +738,18 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 		}
 		prevErrs[k] = v
 	}
+	both := func(kind string, n int64) {
+		if n > 0 {
+			st.Errors[kind] += n
+			rep.Errors[kind] += n
+		}
+	}
 	for _, ch := range st.Changes {
-		if ch.NotFetched > 0 {
-			st.Errors["change: not fetched within the timeout"] += ch.NotFetched
-			rep.Errors["change: not fetched within the timeout"] += ch.NotFetched
-		}
-		if ch.NotApplied > 0 {
-			st.Errors["change: not applied within the timeout"] += ch.NotApplied
-			rep.Errors["change: not applied within the timeout"] += ch.NotApplied
-		}
+		both("change: not fetched within the timeout", ch.NotFetched)
+		both("change: not applied within the timeout", ch.NotApplied)
 	}
-	if last.Enrolled < int64(n) {
-		st.Errors["agents not enrolled"] += int64(n) - last.Enrolled
-		rep.Errors["agents not enrolled"] += int64(n) - last.Enrolled
-	}
-	if last.Connected < last.Enrolled {
-		st.Errors["agents not connected after settling"] += last.Enrolled - last.Connected
-		rep.Errors["agents not connected after settling"] += last.Enrolled - last.Connected
-	}
-	st.LoadAvg = loadAvg()
-	*prev = last
-	return st, nil
+	both("agents not enrolled", int64(n)-last.Enrolled)
+	both("agents not connected after settling", last.Enrolled-last.Connected)
 }
 
 func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report, step int) (*ChangeFigures, Stats, error) {
