@@ -492,8 +492,7 @@ func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, ta
 	if err != nil {
 		return err
 	}
-	table := a.format() == "table"
-	if table {
+	if a.format() == "table" {
 		a.printRunRequested(pipe, resp)
 	}
 	var runs map[string]*agentRun
@@ -504,30 +503,19 @@ func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, ta
 			return fmt.Errorf("run %s: waiting for the runs: %w", pipe, waitErr)
 		}
 	}
-	if table {
-		if len(resp.Sent) > 0 {
-			t := newTable(a.stdout(), "AGENT", "RUN", "STATUS", "EXIT", "DURATION", "ERROR")
-			for _, id := range resp.Sent {
-				ar := runs[id]
-				if ar == nil {
-					t.row(id, "", "no run yet", "", "", "")
-					continue
-				}
-				r := &ar.run
-				exit, dur := runExit(r), ""
-				if r.FinishedAt != nil || r.DurationMS > 0 {
-					dur = fmtDuration(r.DurationMS)
-				}
-				if r.Status == api.StatusSkipped {
-					exit, dur = "", "" // nothing ran
-				}
-				t.row(id, r.ID, r.Status, exit, dur, r.Error)
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-		}
-	} else {
+	if err := a.printRunsWaited(resp, runs); err != nil {
+		return err
+	}
+	if err := noAgentSent(pipe, resp); err != nil {
+		return err
+	}
+	return waitProblems(resp, runs, waitErr, timeout)
+}
+
+// printRunsWaited prints the runs run --wait saw: one row per agent that
+// got the request, or with -o json|yaml a runWaitResult.
+func (a *app) printRunsWaited(resp *runPipeResp, runs map[string]*agentRun) error {
+	if a.format() != "table" {
 		out := runWaitResult{RequestID: resp.RequestID, RequestIDs: resp.RequestIDs, Sent: resp.Sent, Offline: resp.Offline, Runs: []json.RawMessage{}}
 		if out.Sent == nil {
 			out.Sent = []string{}
@@ -540,14 +528,34 @@ func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, ta
 				out.Runs = append(out.Runs, ar.raw)
 			}
 		}
-		if err := a.printData(out); err != nil {
-			return err
+		return a.printData(out)
+	}
+	if len(resp.Sent) == 0 {
+		return nil
+	}
+	t := newTable(a.stdout(), "AGENT", "RUN", "STATUS", "EXIT", "DURATION", "ERROR")
+	for _, id := range resp.Sent {
+		ar := runs[id]
+		if ar == nil {
+			t.row(id, "", "no run yet", "", "", "")
+			continue
 		}
+		r := &ar.run
+		exit, dur := runExit(r), ""
+		if r.FinishedAt != nil || r.DurationMS > 0 {
+			dur = fmtDuration(r.DurationMS)
+		}
+		if r.Status == api.StatusSkipped {
+			exit, dur = "", "" // nothing ran
+		}
+		t.row(id, r.ID, r.Status, exit, dur, r.Error)
 	}
-	if err := noAgentSent(pipe, resp); err != nil {
-		return err
-	}
-	// Why the exit status is not 0, most pressing first.
+	return t.flush()
+}
+
+// waitProblems says why run --wait's exit status is not 0, most pressing
+// first; nil when every agent that got the request succeeded.
+func waitProblems(resp *runPipeResp, runs map[string]*agentRun, waitErr error, timeout time.Duration) error {
 	var problems, waiting []string
 	for _, id := range resp.Sent {
 		ar := runs[id]
