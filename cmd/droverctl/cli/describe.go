@@ -293,30 +293,36 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 	if err := kv.flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nPipes:")
-	if len(ag.Pipes) == 0 {
-		fmt.Fprintln(out, "  (none reported)")
-	} else {
-		t := newTable(indent(out), "NAME", "VERSION", "NEXT FIRE", "PROBLEM")
-		for _, p := range ag.Pipes {
-			next := ""
-			if len(p.NextFireTimes) > 0 {
-				next = fmtTimeV(p.NextFireTimes[0])
-			}
-			problem := p.ApplyError
-			if p.ElapseMismatch != "" {
-				problem = strings.TrimSpace(problem + " scheduler disagrees: " + p.ElapseMismatch)
-			}
-			if len(p.DropInsRemoved) > 0 {
-				problem = strings.TrimSpace(problem + " drop-ins removed: " + strings.Join(p.DropInsRemoved, ", "))
-			}
-			t.row(p.Name, itoa(int(p.Version)), next, problem)
-		}
-		if err := t.flush(); err != nil {
-			return err
-		}
+	if err := printAgentPipes(out, ag.Pipes); err != nil {
+		return err
 	}
 	return a.recentRuns(ctx, c, url.Values{"agent": {ag.ID}})
+}
+
+// printAgentPipes prints the pipes an agent reported, with their next fire
+// time and problems.
+func printAgentPipes(out io.Writer, pipes []api.PipeStatus) error {
+	fmt.Fprintln(out, "\nPipes:")
+	if len(pipes) == 0 {
+		fmt.Fprintln(out, "  (none reported)")
+		return nil
+	}
+	t := newTable(indent(out), "NAME", "VERSION", "NEXT FIRE", "PROBLEM")
+	for _, p := range pipes {
+		next := ""
+		if len(p.NextFireTimes) > 0 {
+			next = fmtTimeV(p.NextFireTimes[0])
+		}
+		problem := p.ApplyError
+		if p.ElapseMismatch != "" {
+			problem = strings.TrimSpace(problem + " scheduler disagrees: " + p.ElapseMismatch)
+		}
+		if len(p.DropInsRemoved) > 0 {
+			problem = strings.TrimSpace(problem + " drop-ins removed: " + strings.Join(p.DropInsRemoved, ", "))
+		}
+		t.row(p.Name, itoa(int(p.Version)), next, problem)
+	}
+	return t.flush()
 }
 
 func (a *app) describeRun(ctx context.Context, c *client, id string) error {
