@@ -88,57 +88,13 @@ func DefaultConfig() Config {
 // Main is the command line; it returns the exit code: 0 when the run saw
 // no error, 1 when it saw errors, 2 for a usage or setup error.
 func Main(args []string, stdout, stderr io.Writer) int {
-	cfg := DefaultConfig()
-	cfg.Out, cfg.Errout = stdout, stderr
-	fs := flag.NewFlagSet("drover-sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		steps, dataDir, tokenFile, caFile string
-		worker, noVerify, noKeepAlive     bool
-		noSpread                          bool
-	)
-	fs.StringVar(&cfg.Server, "server", cfg.Server, "the server's HTTPS API URL")
-	fs.StringVar(&steps, "agents", "100", "fleet sizes to measure, comma-separated and ascending (e.g. 1000,5000,10000)")
-	fs.StringVar(&dataDir, "server-data-dir", "", "a local server's data dir: admin.token and ca.crt are read from it")
-	fs.StringVar(&tokenFile, "admin-token-file", "", "file holding an admin API token (default <server-data-dir>/admin.token, or $DROVER_SIM_ADMIN_TOKEN)")
-	fs.StringVar(&caFile, "ca-file", "", "the server's CA certificate (default <server-data-dir>/ca.crt)")
-	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "the server's pid for RSS and CPU (default: the local process listening on the server's port; -1: none)")
-	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name: the agents' "+fleetTag+" tag and the pipe sim-<fleet> (default random)")
-	fs.IntVar(&cfg.PerWorker, "per-worker", cfg.PerWorker, "agents per worker process (each agent holds two sockets)")
-	fs.IntVar(&cfg.PerSource, "per-source", cfg.PerSource, "agents per loopback source address")
-	fs.BoolVar(&noSpread, "no-spread", false, "do not bind agents to spread loopback source addresses")
-	fs.IntVar(&cfg.EnrollConcurrency, "enroll-concurrency", cfg.EnrollConcurrency, "enrollments in flight per worker")
-	fs.DurationVar(&cfg.Agent.PollInterval, "poll-interval", cfg.Agent.PollInterval, "manifest poll interval per agent")
-	fs.Float64Var(&cfg.Agent.PollJitter, "poll-jitter", cfg.Agent.PollJitter, "poll interval jitter, a fraction (0.5: interval ±50%)")
-	fs.DurationVar(&cfg.Agent.Heartbeat, "heartbeat", cfg.Agent.Heartbeat, "heartbeat interval per agent")
-	fs.DurationVar(&cfg.Agent.RunEvery, "run-every", 0, "each agent runs a pipe of its manifest this often (0: no runs)")
-	fs.IntVar(&cfg.Agent.LogChunks, "log-chunks", cfg.Agent.LogChunks, "log chunks per run")
-	fs.IntVar(&cfg.Agent.LogBytes, "log-bytes", cfg.Agent.LogBytes, "bytes per log chunk")
-	fs.BoolVar(&noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
-	fs.BoolVar(&noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
-	fs.DurationVar(&cfg.Agent.Timeout, "timeout", cfg.Agent.Timeout, "timeout of one request")
-	fs.DurationVar(&cfg.Settle, "settle", cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
-	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
-	fs.DurationVar(&cfg.Window, "window", cfg.Window, "idle measurement window per step")
-	fs.IntVar(&cfg.Changes, "changes", cfg.Changes, "pipe changes timed per step (0: none)")
-	fs.DurationVar(&cfg.ChangeTimeout, "change-timeout", cfg.ChangeTimeout, "bound for a change to reach every agent")
-	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound for the outboxes to be acknowledged at the end")
-	fs.DurationVar(&cfg.MaxDuration, "max-duration", cfg.MaxDuration, "bound for the whole run")
-	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per step and a final one")
-	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a server that is not on a loopback address")
-	fs.BoolVar(&worker, "worker", false, "internal: run as a worker process")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: drover-sim [flags]\n\nRuns simulated agents against a real drover-server and reports what the fleet costs it.\n\nFlags:")
-		fs.VisitAll(func(f *flag.Flag) {
-			if f.Name != "worker" {
-				fmt.Fprintf(stderr, "  --%s\t%s (default %q)\n", f.Name, f.Usage, f.DefValue)
-			}
-		})
-	}
+	o := &mainOptions{cfg: DefaultConfig()}
+	o.cfg.Out, o.cfg.Errout = stdout, stderr
+	fs := o.flagSet(stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if worker || os.Getenv(WorkerEnv) == "1" {
+	if o.worker || os.Getenv(WorkerEnv) == "1" {
 		// Ctrl-C reaches the whole process group: the parent stops the
 		// workers in order (outboxes drained), so they ignore it.
 		signal.Ignore(os.Interrupt)
@@ -148,36 +104,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	cfg.Agent.Verify = !noVerify
-	cfg.Agent.KeepAlive = !noKeepAlive
-	cfg.SpreadSources = !noSpread
+	cfg := o.cfg
+	cfg.Agent.Verify = !o.noVerify
+	cfg.Agent.KeepAlive = !o.noKeepAlive
+	cfg.SpreadSources = !o.noSpread
 	var err error
-	if cfg.Steps, err = parseSteps(steps); err != nil {
+	if cfg.Steps, err = parseSteps(o.steps); err != nil {
 		fmt.Fprintln(stderr, "drover-sim: --agents:", err)
 		return 2
 	}
-	if tokenFile == "" && dataDir != "" {
-		tokenFile = filepath.Join(dataDir, "admin.token")
-	}
-	if caFile == "" && dataDir != "" {
-		caFile = filepath.Join(dataDir, "ca.crt")
-	}
-	switch {
-	case tokenFile != "":
-		b, err := os.ReadFile(tokenFile)
-		if err != nil {
-			fmt.Fprintln(stderr, "drover-sim: admin token:", err)
-			return 2
-		}
-		cfg.AdminToken = strings.TrimSpace(string(b))
-	default:
-		cfg.AdminToken = os.Getenv("DROVER_SIM_ADMIN_TOKEN")
-	}
-	if caFile != "" {
-		if cfg.CAPEM, err = os.ReadFile(caFile); err != nil {
-			fmt.Fprintln(stderr, "drover-sim: ca:", err)
-			return 2
-		}
+	if err := o.readCredentials(&cfg); err != nil {
+		fmt.Fprintln(stderr, "drover-sim:", err)
+		return 2
 	}
 	ctx, stop := signalContext()
 	defer stop()
@@ -193,6 +131,89 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// mainOptions are the command line: the Config and the flags that are not
+// Config fields.
+type mainOptions struct {
+	cfg                               Config
+	steps, dataDir, tokenFile, caFile string
+	worker, noVerify, noKeepAlive     bool
+	noSpread                          bool
+}
+
+// flagSet is the command line's flags, writing usage to stderr.
+func (o *mainOptions) flagSet(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("drover-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.cfg.Server, "server", o.cfg.Server, "the server's HTTPS API URL")
+	fs.StringVar(&o.steps, "agents", "100", "fleet sizes to measure, comma-separated and ascending (e.g. 1000,5000,10000)")
+	fs.StringVar(&o.dataDir, "server-data-dir", "", "a local server's data dir: admin.token and ca.crt are read from it")
+	fs.StringVar(&o.tokenFile, "admin-token-file", "", "file holding an admin API token (default <server-data-dir>/admin.token, or $DROVER_SIM_ADMIN_TOKEN)")
+	fs.StringVar(&o.caFile, "ca-file", "", "the server's CA certificate (default <server-data-dir>/ca.crt)")
+	fs.IntVar(&o.cfg.ServerPID, "server-pid", 0, "the server's pid for RSS and CPU (default: the local process listening on the server's port; -1: none)")
+	fs.StringVar(&o.cfg.Fleet, "fleet", "", "fleet name: the agents' "+fleetTag+" tag and the pipe sim-<fleet> (default random)")
+	fs.IntVar(&o.cfg.PerWorker, "per-worker", o.cfg.PerWorker, "agents per worker process (each agent holds two sockets)")
+	fs.IntVar(&o.cfg.PerSource, "per-source", o.cfg.PerSource, "agents per loopback source address")
+	fs.BoolVar(&o.noSpread, "no-spread", false, "do not bind agents to spread loopback source addresses")
+	fs.IntVar(&o.cfg.EnrollConcurrency, "enroll-concurrency", o.cfg.EnrollConcurrency, "enrollments in flight per worker")
+	fs.DurationVar(&o.cfg.Agent.PollInterval, "poll-interval", o.cfg.Agent.PollInterval, "manifest poll interval per agent")
+	fs.Float64Var(&o.cfg.Agent.PollJitter, "poll-jitter", o.cfg.Agent.PollJitter, "poll interval jitter, a fraction (0.5: interval ±50%)")
+	fs.DurationVar(&o.cfg.Agent.Heartbeat, "heartbeat", o.cfg.Agent.Heartbeat, "heartbeat interval per agent")
+	fs.DurationVar(&o.cfg.Agent.RunEvery, "run-every", 0, "each agent runs a pipe of its manifest this often (0: no runs)")
+	fs.IntVar(&o.cfg.Agent.LogChunks, "log-chunks", o.cfg.Agent.LogChunks, "log chunks per run")
+	fs.IntVar(&o.cfg.Agent.LogBytes, "log-bytes", o.cfg.Agent.LogBytes, "bytes per log chunk")
+	fs.BoolVar(&o.noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
+	fs.BoolVar(&o.noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
+	fs.DurationVar(&o.cfg.Agent.Timeout, "timeout", o.cfg.Agent.Timeout, "timeout of one request")
+	fs.DurationVar(&o.cfg.Settle, "settle", o.cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
+	fs.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
+	fs.DurationVar(&o.cfg.Window, "window", o.cfg.Window, "idle measurement window per step")
+	fs.IntVar(&o.cfg.Changes, "changes", o.cfg.Changes, "pipe changes timed per step (0: none)")
+	fs.DurationVar(&o.cfg.ChangeTimeout, "change-timeout", o.cfg.ChangeTimeout, "bound for a change to reach every agent")
+	fs.DurationVar(&o.cfg.DrainTimeout, "drain-timeout", o.cfg.DrainTimeout, "bound for the outboxes to be acknowledged at the end")
+	fs.DurationVar(&o.cfg.MaxDuration, "max-duration", o.cfg.MaxDuration, "bound for the whole run")
+	fs.BoolVar(&o.cfg.JSON, "json", false, "print one JSON object per step and a final one")
+	fs.BoolVar(&o.cfg.AllowRemote, "allow-remote", false, "allow a server that is not on a loopback address")
+	fs.BoolVar(&o.worker, "worker", false, "internal: run as a worker process")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: drover-sim [flags]\n\nRuns simulated agents against a real drover-server and reports what the fleet costs it.\n\nFlags:")
+		fs.VisitAll(func(f *flag.Flag) {
+			if f.Name != "worker" {
+				fmt.Fprintf(stderr, "  --%s\t%s (default %q)\n", f.Name, f.Usage, f.DefValue)
+			}
+		})
+	}
+	return fs
+}
+
+// readCredentials reads the admin token (a file, else
+// $DROVER_SIM_ADMIN_TOKEN) and the CA, by default from the server's data
+// dir.
+func (o *mainOptions) readCredentials(cfg *Config) error {
+	tokenFile, caFile := o.tokenFile, o.caFile
+	if tokenFile == "" && o.dataDir != "" {
+		tokenFile = filepath.Join(o.dataDir, "admin.token")
+	}
+	if caFile == "" && o.dataDir != "" {
+		caFile = filepath.Join(o.dataDir, "ca.crt")
+	}
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("admin token: %w", err)
+		}
+		cfg.AdminToken = strings.TrimSpace(string(b))
+	} else {
+		cfg.AdminToken = os.Getenv("DROVER_SIM_ADMIN_TOKEN")
+	}
+	if caFile != "" {
+		var err error
+		if cfg.CAPEM, err = os.ReadFile(caFile); err != nil {
+			return fmt.Errorf("ca: %w", err)
+		}
+	}
+	return nil
 }
 
 func parseSteps(s string) ([]int, error) {
