@@ -422,64 +422,16 @@ func (a *simAgent) accept(ctx context.Context, env []byte, etag string) {
 	a.mu.Lock()
 	state := signing.State{AgentID: a.id.agentID, Serial: a.serial, Digest: a.digest}
 	a.mu.Unlock()
-	var m *manifest.Manifest
-	var digest string
-	if a.w.cfg.Agent.Verify {
-		acc, err := signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
-		if err != nil && (errors.Is(err, signing.ErrKeyListStale) || errors.Is(err, signing.ErrUnknownKey) || errors.Is(err, signing.ErrKeyListExpired)) {
-			if terr := a.refreshTrust(ctx); terr != nil {
-				rec.fail("trust", terr)
-			} else {
-				acc, err = signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
-			}
-		}
-		if err != nil {
-			rec.failKind("verify: " + verifyKind(err))
-			a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_REJECTED, 0, "", err.Error(), state.Serial, nil, time.Time{}), nil)
-			return
-		}
-		rec.c.verified.Add(1)
-		if acc.Unchanged {
-			a.mu.Lock()
-			a.etag = etag
-			a.mu.Unlock()
-			return
-		}
-		m, digest = acc.Manifest, acc.Digest
-	} else {
-		var err error
-		m, digest, err = decodeUnverified(env)
-		if err != nil {
-			rec.fail("decode", err)
-			return
-		}
-		if m.Serial <= state.Serial {
-			a.mu.Lock()
-			a.etag = etag
-			a.mu.Unlock()
-			return
-		}
+	m, digest := a.openManifest(ctx, env, etag, state)
+	if m == nil {
+		return
 	}
 	pipes := make([]manifestPipe, 0, len(m.Pipes))
 	for _, p := range m.Pipes {
 		pipes = append(pipes, manifestPipe{name: p.Name, version: p.Version, digest: p.Payload.Digest, size: p.Payload.Size})
 	}
-	for _, p := range pipes {
-		a.mu.Lock()
-		have := a.payloads[p.digest]
-		a.mu.Unlock()
-		if have || p.digest == "" {
-			continue
-		}
-		if err := a.fetchPayload(ctx, p.digest, p.size); err != nil {
-			if ctx.Err() == nil {
-				rec.fail("payload", err)
-			}
-			return // nothing changes; the next poll tries again
-		}
-		a.mu.Lock()
-		a.payloads[p.digest] = true
-		a.mu.Unlock()
+	if !a.fetchPayloads(ctx, pipes) {
+		return // nothing changes; the next poll tries again
 	}
 	var statuses []*agentpb.PipeStatus
 	kept := map[string]bool{}
@@ -502,6 +454,74 @@ func (a *simAgent) accept(ctx context.Context, env []byte, etag string) {
 	}
 	a.mu.Unlock()
 	a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_APPLIED, m.Serial, digest, "", m.Serial, statuses, m.ExpiresAt), onAck)
+}
+
+// openManifest verifies the envelope (or, without Verify, only decodes it)
+// against the manifest in force. It returns the manifest to apply and its
+// digest, or nil: rejected (reported), undecodable, or not newer (the etag
+// is kept then).
+func (a *simAgent) openManifest(ctx context.Context, env []byte, etag string, state signing.State) (*manifest.Manifest, string) {
+	rec := a.w.rec
+	if !a.w.cfg.Agent.Verify {
+		m, digest, err := decodeUnverified(env)
+		if err != nil {
+			rec.fail("decode", err)
+			return nil, ""
+		}
+		if m.Serial <= state.Serial {
+			a.setETag(etag)
+			return nil, ""
+		}
+		return m, digest
+	}
+	acc, err := signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
+	if err != nil && (errors.Is(err, signing.ErrKeyListStale) || errors.Is(err, signing.ErrUnknownKey) || errors.Is(err, signing.ErrKeyListExpired)) {
+		if terr := a.refreshTrust(ctx); terr != nil {
+			rec.fail("trust", terr)
+		} else {
+			acc, err = signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
+		}
+	}
+	if err != nil {
+		rec.failKind("verify: " + verifyKind(err))
+		a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_REJECTED, 0, "", err.Error(), state.Serial, nil, time.Time{}), nil)
+		return nil, ""
+	}
+	rec.c.verified.Add(1)
+	if acc.Unchanged {
+		a.setETag(etag)
+		return nil, ""
+	}
+	return acc.Manifest, acc.Digest
+}
+
+func (a *simAgent) setETag(etag string) {
+	a.mu.Lock()
+	a.etag = etag
+	a.mu.Unlock()
+}
+
+// fetchPayloads fetches the payloads of pipes the agent does not hold; it
+// reports false when one could not be fetched.
+func (a *simAgent) fetchPayloads(ctx context.Context, pipes []manifestPipe) bool {
+	for _, p := range pipes {
+		a.mu.Lock()
+		have := a.payloads[p.digest]
+		a.mu.Unlock()
+		if have || p.digest == "" {
+			continue
+		}
+		if err := a.fetchPayload(ctx, p.digest, p.size); err != nil {
+			if ctx.Err() == nil {
+				a.w.rec.fail("payload", err)
+			}
+			return false
+		}
+		a.mu.Lock()
+		a.payloads[p.digest] = true
+		a.mu.Unlock()
+	}
+	return true
 }
 
 func hasVersion(pipes []manifestPipe, name string, v uint64) bool {
