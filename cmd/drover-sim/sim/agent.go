@@ -344,14 +344,22 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 // pollLoop polls the manifest on a jittered interval and at once on SyncNow.
 func (a *simAgent) pollLoop(ctx context.Context) {
 	p := a.w.cfg.Agent
-	t := time.NewTimer(time.Duration(rand.Int64N(int64(p.PollInterval)) + 1))
+	everyJittered(ctx, p.PollInterval, p.PollJitter, a.syncCh, func() { a.poll(ctx) })
+}
+
+// everyJittered calls fn first at a uniformly random point of every (so
+// that a fleet's rate is steady from the start), then every, jittered by
+// frac, after each call, and at once when wake fires (nil: never), until
+// ctx ends.
+func everyJittered(ctx context.Context, every time.Duration, frac float64, wake <-chan struct{}, fn func()) {
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(every)) + 1))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-a.syncCh:
+		case <-wake:
 			if !t.Stop() {
 				select {
 				case <-t.C:
@@ -359,8 +367,8 @@ func (a *simAgent) pollLoop(ctx context.Context) {
 				}
 			}
 		}
-		a.poll(ctx)
-		t.Reset(jitter(p.PollInterval, p.PollJitter))
+		fn()
+		t.Reset(jitter(every, frac))
 	}
 }
 
@@ -647,20 +655,8 @@ func (a *simAgent) fetchPayload(ctx context.Context, digest string, size int64) 
 
 // runLoop runs the manifest's pipes in turn, one every RunEvery (jittered).
 func (a *simAgent) runLoop(ctx context.Context) {
-	every := a.w.cfg.Agent.RunEvery
-	if every <= 0 {
-		return
-	}
-	t := time.NewTimer(time.Duration(rand.Int64N(int64(every)) + 1))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		a.run(agentpb.Trigger_TRIGGER_SCHEDULE, "", "")
-		t.Reset(jitter(every, 0.2))
+	if every := a.w.cfg.Agent.RunEvery; every > 0 {
+		everyJittered(ctx, every, 0.2, nil, func() { a.run(agentpb.Trigger_TRIGGER_SCHEDULE, "", "") })
 	}
 }
 
