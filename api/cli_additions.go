@@ -11,3 +11,19 @@ func (a *Agent) State() string {
 	}
 	return "offline"
 }
+
+// Actions of a DryRunResponse (and of droverctl's apply plan).
+const (
+	ActionCreate    = "create"
+	ActionUpdate    = "update"
+	ActionUnchanged = "unchanged"
+	ActionDelete    = "delete"
+)
+
+// Actions of an AgentChange: how the pipe's entry in the agent's manifest
+// changes.
+const (
+	AgentAdd    = "add"
+	AgentUpdate = "update"
+	AgentRemove = "remove"
+)

@@ -18,14 +18,6 @@ import (
 	"github.com/drover/drover/manifest"
 )
 
-// Plan actions.
-const (
-	actCreate    = "create"
-	actUpdate    = "update"
-	actUnchanged = "unchanged"
-	actDelete    = "delete"
-)
-
 // change is one entry of an apply plan (also the JSON of apply and diff).
 type change struct {
 	Name    string            `json:"name"`
@@ -170,14 +162,14 @@ func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune boo
 		ch.remote = r
 		switch {
 		case r == nil:
-			ch.Action = actCreate
+			ch.Action = api.ActionCreate
 		default:
 			ch.Changes = specChanges(r, lp)
 			ch.Version = r.Version
 			if len(ch.Changes) == 0 {
-				ch.Action = actUnchanged
+				ch.Action = api.ActionUnchanged
 			} else {
-				ch.Action = actUpdate
+				ch.Action = api.ActionUpdate
 			}
 		}
 		plan = append(plan, ch)
@@ -188,7 +180,7 @@ func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune boo
 		}
 		for i := range remote {
 			if !local[remote[i].Name] {
-				plan = append(plan, &change{Name: remote[i].Name, Action: actDelete, Version: remote[i].Version, Digest: remote[i].Payload.Digest, remote: &remote[i]})
+				plan = append(plan, &change{Name: remote[i].Name, Action: api.ActionDelete, Version: remote[i].Version, Digest: remote[i].Payload.Digest, remote: &remote[i]})
 			}
 		}
 	}
@@ -261,11 +253,11 @@ var useServerDryRun = true
 // so a real apply can check everything server-side before changing anything.
 func (a *app) serverDryRun(ctx context.Context, c *client, plan []*change) (bool, error) {
 	for _, ch := range plan {
-		if ch.Action == actUnchanged {
+		if ch.Action == api.ActionUnchanged {
 			continue
 		}
 		var body api.DryRunRequest
-		if ch.Action == actDelete {
+		if ch.Action == api.ActionDelete {
 			body.Delete = true
 		} else {
 			pb := ch.local.body()
@@ -284,8 +276,8 @@ func (a *app) serverDryRun(ctx context.Context, c *client, plan []*change) (bool
 			ch.Agents = []api.AgentChange{}
 		}
 		// The server has the last word on whether anything changes.
-		if resp.Action == actUnchanged && ch.Action == actUpdate {
-			ch.Action, ch.Changes, ch.Agents = actUnchanged, nil, nil
+		if resp.Action == api.ActionUnchanged && ch.Action == api.ActionUpdate {
+			ch.Action, ch.Changes, ch.Agents = api.ActionUnchanged, nil, nil
 		}
 	}
 	return true, nil
@@ -303,7 +295,7 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 		return err
 	}
 	for _, ch := range plan {
-		if ch.Action == actUnchanged {
+		if ch.Action == api.ActionUnchanged {
 			continue
 		}
 		ch.Agents = []api.AgentChange{}
@@ -316,15 +308,15 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 		}
 		for i := range agents {
 			ag := &agents[i]
-			was, will := targets(oldT, ag), ch.Action != actDelete && targets(newT, ag)
+			was, will := targets(oldT, ag), ch.Action != api.ActionDelete && targets(newT, ag)
 			act := ""
 			switch {
 			case was && will:
-				act = "update"
+				act = api.AgentUpdate
 			case will:
-				act = "add"
+				act = api.AgentAdd
 			case was:
-				act = "remove"
+				act = api.AgentRemove
 			default:
 				continue
 			}
@@ -366,12 +358,12 @@ func (a *app) apply(ctx context.Context, files []string, prune, dryRun bool, max
 	for _, ch := range plan {
 		ch.Agents = nil
 		switch ch.Action {
-		case actUnchanged:
+		case api.ActionUnchanged:
 			if table {
 				fmt.Fprintf(a.stdout(), "pipe/%s unchanged\n", ch.Name)
 			}
 			continue
-		case actDelete:
+		case api.ActionDelete:
 			if _, err := c.call(ctx, http.MethodDelete, "/api/v1/pipes/"+pathEscape(ch.Name), nil, nil); err != nil && !isNotFound(err) {
 				return a.partial(done, plan, fmt.Errorf("delete pipe %s: %w", ch.Name, err))
 			}
@@ -387,7 +379,7 @@ func (a *app) apply(ctx context.Context, files []string, prune, dryRun bool, max
 			ch.Version, ch.Digest = resp.Version, resp.Digest
 			if table {
 				verb := "configured"
-				if ch.Action == actCreate {
+				if ch.Action == api.ActionCreate {
 					verb = "created"
 				}
 				fmt.Fprintf(a.stdout(), "pipe/%s %s (version %d)\n", ch.Name, verb, resp.Version)
@@ -408,7 +400,7 @@ func (a *app) partial(done int, plan []*change, err error) error {
 	}
 	n := 0
 	for _, ch := range plan {
-		if ch.Action != actUnchanged {
+		if ch.Action != api.ActionUnchanged {
 			n++
 		}
 	}
@@ -451,7 +443,7 @@ func (a *app) printPlan(res *applyResult) error {
 			ver = itoa(int(ch.Version))
 		}
 		agents := ""
-		if ch.Action != actUnchanged {
+		if ch.Action != api.ActionUnchanged {
 			agents = itoa(len(ch.Agents))
 		}
 		t.row(ch.Name, ch.Action, strings.Join(ch.Changes, ","), ver, agents, ch.File)
@@ -474,13 +466,13 @@ func (a *app) printPlan(res *applyResult) error {
 				rows[ac.ID] = r
 				order = append(order, r)
 			}
-			sign := map[string]string{"add": "+", "update": "~", "remove": "-"}[ac.Action]
+			sign := map[string]string{api.AgentAdd: "+", api.AgentUpdate: "~", api.AgentRemove: "-"}[ac.Action]
 			if sign == "" {
 				sign = ac.Action + ":"
 			}
 			r.changes = append(r.changes, sign+ch.Name)
 			// Added and removed entries are whole; show what an update changes.
-			if ac.Diff != "" && ac.Action == "update" {
+			if ac.Diff != "" && ac.Action == api.AgentUpdate {
 				r.diffs = append(r.diffs, fmt.Sprintf("--- agent %s (%s): %s\n%s", ac.ID, sanitizeLine(ac.Hostname), ch.Name,
 					sanitizeText(strings.TrimRight(ac.Diff, "\n")+"\n")))
 			}
@@ -508,7 +500,7 @@ func (a *app) printPlan(res *applyResult) error {
 		}
 	}
 	fmt.Fprintf(out, "\nDry run: %d to create, %d to update, %d to delete, %d unchanged. Nothing was changed.\n",
-		counts[actCreate], counts[actUpdate], counts[actDelete], counts[actUnchanged])
+		counts[api.ActionCreate], counts[api.ActionUpdate], counts[api.ActionDelete], counts[api.ActionUnchanged])
 	return nil
 }
 
@@ -534,7 +526,7 @@ func (a *app) diff(ctx context.Context, files []string, prune bool, maxPayload i
 	w := a.stdout()
 	changed := 0
 	for _, ch := range plan {
-		if ch.Action == actUnchanged {
+		if ch.Action == api.ActionUnchanged {
 			continue
 		}
 		changed++
@@ -548,7 +540,7 @@ func (a *app) diff(ctx context.Context, files []string, prune bool, maxPayload i
 
 // pipeDiff is the unified diff of one change.
 func pipeDiff(ch *change) string {
-	if ch.Action == actUnchanged {
+	if ch.Action == api.ActionUnchanged {
 		return ""
 	}
 	var oldText, newText []string
