@@ -72,12 +72,7 @@ targets: {tags: {env: prod}}
 // pipeVersions maps pipe names to their versions on the server.
 func (ts *testServer) pipeVersions() map[string]uint64 {
 	ts.t.Helper()
-	var body struct {
-		Pipes []struct {
-			Name    string
-			Version uint64
-		}
-	}
+	var body api.PipeList
 	if err := json.Unmarshal([]byte(ts.pipesSnapshot()), &body); err != nil {
 		ts.t.Fatal(err)
 	}

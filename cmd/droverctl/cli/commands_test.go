@@ -429,7 +429,7 @@ func TestAPITokens(t *testing.T) {
 	ts := startServer(t)
 	ts.requireEndpoint("GET", "/api/v1/api-tokens", nil, "operator API tokens")
 	r := ts.ctlOK("api-tokens", "create", "--name", "ci", "--role", "viewer", "-o", "json")
-	var tok struct{ ID, Token string }
+	var tok api.APITokenCreated
 	if err := json.Unmarshal([]byte(r.stdout), &tok); err != nil || tok.Token == "" {
 		t.Fatalf("api-tokens create: %v\n%s", err, r)
 	}

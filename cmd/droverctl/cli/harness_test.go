@@ -219,11 +219,11 @@ type fakeAgent struct {
 // its stream (the agent is then online).
 func (ts *testServer) enroll(hostname string, tags map[string]string, connect bool) *fakeAgent {
 	ts.t.Helper()
-	code, b := ts.api("POST", "/api/v1/enrollment-tokens", map[string]any{"tags": tags})
+	code, b := ts.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: tags})
 	if code != 201 {
 		ts.t.Fatalf("create token: %d %s", code, b)
 	}
-	var tok struct{ Token string }
+	var tok api.EnrollmentTokenCreated
 	json.Unmarshal(b, &tok)
 	return ts.enrollWith(tok.Token, hostname, connect)
 }
@@ -601,10 +601,7 @@ func (ts *testServer) pipeScript(name string) (string, uint64, error) {
 		return "", 0, err
 	}
 	defer resp.Body.Close()
-	var p struct {
-		Version uint64
-		Spec    struct{ Script string }
-	}
+	var p api.Pipe
 	if resp.StatusCode != 200 {
 		return "", 0, fmt.Errorf("GET pipe %s: HTTP %d", name, resp.StatusCode)
 	}
