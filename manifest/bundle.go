@@ -37,10 +37,20 @@ type BundleFile struct {
 	Data []byte
 }
 
-// UnpackLimits bound what unpacking a bundle may create.
+// The bundle limits: at most MaxBundleEntries entries and MaxBundleBytes
+// bytes uncompressed, checked by the server at upload and by the agent
+// before it unpacks (the zero UnpackLimits). DefaultMaxBundleBytes caps the
+// compressed size.
+const (
+	MaxBundleEntries = 10000
+	MaxBundleBytes   = 256 << 20
+)
+
+// UnpackLimits bound what unpacking a bundle may create; a zero field is
+// its default.
 type UnpackLimits struct {
-	MaxFiles int   // entries, default 10,000
-	MaxBytes int64 // total uncompressed bytes, default 256 MiB
+	MaxFiles int   // entries, default MaxBundleEntries
+	MaxBytes int64 // total uncompressed bytes, default MaxBundleBytes
 }
 
 // Digest returns "sha256:<hex>" of b.
@@ -190,10 +200,10 @@ type BundleEntry struct {
 // The error wraps ErrUnsafeBundle and names the entry.
 func ScanBundle(bundle []byte, lim UnpackLimits) ([]BundleEntry, error) {
 	if lim.MaxFiles <= 0 {
-		lim.MaxFiles = 10000
+		lim.MaxFiles = MaxBundleEntries
 	}
 	if lim.MaxBytes <= 0 {
-		lim.MaxBytes = 256 << 20
+		lim.MaxBytes = MaxBundleBytes
 	}
 	gz, err := gzip.NewReader(bytes.NewReader(bundle))
 	if err != nil {
@@ -254,6 +264,27 @@ func ScanBundle(bundle []byte, lim UnpackLimits) ([]BundleEntry, error) {
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// BundleProgram returns the bundle entry a command runs, clean, when
+// command[0] is a relative path with a slash ("bin/run"); ok is false for a
+// program looked up on PATH or an absolute one, which the bundle need not
+// hold.
+func BundleProgram(command []string) (name string, ok bool) {
+	if len(command) == 0 || !strings.Contains(command[0], "/") || path.IsAbs(command[0]) {
+		return "", false
+	}
+	return path.Clean(command[0]), true
+}
+
+// FindEntry returns the entry called name, or nil.
+func FindEntry(entries []BundleEntry, name string) *BundleEntry {
+	for i := range entries {
+		if entries[i].Name == name {
+			return &entries[i]
+		}
+	}
+	return nil
 }
 
 // UnpackBundle extracts a bundle into dir, which must exist and be empty.

@@ -84,3 +84,22 @@ func TestBundleRule(t *testing.T) {
 		t.Fatalf("unpacked d/x: %q %v", b, err)
 	}
 }
+
+func TestBundleProgram(t *testing.T) {
+	for cmd, want := range map[string]string{"bin/../run.sh": "run.sh", "./d/x": "d/x", "run.sh": "", "/bin/sh": ""} {
+		got, ok := BundleProgram([]string{cmd, "arg"})
+		if got != want || ok != (want != "") {
+			t.Errorf("BundleProgram(%q) = %q, %v", cmd, got, ok)
+		}
+	}
+	if _, ok := BundleProgram(nil); ok {
+		t.Error("BundleProgram(nil) is ok")
+	}
+	es := []BundleEntry{{Name: "d", Dir: true}, {Name: "d/x"}}
+	if e := FindEntry(es, "d/x"); e == nil || e.Name != "d/x" {
+		t.Errorf("FindEntry(d/x) = %+v", e)
+	}
+	if e := FindEntry(es, "x"); e != nil {
+		t.Errorf("FindEntry(x) = %+v", e)
+	}
+}

@@ -58,6 +58,34 @@ func yamlTokenBound(data []byte) int {
 // returned at once as a *ValidationError whose field paths are "[doc].field"
 // and whose lines point into data. Empty documents are ignored.
 func DecodeSpecs(data []byte) ([]Spec, error) {
+	f, err := DecodeSpecFile(data)
+	if err != nil {
+		return nil, err
+	}
+	return f.Specs, nil
+}
+
+// SpecFile is a decoded YAML source: its specs, in document order (empty
+// documents left out), and where their fields are.
+type SpecFile struct {
+	Specs []Spec
+	roots []*yaml.Node // each spec's root node
+}
+
+// Line returns the line of a field path ("schedule", "files[1]",
+// "limits.memory_mb") in the document of spec i: the line of the deepest
+// part of the path that is there (the document's line for none), 0 when i
+// is out of range.
+func (f *SpecFile) Line(i int, field string) int {
+	if i < 0 || i >= len(f.roots) {
+		return 0
+	}
+	return fieldLine(f.roots[i], field)
+}
+
+// DecodeSpecFile is DecodeSpecs that also keeps the positions of the
+// specs' fields, to point at them in later messages.
+func DecodeSpecFile(data []byte) (*SpecFile, error) {
 	if len(data) > MaxSpecFileBytes {
 		return nil, &ValidationError{Problems: []FieldError{{Message: fmt.Sprintf("%d bytes, at most %d", len(data), MaxSpecFileBytes)}}}
 	}
@@ -86,12 +114,14 @@ func DecodeSpecs(data []byte) ([]Spec, error) {
 	var p problems
 	specs := make([]Spec, len(docs))
 	decoded := make([]bool, len(docs))
+	roots := make([]*yaml.Node, len(docs))
 	for i, doc := range docs {
 		at := fmt.Sprintf("[%d]", i)
 		root := doc
 		if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 			root = root.Content[0]
 		}
+		roots[i] = root
 		if root.Kind != yaml.MappingNode {
 			p.addFE(FieldError{Field: at, Message: "a pipe must be a mapping of fields (name:, schedule:, ...)", Line: root.Line})
 			continue
@@ -114,12 +144,12 @@ func DecodeSpecs(data []byte) ([]Spec, error) {
 		var ve *ValidationError
 		if errors.As(err, &ve) {
 			for j := range ve.Problems {
-				ve.Problems[j].Line = lineFor(docs, ve.Problems[j].Field)
+				ve.Problems[j].Line = lineFor(roots, ve.Problems[j].Field)
 			}
 		}
 		return nil, err
 	}
-	return specs, nil
+	return &SpecFile{Specs: specs, roots: roots}, nil
 }
 
 func isEmptyDoc(n *yaml.Node) bool {
@@ -197,31 +227,33 @@ func checkKnownFields(p *problems, n *yaml.Node, t reflect.Type, at string) {
 }
 
 // lineFor finds the line of a field path like "[2].limits.memory_mb" or
-// "[0].secrets[1]" in the decoded documents; 0 when unknown.
-func lineFor(docs []*yaml.Node, field string) int {
+// "[0].secrets[1]" in the documents' root nodes; 0 when unknown.
+func lineFor(roots []*yaml.Node, field string) int {
 	if !strings.HasPrefix(field, "[") {
 		return 0
 	}
 	end := strings.IndexByte(field, ']')
 	idx, err := strconv.Atoi(field[1:end])
-	if err != nil || idx < 0 || idx >= len(docs) {
+	if err != nil || idx < 0 || idx >= len(roots) {
 		return 0
 	}
-	n := docs[idx]
-	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
-		n = n.Content[0]
-	}
+	return fieldLine(roots[idx], strings.TrimPrefix(field[end+1:], "."))
+}
+
+// fieldLine finds the line of a field path ("schedule", "files[1]",
+// "limits.memory_mb") under a document's root node n: the line of the
+// deepest part of the path that is there.
+func fieldLine(n *yaml.Node, field string) int {
 	line := n.Line
-	rest := strings.TrimPrefix(field[end+1:], ".")
+	rest := field
 	for rest != "" {
-		var seg string
 		if strings.HasPrefix(rest, "[") {
 			e := strings.IndexByte(rest, ']')
 			if e < 0 {
 				break
 			}
 			i, err := strconv.Atoi(rest[1:e])
-			if err != nil || n.Kind != yaml.SequenceNode || i >= len(n.Content) {
+			if err != nil || n.Kind != yaml.SequenceNode || i < 0 || i >= len(n.Content) {
 				break
 			}
 			n = n.Content[i]
@@ -229,11 +261,11 @@ func lineFor(docs []*yaml.Node, field string) int {
 			rest = strings.TrimPrefix(rest[e+1:], ".")
 			continue
 		}
-		cut := strings.IndexAny(rest, ".[")
-		if cut < 0 {
-			seg, rest = rest, ""
-		} else {
+		seg := rest
+		if cut := strings.IndexAny(rest, ".["); cut >= 0 {
 			seg, rest = rest[:cut], strings.TrimPrefix(rest[cut:], ".")
+		} else {
+			rest = ""
 		}
 		if n.Kind != yaml.MappingNode {
 			break

@@ -109,3 +109,24 @@ func FuzzDecodeSpecs(f *testing.F) {
 		}
 	})
 }
+
+func TestSpecFileLine(t *testing.T) {
+	src := "name: a\nschedule: '@daily'\nscript: x\n---\n# b\nname: b\nschedule: '@daily'\ncommand: [run]\nfiles:\n  - x\n  - y\nlimits:\n  memory_mb: 5\n"
+	f, err := DecodeSpecFile([]byte(src))
+	if err != nil || len(f.Specs) != 2 {
+		t.Fatalf("%v %+v", err, f)
+	}
+	for _, c := range []struct {
+		doc   int
+		field string
+		want  int
+	}{
+		{0, "", 1}, {0, "schedule", 2}, {0, "nope", 1},
+		{1, "name", 6}, {1, "files[1]", 11}, {1, "files[7]", 9}, {1, "files[-1]", 9},
+		{1, "limits.memory_mb", 13}, {1, "limits.nope", 12}, {2, "name", 0},
+	} {
+		if got := f.Line(c.doc, c.field); got != c.want {
+			t.Errorf("Line(%d, %q) = %d, want %d", c.doc, c.field, got, c.want)
+		}
+	}
+}

@@ -1,6 +1,10 @@
 package manifest
 
-import "time"
+import (
+	"maps"
+	"slices"
+	"time"
+)
 
 // Catch-up policies: what a timer does about fire times missed while the host
 // was off or the agent was down.
@@ -109,55 +113,36 @@ func (s *Spec) Normalize() {
 	if len(s.Env) == 0 {
 		s.Env = nil
 	}
-	if len(s.Secrets) == 0 {
-		s.Secrets = nil
-	}
-	if len(s.WritablePaths) == 0 {
-		s.WritablePaths = nil
-	}
+	s.Secrets = nilIfEmpty(s.Secrets)
+	s.WritablePaths = nilIfEmpty(s.WritablePaths)
 	if s.Targets != nil && len(s.Targets.Tags) == 0 && len(s.Targets.Agents) == 0 {
 		s.Targets = nil
 	}
 }
 
-// Clone returns a deep copy of s.
+// Clone returns a deep copy of s. Empty lists become nil; maps keep
+// whether they were nil.
 func (s *Spec) Clone() *Spec {
 	c := *s
-	c.Command = append([]string(nil), s.Command...)
-	c.Files = append([]string(nil), s.Files...)
-	c.Secrets = append([]string(nil), s.Secrets...)
-	c.WritablePaths = append([]string(nil), s.WritablePaths...)
-	if s.Env != nil {
-		c.Env = make(map[string]string, len(s.Env))
-		for k, v := range s.Env {
-			c.Env[k] = v
-		}
-	}
+	c.Command = nilIfEmpty(slices.Clone(s.Command))
+	c.Files = nilIfEmpty(slices.Clone(s.Files))
+	c.Secrets = nilIfEmpty(slices.Clone(s.Secrets))
+	c.WritablePaths = nilIfEmpty(slices.Clone(s.WritablePaths))
+	c.Env = maps.Clone(s.Env)
 	if s.Targets != nil {
-		t := Targets{Agents: append([]string(nil), s.Targets.Agents...)}
-		if s.Targets.Tags != nil {
-			t.Tags = make(map[string]string, len(s.Targets.Tags))
-			for k, v := range s.Targets.Tags {
-				t.Tags[k] = v
-			}
-		}
-		c.Targets = &t
+		c.Targets = &Targets{Tags: maps.Clone(s.Targets.Tags), Agents: nilIfEmpty(slices.Clone(s.Targets.Agents))}
 	}
 	if s.Enabled != nil {
 		e := *s.Enabled
 		c.Enabled = &e
 	}
-	if len(c.Command) == 0 {
-		c.Command = nil
-	}
-	if len(c.Files) == 0 {
-		c.Files = nil
-	}
-	if len(c.Secrets) == 0 {
-		c.Secrets = nil
-	}
-	if len(c.WritablePaths) == 0 {
-		c.WritablePaths = nil
-	}
 	return &c
+}
+
+// nilIfEmpty returns nil for an empty list, else the list.
+func nilIfEmpty[T any](l []T) []T {
+	if len(l) == 0 {
+		return nil
+	}
+	return l
 }

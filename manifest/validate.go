@@ -15,7 +15,6 @@ import (
 // Limits on what a spec may hold. They keep manifests, units and the runner's
 // environment bounded whatever an operator (or an attacker with a token) sends.
 const (
-	MaxNameLen        = 63
 	MaxDescriptionLen = 256
 	MaxScriptBytes    = 1 << 20
 	MaxCommandArgs    = 256
@@ -68,201 +67,249 @@ func (s *Spec) Validate() error {
 	return p.err()
 }
 
-func (s *Spec) validate(p *problems, at string) {
-	f := func(field string) string { return join(at, field) }
+// specProblems adds problems about one spec, under its path.
+type specProblems struct {
+	p  *problems
+	at string
+}
 
+func (c specProblems) add(field, format string, args ...any) {
+	c.p.add(join(c.at, field), format, args...)
+}
+
+// addAt is add for an indexed field: field is a format such as "files[%d]".
+func (c specProblems) addAt(field string, i int, format string, args ...any) {
+	c.add(fmt.Sprintf(field, i), format, args...)
+}
+
+// validate checks the spec's fields in the order of the spec format, one
+// group at a time, adding every problem under at.
+func (s *Spec) validate(p *problems, at string) {
+	c := specProblems{p, at}
+	s.checkName(c)
+	s.checkSchedule(c)
+	s.checkProgram(c)
+	s.checkEnv(c)
+	s.checkSecrets(c)
+	s.checkSandbox(c)
+	s.Targets.check(c)
+}
+
+// checkName checks name and description.
+func (s *Spec) checkName(c specProblems) {
 	switch {
 	case s.Name == "":
-		p.add(f("name"), "required")
+		c.add("name", "required")
 	case !nameRE.MatchString(s.Name):
-		p.add(f("name"), "%s is not a valid name: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", quote(s.Name))
+		c.add("name", "%s is not a valid name: use 1-63 lowercase letters, digits and '-', starting with a letter or digit", quote(s.Name))
 	}
 	if n := utf8.RuneCountInString(s.Description); n > MaxDescriptionLen {
-		p.add(f("description"), "%d characters, at most %d", n, MaxDescriptionLen)
+		c.add("description", "%d characters, at most %d", n, MaxDescriptionLen)
 	}
 	if hasControl(s.Description, false) {
-		p.add(f("description"), "must be one line without control characters")
+		c.add("description", "must be one line without control characters")
 	}
 	if !utf8.ValidString(s.Description) {
-		p.add(f("description"), "not valid UTF-8")
+		c.add("description", "not valid UTF-8")
 	}
+}
 
+// checkSchedule checks schedule and timezone.
+func (s *Spec) checkSchedule(c specProblems) {
 	if strings.TrimSpace(s.Schedule) == "" {
-		p.add(f("schedule"), "required")
+		c.add("schedule", "required")
 	} else if _, err := ParseSchedule(s.Schedule); err != nil {
-		p.add(f("schedule"), "%s", err.Error())
+		c.add("schedule", "%s", err.Error())
 	}
 	if s.Timezone != "" {
 		if err := checkTimezone(s.Timezone); err != nil {
-			p.add(f("timezone"), "%s", err.Error())
+			c.add("timezone", "%s", err.Error())
 		}
 	}
+}
 
+// checkProgram checks what runs: script and interpreter, or command and
+// files.
+func (s *Spec) checkProgram(c specProblems) {
 	hasScript, hasCommand := s.Script != "", len(s.Command) > 0
 	switch {
 	case hasScript && hasCommand:
-		p.add(f("command"), "set either script or command, not both")
+		c.add("command", "set either script or command, not both")
 	case !hasScript && !hasCommand:
-		p.add(f("script"), "required: set script (inline) or command (with files)")
+		c.add("script", "required: set script (inline) or command (with files)")
 	}
 	if hasScript {
 		if len(s.Script) > MaxScriptBytes {
-			p.add(f("script"), "%d bytes, at most %d", len(s.Script), MaxScriptBytes)
+			c.add("script", "%d bytes, at most %d", len(s.Script), MaxScriptBytes)
 		}
 		if strings.ContainsRune(s.Script, 0) {
-			p.add(f("script"), "must not contain NUL bytes")
+			c.add("script", "must not contain NUL bytes")
 		}
 		if !utf8.ValidString(s.Script) {
-			p.add(f("script"), "not valid UTF-8")
+			c.add("script", "not valid UTF-8")
 		}
 		if len(s.Files) > 0 {
-			p.add(f("files"), "files are only used with command")
+			c.add("files", "files are only used with command")
 		}
 	}
 	if s.Interpreter != "" {
 		if !hasScript {
-			p.add(f("interpreter"), "only used with script")
+			c.add("interpreter", "only used with script")
 		}
 		if !path.IsAbs(s.Interpreter) || path.Clean(s.Interpreter) != s.Interpreter || hasControl(s.Interpreter, false) || strings.ContainsAny(s.Interpreter, " \t\\%$") {
-			p.add(f("interpreter"), "%s must be a clean absolute path without spaces, '\\', '%%' or '$'", quote(s.Interpreter))
+			c.add("interpreter", "%s must be a clean absolute path without spaces, '\\', '%%' or '$'", quote(s.Interpreter))
 		}
 	}
 	if len(s.Command) > MaxCommandArgs {
-		p.add(f("command"), "%d arguments, at most %d", len(s.Command), MaxCommandArgs)
+		c.add("command", "%d arguments, at most %d", len(s.Command), MaxCommandArgs)
 	}
 	for i, a := range s.Command {
-		at := f(fmt.Sprintf("command[%d]", i))
 		switch {
 		case i == 0 && strings.TrimSpace(a) == "":
-			p.add(at, "the program must not be empty")
+			c.addAt("command[%d]", i, "the program must not be empty")
 		case len(a) > MaxArgBytes:
-			p.add(at, "%d bytes, at most %d", len(a), MaxArgBytes)
+			c.addAt("command[%d]", i, "%d bytes, at most %d", len(a), MaxArgBytes)
 		case hasControl(a, false) || !utf8.ValidString(a):
-			p.add(at, "must not contain control characters or invalid UTF-8")
+			c.addAt("command[%d]", i, "must not contain control characters or invalid UTF-8")
 		}
 	}
 	if len(s.Files) > MaxFiles {
-		p.add(f("files"), "%d entries, at most %d", len(s.Files), MaxFiles)
+		c.add("files", "%d entries, at most %d", len(s.Files), MaxFiles)
 	}
-	seenFile := map[string]int{}
+	seen := map[string]int{}
 	for i, fp := range s.Files {
-		at := f(fmt.Sprintf("files[%d]", i))
 		if msg := checkRelPath(fp); msg != "" {
-			p.add(at, "%s", msg)
+			c.addAt("files[%d]", i, "%s", msg)
 			continue
 		}
-		if j, ok := seenFile[path.Clean(fp)]; ok {
-			p.add(at, "duplicate of files[%d]", j)
-		}
-		seenFile[path.Clean(fp)] = i
+		c.checkUnique(seen, path.Clean(fp), "files[%d]", i)
 	}
+}
 
+// checkUnique adds "duplicate of" when key was seen at an earlier index of
+// the list field (a format such as "files[%d]"), then records i as the
+// index of key.
+func (c specProblems) checkUnique(seen map[string]int, key, field string, i int) {
+	if j, ok := seen[key]; ok {
+		c.addAt(field, i, "duplicate of "+field, j)
+	}
+	seen[key] = i
+}
+
+// checkEnv checks the environment variables.
+func (s *Spec) checkEnv(c specProblems) {
 	if len(s.Env) > MaxEnv {
-		p.add(f("env"), "%d variables, at most %d", len(s.Env), MaxEnv)
+		c.add("env", "%d variables, at most %d", len(s.Env), MaxEnv)
 	}
 	for _, k := range sortedKeys(s.Env) {
-		at := f("env." + k)
+		at := "env." + k
 		if !envKeyRE.MatchString(k) {
-			p.add(f("env"), "%s is not a valid variable name: use letters, digits and '_', not starting with a digit", quote(k))
+			c.add("env", "%s is not a valid variable name: use letters, digits and '_', not starting with a digit", quote(k))
 			continue
 		}
 		if strings.HasPrefix(k, "DROVER_") {
-			p.add(at, "names starting with DROVER_ are reserved for the runner")
+			c.add(at, "names starting with DROVER_ are reserved for the runner")
 		}
 		v := s.Env[k]
 		if len(v) > MaxEnvValueBytes {
-			p.add(at, "%d bytes, at most %d", len(v), MaxEnvValueBytes)
+			c.add(at, "%d bytes, at most %d", len(v), MaxEnvValueBytes)
 		}
 		if strings.ContainsRune(v, 0) || !utf8.ValidString(v) {
-			p.add(at, "must not contain NUL bytes or invalid UTF-8")
+			c.add(at, "must not contain NUL bytes or invalid UTF-8")
 		}
 	}
+}
 
+// checkSecrets checks the secret names.
+func (s *Spec) checkSecrets(c specProblems) {
 	if len(s.Secrets) > MaxSecrets {
-		p.add(f("secrets"), "%d names, at most %d", len(s.Secrets), MaxSecrets)
+		c.add("secrets", "%d names, at most %d", len(s.Secrets), MaxSecrets)
 	}
-	seenSecret := map[string]int{}
+	seen := map[string]int{}
 	for i, name := range s.Secrets {
-		at := f(fmt.Sprintf("secrets[%d]", i))
 		if !envKeyRE.MatchString(name) {
-			p.add(at, "%s is not a valid secret name: use letters, digits and '_', not starting with a digit", quote(name))
+			c.addAt("secrets[%d]", i, "%s is not a valid secret name: use letters, digits and '_', not starting with a digit", quote(name))
 			continue
 		}
-		if j, ok := seenSecret[name]; ok {
-			p.add(at, "duplicate of secrets[%d]", j)
-		}
-		seenSecret[name] = i
+		c.checkUnique(seen, name, "secrets[%d]", i)
 		if _, ok := s.Env[name]; ok {
-			p.add(at, "%s is also set in env", name)
+			c.addAt("secrets[%d]", i, "%s is also set in env", name)
 		}
 		if strings.HasPrefix(name, "DROVER_") {
-			p.add(at, "names starting with DROVER_ are reserved for the runner")
+			c.addAt("secrets[%d]", i, "names starting with DROVER_ are reserved for the runner")
 		}
 	}
+}
 
+// checkSandbox checks how a run is bounded: its user, times, catch-up,
+// hardening and resource limits.
+func (s *Spec) checkSandbox(c specProblems) {
 	if s.RunAs != "" && !userRE.MatchString(s.RunAs) {
-		p.add(f("run_as"), "%s is not a valid user name: use lowercase letters, digits, '_' and '-', at most 31, starting with a letter or '_'", quote(s.RunAs))
+		c.add("run_as", "%s is not a valid user name: use lowercase letters, digits, '_' and '-', at most 31, starting with a letter or '_'", quote(s.RunAs))
 	}
 	if s.Timeout != 0 && (s.Timeout < MinTimeout || s.Timeout > MaxTimeout) {
-		p.add(f("timeout"), "%s out of range %s-%s", s.Timeout, MinTimeout, MaxTimeout)
+		c.add("timeout", "%s out of range %s-%s", s.Timeout, MinTimeout, MaxTimeout)
 	}
 	if s.Jitter < 0 || s.Jitter > MaxJitter {
-		p.add(f("jitter"), "%s out of range 0s-%s", s.Jitter, MaxJitter)
+		c.add("jitter", "%s out of range 0s-%s", s.Jitter, MaxJitter)
 	}
 	if s.Grace != 0 && (s.Grace < MinGrace || s.Grace > MaxGrace) {
-		p.add(f("grace"), "%s out of range %s-%s", s.Grace, MinGrace, MaxGrace)
+		c.add("grace", "%s out of range %s-%s", s.Grace, MinGrace, MaxGrace)
 	}
 	switch s.Catchup {
 	case "", CatchupOnce, CatchupAll, CatchupSkip:
 	default:
-		p.add(f("catchup"), "%s is not one of once, all, skip", quote(s.Catchup))
+		c.add("catchup", "%s is not one of once, all, skip", quote(s.Catchup))
 	}
 	switch s.Hardening {
 	case "", HardeningStrict, HardeningDefault, HardeningNone:
 	default:
-		p.add(f("hardening"), "%s is not one of strict, default, none", quote(s.Hardening))
+		c.add("hardening", "%s is not one of strict, default, none", quote(s.Hardening))
 	}
 	if len(s.WritablePaths) > MaxWritablePaths {
-		p.add(f("writable_paths"), "%d paths, at most %d", len(s.WritablePaths), MaxWritablePaths)
+		c.add("writable_paths", "%d paths, at most %d", len(s.WritablePaths), MaxWritablePaths)
 	}
 	for i, wp := range s.WritablePaths {
-		at := f(fmt.Sprintf("writable_paths[%d]", i))
 		switch {
 		case !path.IsAbs(wp) || path.Clean(wp) != wp:
-			p.add(at, "%s must be a clean absolute path", quote(wp))
+			c.addAt("writable_paths[%d]", i, "%s must be a clean absolute path", quote(wp))
 		case wp == "/":
-			p.add(at, "the whole file system cannot be made writable; use hardening: none")
+			c.addAt("writable_paths[%d]", i, "the whole file system cannot be made writable; use hardening: none")
 		case hasControl(wp, false) || !utf8.ValidString(wp) || strings.ContainsAny(wp, " \t\\\"';%$"):
-			p.add(at, "%s must not contain blanks, quotes, '\\', ';', '%%' or '$'", quote(wp))
+			c.addAt("writable_paths[%d]", i, "%s must not contain blanks, quotes, '\\', ';', '%%' or '$'", quote(wp))
 		}
 	}
 	if len(s.WritablePaths) > 0 && s.Hardening == HardeningNone {
-		p.add(f("writable_paths"), "only used with hardening default or strict (none leaves the file system writable)")
+		c.add("writable_paths", "only used with hardening default or strict (none leaves the file system writable)")
 	}
-	checkRange(p, f("limits.cpu_percent"), s.Limits.CPUPercent, MaxCPUPercent)
-	checkRange(p, f("limits.memory_mb"), s.Limits.MemoryMB, MaxMemoryMB)
-	checkRange(p, f("limits.tasks"), s.Limits.Tasks, MaxTasks)
+	c.checkRange("limits.cpu_percent", s.Limits.CPUPercent, MaxCPUPercent)
+	c.checkRange("limits.memory_mb", s.Limits.MemoryMB, MaxMemoryMB)
+	c.checkRange("limits.tasks", s.Limits.Tasks, MaxTasks)
+}
 
-	if t := s.Targets; t != nil {
-		if len(t.Tags) > MaxTags {
-			p.add(f("targets.tags"), "%d tags, at most %d", len(t.Tags), MaxTags)
+// check checks the tag selector and the agent ids; nil targets are fine.
+func (t *Targets) check(c specProblems) {
+	if t == nil {
+		return
+	}
+	if len(t.Tags) > MaxTags {
+		c.add("targets.tags", "%d tags, at most %d", len(t.Tags), MaxTags)
+	}
+	for _, k := range sortedKeys(t.Tags) {
+		if !tagKeyRE.MatchString(k) {
+			c.add("targets.tags", "%s is not a valid tag key", quote(k))
+			continue
 		}
-		for _, k := range sortedKeys(t.Tags) {
-			if !tagKeyRE.MatchString(k) {
-				p.add(f("targets.tags"), "%s is not a valid tag key", quote(k))
-				continue
-			}
-			if !tagValRE.MatchString(t.Tags[k]) {
-				p.add(f("targets.tags."+k), "%s is not a valid tag value: use at most 63 letters, digits, '.', '_' and '-'", quote(t.Tags[k]))
-			}
+		if !tagValRE.MatchString(t.Tags[k]) {
+			c.add("targets.tags."+k, "%s is not a valid tag value: use at most 63 letters, digits, '.', '_' and '-'", quote(t.Tags[k]))
 		}
-		if len(t.Agents) > MaxTargetAgents {
-			p.add(f("targets.agents"), "%d agents, at most %d", len(t.Agents), MaxTargetAgents)
-		}
-		for i, id := range t.Agents {
-			if !agentIDRE.MatchString(id) {
-				p.add(f(fmt.Sprintf("targets.agents[%d]", i)), "%s is not a valid agent id", quote(id))
-			}
+	}
+	if len(t.Agents) > MaxTargetAgents {
+		c.add("targets.agents", "%d agents, at most %d", len(t.Agents), MaxTargetAgents)
+	}
+	for i, id := range t.Agents {
+		if !agentIDRE.MatchString(id) {
+			c.addAt("targets.agents[%d]", i, "%s is not a valid agent id", quote(id))
 		}
 	}
 }
@@ -328,9 +375,9 @@ func ValidateSpecs(specs []Spec) error {
 	return p.err()
 }
 
-func checkRange(p *problems, field string, v, max int) {
+func (c specProblems) checkRange(field string, v, max int) {
 	if v < 0 || v > max {
-		p.add(field, "%d out of range 0-%d", v, max)
+		c.add(field, "%d out of range 0-%d", v, max)
 	}
 }
 

@@ -18,13 +18,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/drover/drover/api"
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/signing"
@@ -344,14 +344,22 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 // pollLoop polls the manifest on a jittered interval and at once on SyncNow.
 func (a *simAgent) pollLoop(ctx context.Context) {
 	p := a.w.cfg.Agent
-	t := time.NewTimer(time.Duration(rand.Int64N(int64(p.PollInterval)) + 1))
+	everyJittered(ctx, p.PollInterval, p.PollJitter, a.syncCh, func() { a.poll(ctx) })
+}
+
+// everyJittered calls fn first at a uniformly random point of every (so
+// that a fleet's rate is steady from the start), then every, jittered by
+// frac, after each call, and at once when wake fires (nil: never), until
+// ctx ends.
+func everyJittered(ctx context.Context, every time.Duration, frac float64, wake <-chan struct{}, fn func()) {
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(every)) + 1))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-a.syncCh:
+		case <-wake:
 			if !t.Stop() {
 				select {
 				case <-t.C:
@@ -359,8 +367,8 @@ func (a *simAgent) pollLoop(ctx context.Context) {
 				}
 			}
 		}
-		a.poll(ctx)
-		t.Reset(jitter(p.PollInterval, p.PollJitter))
+		fn()
+		t.Reset(jitter(every, frac))
 	}
 }
 
@@ -402,7 +410,7 @@ func (a *simAgent) poll(ctx context.Context) {
 		return
 	case http.StatusOK:
 	default:
-		rec.fail("poll", readError(resp))
+		rec.fail("poll", api.ReadError(resp))
 		return
 	}
 	env, err := io.ReadAll(io.LimitReader(resp.Body, maxManifest+1))
@@ -422,64 +430,16 @@ func (a *simAgent) accept(ctx context.Context, env []byte, etag string) {
 	a.mu.Lock()
 	state := signing.State{AgentID: a.id.agentID, Serial: a.serial, Digest: a.digest}
 	a.mu.Unlock()
-	var m *manifest.Manifest
-	var digest string
-	if a.w.cfg.Agent.Verify {
-		acc, err := signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
-		if err != nil && (errors.Is(err, signing.ErrKeyListStale) || errors.Is(err, signing.ErrUnknownKey) || errors.Is(err, signing.ErrKeyListExpired)) {
-			if terr := a.refreshTrust(ctx); terr != nil {
-				rec.fail("trust", terr)
-			} else {
-				acc, err = signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
-			}
-		}
-		if err != nil {
-			rec.failKind("verify: " + verifyKind(err))
-			a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_REJECTED, 0, "", err.Error(), state.Serial, nil, time.Time{}), nil)
-			return
-		}
-		rec.c.verified.Add(1)
-		if acc.Unchanged {
-			a.mu.Lock()
-			a.etag = etag
-			a.mu.Unlock()
-			return
-		}
-		m, digest = acc.Manifest, acc.Digest
-	} else {
-		var err error
-		m, digest, err = decodeUnverified(env)
-		if err != nil {
-			rec.fail("decode", err)
-			return
-		}
-		if m.Serial <= state.Serial {
-			a.mu.Lock()
-			a.etag = etag
-			a.mu.Unlock()
-			return
-		}
+	m, digest := a.openManifest(ctx, env, etag, state)
+	if m == nil {
+		return
 	}
 	pipes := make([]manifestPipe, 0, len(m.Pipes))
 	for _, p := range m.Pipes {
 		pipes = append(pipes, manifestPipe{name: p.Name, version: p.Version, digest: p.Payload.Digest, size: p.Payload.Size})
 	}
-	for _, p := range pipes {
-		a.mu.Lock()
-		have := a.payloads[p.digest]
-		a.mu.Unlock()
-		if have || p.digest == "" {
-			continue
-		}
-		if err := a.fetchPayload(ctx, p.digest, p.size); err != nil {
-			if ctx.Err() == nil {
-				rec.fail("payload", err)
-			}
-			return // nothing changes; the next poll tries again
-		}
-		a.mu.Lock()
-		a.payloads[p.digest] = true
-		a.mu.Unlock()
+	if !a.fetchPayloads(ctx, pipes) {
+		return // nothing changes; the next poll tries again
 	}
 	var statuses []*agentpb.PipeStatus
 	kept := map[string]bool{}
@@ -502,6 +462,74 @@ func (a *simAgent) accept(ctx context.Context, env []byte, etag string) {
 	}
 	a.mu.Unlock()
 	a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_APPLIED, m.Serial, digest, "", m.Serial, statuses, m.ExpiresAt), onAck)
+}
+
+// openManifest verifies the envelope (or, without Verify, only decodes it)
+// against the manifest in force. It returns the manifest to apply and its
+// digest, or nil: rejected (reported), undecodable, or not newer (the etag
+// is kept then).
+func (a *simAgent) openManifest(ctx context.Context, env []byte, etag string, state signing.State) (*manifest.Manifest, string) {
+	rec := a.w.rec
+	if !a.w.cfg.Agent.Verify {
+		m, digest, err := decodeUnverified(env)
+		if err != nil {
+			rec.fail("decode", err)
+			return nil, ""
+		}
+		if m.Serial <= state.Serial {
+			a.setETag(etag)
+			return nil, ""
+		}
+		return m, digest
+	}
+	acc, err := signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
+	if err != nil && (errors.Is(err, signing.ErrKeyListStale) || errors.Is(err, signing.ErrUnknownKey) || errors.Is(err, signing.ErrKeyListExpired)) {
+		if terr := a.refreshTrust(ctx); terr != nil {
+			rec.fail("trust", terr)
+		} else {
+			acc, err = signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
+		}
+	}
+	if err != nil {
+		rec.failKind("verify: " + verifyKind(err))
+		a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_REJECTED, 0, "", err.Error(), state.Serial, nil, time.Time{}), nil)
+		return nil, ""
+	}
+	rec.c.verified.Add(1)
+	if acc.Unchanged {
+		a.setETag(etag)
+		return nil, ""
+	}
+	return acc.Manifest, acc.Digest
+}
+
+func (a *simAgent) setETag(etag string) {
+	a.mu.Lock()
+	a.etag = etag
+	a.mu.Unlock()
+}
+
+// fetchPayloads fetches the payloads of pipes the agent does not hold; it
+// reports false when one could not be fetched.
+func (a *simAgent) fetchPayloads(ctx context.Context, pipes []manifestPipe) bool {
+	for _, p := range pipes {
+		a.mu.Lock()
+		have := a.payloads[p.digest]
+		a.mu.Unlock()
+		if have || p.digest == "" {
+			continue
+		}
+		if err := a.fetchPayload(ctx, p.digest, p.size); err != nil {
+			if ctx.Err() == nil {
+				a.w.rec.fail("payload", err)
+			}
+			return false
+		}
+		a.mu.Lock()
+		a.payloads[p.digest] = true
+		a.mu.Unlock()
+	}
+	return true
 }
 
 func hasVersion(pipes []manifestPipe, name string, v uint64) bool {
@@ -564,7 +592,7 @@ func (a *simAgent) refreshTrust(ctx context.Context) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return readError(resp)
+		return api.ReadError(resp)
 	}
 	var tr signing.TrustRoot
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&tr); err != nil {
@@ -610,7 +638,7 @@ func (a *simAgent) fetchPayload(ctx context.Context, digest string, size int64) 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return readError(resp)
+		return api.ReadError(resp)
 	}
 	h := sha256.New()
 	n, err := io.Copy(h, io.LimitReader(resp.Body, size+1))
@@ -627,20 +655,8 @@ func (a *simAgent) fetchPayload(ctx context.Context, digest string, size int64) 
 
 // runLoop runs the manifest's pipes in turn, one every RunEvery (jittered).
 func (a *simAgent) runLoop(ctx context.Context) {
-	every := a.w.cfg.Agent.RunEvery
-	if every <= 0 {
-		return
-	}
-	t := time.NewTimer(time.Duration(rand.Int64N(int64(every)) + 1))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		a.run(agentpb.Trigger_TRIGGER_SCHEDULE, "", "")
-		t.Reset(jitter(every, 0.2))
+	if every := a.w.cfg.Agent.RunEvery; every > 0 {
+		everyJittered(ctx, every, 0.2, nil, func() { a.run(agentpb.Trigger_TRIGGER_SCHEDULE, "", "") })
 	}
 }
 

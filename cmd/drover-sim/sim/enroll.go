@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/signing"
 )
 
@@ -30,23 +31,6 @@ type identity struct {
 	cert     tls.Certificate
 	caPool   *x509.CertPool
 	trust    *signing.TrustRoot
-}
-
-type enrollRequest struct {
-	Token        string `json:"token"`
-	Hostname     string `json:"hostname"`
-	OS           string `json:"os"`
-	Arch         string `json:"arch"`
-	AgentVersion string `json:"agent_version"`
-	CSR          string `json:"csr"`
-}
-
-type enrollResponse struct {
-	AgentID     string            `json:"agent_id"`
-	Certificate string            `json:"certificate"`
-	CABundle    string            `json:"ca_bundle"`
-	TrustRoot   signing.TrustRoot `json:"trust_root"`
-	GRPCAddr    string            `json:"grpc_addr"`
 }
 
 var pinRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -77,7 +61,7 @@ func enroll(ctx context.Context, server, host, token, hostname string, src net.I
 	if err != nil {
 		return nil, fmt.Errorf("csr: %w", err)
 	}
-	body, _ := json.Marshal(enrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim",
+	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim",
 		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))})
 	tr := &http.Transport{TLSClientConfig: pinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
@@ -93,9 +77,9 @@ func enroll(ctx context.Context, server, host, token, hostname string, src net.I
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, readError(resp)
+		return nil, api.ReadError(resp)
 	}
-	var out enrollResponse
+	var out api.EnrollResponse
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
 		return nil, fmt.Errorf("enrollment answer: %w", err)
 	}

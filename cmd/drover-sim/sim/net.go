@@ -16,37 +16,11 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/drover/drover/api"
 )
 
 func itoa(n int) string { return strconv.Itoa(n) }
-
-// httpError is an answer other than the one expected; code is the API's
-// error code ("rate_limited", "unavailable", ...) when the body has one.
-type httpError struct {
-	status int
-	code   string
-	msg    string
-}
-
-func (e *httpError) Error() string {
-	if e.code != "" {
-		return fmt.Sprintf("http %d %s: %s", e.status, e.code, e.msg)
-	}
-	return fmt.Sprintf("http %d", e.status)
-}
-
-// readError turns a non-2xx answer into an httpError (the body is read up to 64 KiB).
-func readError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var body struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	_ = json.Unmarshal(b, &body)
-	return &httpError{status: resp.StatusCode, code: body.Error.Code, msg: body.Error.Message}
-}
 
 // checkLoopback refuses a host:port or host whose addresses are not all
 // loopback. A name is resolved; every address must be loopback.
@@ -175,7 +149,7 @@ func (a *admin) call(ctx context.Context, method, path string, body, out any) er
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return readError(resp)
+		return api.ReadError(resp)
 	}
 	if out == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
@@ -184,20 +158,9 @@ func (a *admin) call(ctx context.Context, method, path string, body, out any) er
 	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
 }
 
-// tokenRequest and tokenResponse are POST /api/v1/enrollment-tokens.
-type tokenRequest struct {
-	TTL  string            `json:"ttl,omitempty"`
-	Tags map[string]string `json:"tags,omitempty"`
-}
-
-type tokenResponse struct {
-	ID    string `json:"id"`
-	Token string `json:"token"`
-}
-
 func (a *admin) createToken(ctx context.Context, tags map[string]string) (string, error) {
-	var out tokenResponse
-	if err := a.call(ctx, "POST", "/api/v1/enrollment-tokens", tokenRequest{TTL: "1h", Tags: tags}, &out); err != nil {
+	var out api.EnrollmentTokenCreated
+	if err := a.call(ctx, "POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "1h", Tags: tags}, &out); err != nil {
 		return "", fmt.Errorf("create enrollment token: %w", err)
 	}
 	return out.Token, nil
@@ -210,9 +173,7 @@ func (a *admin) putPipe(ctx context.Context, name, fleet string, step int) (uint
 		"script":   fmt.Sprintf("echo drover-sim fleet %s step %d", fleet, step),
 		"targets":  map[string]any{"tags": map[string]string{fleetTag: fleet}},
 	}
-	var out struct {
-		Version uint64 `json:"version"`
-	}
+	var out api.PutPipeResponse
 	if err := a.call(ctx, "PUT", "/api/v1/pipes/"+url.PathEscape(name), map[string]any{"spec": spec}, &out); err != nil {
 		return 0, fmt.Errorf("put pipe %s: %w", name, err)
 	}

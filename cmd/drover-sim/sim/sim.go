@@ -88,57 +88,13 @@ func DefaultConfig() Config {
 // Main is the command line; it returns the exit code: 0 when the run saw
 // no error, 1 when it saw errors, 2 for a usage or setup error.
 func Main(args []string, stdout, stderr io.Writer) int {
-	cfg := DefaultConfig()
-	cfg.Out, cfg.Errout = stdout, stderr
-	fs := flag.NewFlagSet("drover-sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		steps, dataDir, tokenFile, caFile string
-		worker, noVerify, noKeepAlive     bool
-		noSpread                          bool
-	)
-	fs.StringVar(&cfg.Server, "server", cfg.Server, "the server's HTTPS API URL")
-	fs.StringVar(&steps, "agents", "100", "fleet sizes to measure, comma-separated and ascending (e.g. 1000,5000,10000)")
-	fs.StringVar(&dataDir, "server-data-dir", "", "a local server's data dir: admin.token and ca.crt are read from it")
-	fs.StringVar(&tokenFile, "admin-token-file", "", "file holding an admin API token (default <server-data-dir>/admin.token, or $DROVER_SIM_ADMIN_TOKEN)")
-	fs.StringVar(&caFile, "ca-file", "", "the server's CA certificate (default <server-data-dir>/ca.crt)")
-	fs.IntVar(&cfg.ServerPID, "server-pid", 0, "the server's pid for RSS and CPU (default: the local process listening on the server's port; -1: none)")
-	fs.StringVar(&cfg.Fleet, "fleet", "", "fleet name: the agents' "+fleetTag+" tag and the pipe sim-<fleet> (default random)")
-	fs.IntVar(&cfg.PerWorker, "per-worker", cfg.PerWorker, "agents per worker process (each agent holds two sockets)")
-	fs.IntVar(&cfg.PerSource, "per-source", cfg.PerSource, "agents per loopback source address")
-	fs.BoolVar(&noSpread, "no-spread", false, "do not bind agents to spread loopback source addresses")
-	fs.IntVar(&cfg.EnrollConcurrency, "enroll-concurrency", cfg.EnrollConcurrency, "enrollments in flight per worker")
-	fs.DurationVar(&cfg.Agent.PollInterval, "poll-interval", cfg.Agent.PollInterval, "manifest poll interval per agent")
-	fs.Float64Var(&cfg.Agent.PollJitter, "poll-jitter", cfg.Agent.PollJitter, "poll interval jitter, a fraction (0.5: interval ±50%)")
-	fs.DurationVar(&cfg.Agent.Heartbeat, "heartbeat", cfg.Agent.Heartbeat, "heartbeat interval per agent")
-	fs.DurationVar(&cfg.Agent.RunEvery, "run-every", 0, "each agent runs a pipe of its manifest this often (0: no runs)")
-	fs.IntVar(&cfg.Agent.LogChunks, "log-chunks", cfg.Agent.LogChunks, "log chunks per run")
-	fs.IntVar(&cfg.Agent.LogBytes, "log-bytes", cfg.Agent.LogBytes, "bytes per log chunk")
-	fs.BoolVar(&noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
-	fs.BoolVar(&noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
-	fs.DurationVar(&cfg.Agent.Timeout, "timeout", cfg.Agent.Timeout, "timeout of one request")
-	fs.DurationVar(&cfg.Settle, "settle", cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
-	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
-	fs.DurationVar(&cfg.Window, "window", cfg.Window, "idle measurement window per step")
-	fs.IntVar(&cfg.Changes, "changes", cfg.Changes, "pipe changes timed per step (0: none)")
-	fs.DurationVar(&cfg.ChangeTimeout, "change-timeout", cfg.ChangeTimeout, "bound for a change to reach every agent")
-	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound for the outboxes to be acknowledged at the end")
-	fs.DurationVar(&cfg.MaxDuration, "max-duration", cfg.MaxDuration, "bound for the whole run")
-	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per step and a final one")
-	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow a server that is not on a loopback address")
-	fs.BoolVar(&worker, "worker", false, "internal: run as a worker process")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: drover-sim [flags]\n\nRuns simulated agents against a real drover-server and reports what the fleet costs it.\n\nFlags:")
-		fs.VisitAll(func(f *flag.Flag) {
-			if f.Name != "worker" {
-				fmt.Fprintf(stderr, "  --%s\t%s (default %q)\n", f.Name, f.Usage, f.DefValue)
-			}
-		})
-	}
+	o := &mainOptions{cfg: DefaultConfig()}
+	o.cfg.Out, o.cfg.Errout = stdout, stderr
+	fs := o.flagSet(stderr)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if worker || os.Getenv(WorkerEnv) == "1" {
+	if o.worker || os.Getenv(WorkerEnv) == "1" {
 		// Ctrl-C reaches the whole process group: the parent stops the
 		// workers in order (outboxes drained), so they ignore it.
 		signal.Ignore(os.Interrupt)
@@ -148,36 +104,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	cfg.Agent.Verify = !noVerify
-	cfg.Agent.KeepAlive = !noKeepAlive
-	cfg.SpreadSources = !noSpread
+	cfg := o.cfg
+	cfg.Agent.Verify = !o.noVerify
+	cfg.Agent.KeepAlive = !o.noKeepAlive
+	cfg.SpreadSources = !o.noSpread
 	var err error
-	if cfg.Steps, err = parseSteps(steps); err != nil {
+	if cfg.Steps, err = parseSteps(o.steps); err != nil {
 		fmt.Fprintln(stderr, "drover-sim: --agents:", err)
 		return 2
 	}
-	if tokenFile == "" && dataDir != "" {
-		tokenFile = filepath.Join(dataDir, "admin.token")
-	}
-	if caFile == "" && dataDir != "" {
-		caFile = filepath.Join(dataDir, "ca.crt")
-	}
-	switch {
-	case tokenFile != "":
-		b, err := os.ReadFile(tokenFile)
-		if err != nil {
-			fmt.Fprintln(stderr, "drover-sim: admin token:", err)
-			return 2
-		}
-		cfg.AdminToken = strings.TrimSpace(string(b))
-	default:
-		cfg.AdminToken = os.Getenv("DROVER_SIM_ADMIN_TOKEN")
-	}
-	if caFile != "" {
-		if cfg.CAPEM, err = os.ReadFile(caFile); err != nil {
-			fmt.Fprintln(stderr, "drover-sim: ca:", err)
-			return 2
-		}
+	if err := o.readCredentials(&cfg); err != nil {
+		fmt.Fprintln(stderr, "drover-sim:", err)
+		return 2
 	}
 	ctx, stop := signalContext()
 	defer stop()
@@ -193,6 +131,89 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// mainOptions are the command line: the Config and the flags that are not
+// Config fields.
+type mainOptions struct {
+	cfg                               Config
+	steps, dataDir, tokenFile, caFile string
+	worker, noVerify, noKeepAlive     bool
+	noSpread                          bool
+}
+
+// flagSet is the command line's flags, writing usage to stderr.
+func (o *mainOptions) flagSet(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("drover-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.cfg.Server, "server", o.cfg.Server, "the server's HTTPS API URL")
+	fs.StringVar(&o.steps, "agents", "100", "fleet sizes to measure, comma-separated and ascending (e.g. 1000,5000,10000)")
+	fs.StringVar(&o.dataDir, "server-data-dir", "", "a local server's data dir: admin.token and ca.crt are read from it")
+	fs.StringVar(&o.tokenFile, "admin-token-file", "", "file holding an admin API token (default <server-data-dir>/admin.token, or $DROVER_SIM_ADMIN_TOKEN)")
+	fs.StringVar(&o.caFile, "ca-file", "", "the server's CA certificate (default <server-data-dir>/ca.crt)")
+	fs.IntVar(&o.cfg.ServerPID, "server-pid", 0, "the server's pid for RSS and CPU (default: the local process listening on the server's port; -1: none)")
+	fs.StringVar(&o.cfg.Fleet, "fleet", "", "fleet name: the agents' "+fleetTag+" tag and the pipe sim-<fleet> (default random)")
+	fs.IntVar(&o.cfg.PerWorker, "per-worker", o.cfg.PerWorker, "agents per worker process (each agent holds two sockets)")
+	fs.IntVar(&o.cfg.PerSource, "per-source", o.cfg.PerSource, "agents per loopback source address")
+	fs.BoolVar(&o.noSpread, "no-spread", false, "do not bind agents to spread loopback source addresses")
+	fs.IntVar(&o.cfg.EnrollConcurrency, "enroll-concurrency", o.cfg.EnrollConcurrency, "enrollments in flight per worker")
+	fs.DurationVar(&o.cfg.Agent.PollInterval, "poll-interval", o.cfg.Agent.PollInterval, "manifest poll interval per agent")
+	fs.Float64Var(&o.cfg.Agent.PollJitter, "poll-jitter", o.cfg.Agent.PollJitter, "poll interval jitter, a fraction (0.5: interval ±50%)")
+	fs.DurationVar(&o.cfg.Agent.Heartbeat, "heartbeat", o.cfg.Agent.Heartbeat, "heartbeat interval per agent")
+	fs.DurationVar(&o.cfg.Agent.RunEvery, "run-every", 0, "each agent runs a pipe of its manifest this often (0: no runs)")
+	fs.IntVar(&o.cfg.Agent.LogChunks, "log-chunks", o.cfg.Agent.LogChunks, "log chunks per run")
+	fs.IntVar(&o.cfg.Agent.LogBytes, "log-bytes", o.cfg.Agent.LogBytes, "bytes per log chunk")
+	fs.BoolVar(&o.noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
+	fs.BoolVar(&o.noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
+	fs.DurationVar(&o.cfg.Agent.Timeout, "timeout", o.cfg.Agent.Timeout, "timeout of one request")
+	fs.DurationVar(&o.cfg.Settle, "settle", o.cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
+	fs.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
+	fs.DurationVar(&o.cfg.Window, "window", o.cfg.Window, "idle measurement window per step")
+	fs.IntVar(&o.cfg.Changes, "changes", o.cfg.Changes, "pipe changes timed per step (0: none)")
+	fs.DurationVar(&o.cfg.ChangeTimeout, "change-timeout", o.cfg.ChangeTimeout, "bound for a change to reach every agent")
+	fs.DurationVar(&o.cfg.DrainTimeout, "drain-timeout", o.cfg.DrainTimeout, "bound for the outboxes to be acknowledged at the end")
+	fs.DurationVar(&o.cfg.MaxDuration, "max-duration", o.cfg.MaxDuration, "bound for the whole run")
+	fs.BoolVar(&o.cfg.JSON, "json", false, "print one JSON object per step and a final one")
+	fs.BoolVar(&o.cfg.AllowRemote, "allow-remote", false, "allow a server that is not on a loopback address")
+	fs.BoolVar(&o.worker, "worker", false, "internal: run as a worker process")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: drover-sim [flags]\n\nRuns simulated agents against a real drover-server and reports what the fleet costs it.\n\nFlags:")
+		fs.VisitAll(func(f *flag.Flag) {
+			if f.Name != "worker" {
+				fmt.Fprintf(stderr, "  --%s\t%s (default %q)\n", f.Name, f.Usage, f.DefValue)
+			}
+		})
+	}
+	return fs
+}
+
+// readCredentials reads the admin token (a file, else
+// $DROVER_SIM_ADMIN_TOKEN) and the CA, by default from the server's data
+// dir.
+func (o *mainOptions) readCredentials(cfg *Config) error {
+	tokenFile, caFile := o.tokenFile, o.caFile
+	if tokenFile == "" && o.dataDir != "" {
+		tokenFile = filepath.Join(o.dataDir, "admin.token")
+	}
+	if caFile == "" && o.dataDir != "" {
+		caFile = filepath.Join(o.dataDir, "ca.crt")
+	}
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("admin token: %w", err)
+		}
+		cfg.AdminToken = strings.TrimSpace(string(b))
+	} else {
+		cfg.AdminToken = os.Getenv("DROVER_SIM_ADMIN_TOKEN")
+	}
+	if caFile != "" {
+		var err error
+		if cfg.CAPEM, err = os.ReadFile(caFile); err != nil {
+			return fmt.Errorf("ca: %w", err)
+		}
+	}
+	return nil
 }
 
 func parseSteps(s string) ([]int, error) {
@@ -575,13 +596,45 @@ func finish(cfg Config, f *fleet, rep *Report, runErr error) error {
 
 func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report, n, pid int, base procSample, prev *Stats, prevErrs map[string]int64) (*StepReport, error) {
 	st := &StepReport{Agents: n}
-	// Grow: workers fill up in order, each to at most PerWorker agents.
+	s, err := growFleet(ctx, cfg, f, st, n, prev)
+	if err != nil {
+		return nil, err
+	}
+	if s, err = settleFleet(ctx, cfg, f, st, s); err != nil {
+		return nil, err
+	}
+	w1, err := idleWindow(ctx, cfg, f, st, s, pid, base)
+	if err != nil {
+		return nil, err
+	}
+
+	// Changes: one PUT of the fleet's pipe each, timed from the PUT's start.
+	last := w1
+	for range cfg.Changes {
+		ch, s, err := runChange(ctx, cfg, f, adm, rep, len(rep.Steps)+1)
+		if err != nil {
+			return st, err
+		}
+		st.Changes = append(st.Changes, *ch)
+		last = s
+	}
+	st.Enrolled, st.Connected = last.Enrolled, last.Connected
+	stepErrors(st, rep, last, n, prevErrs)
+	st.LoadAvg = loadAvg()
+	*prev = last
+	return st, nil
+}
+
+// growFleet grows the fleet to n agents (workers fill up in order, each to
+// at most PerWorker agents) and records the enrollment figures; it returns
+// the stats after growing.
+func growFleet(ctx context.Context, cfg Config, f *fleet, st *StepReport, n int, prev *Stats) (Stats, error) {
 	start := time.Now()
 	need := (n + cfg.PerWorker - 1) / cfg.PerWorker
 	for len(f.workers) < need {
 		p, err := f.spawn(ctx, len(f.workers))
 		if err != nil {
-			return nil, err
+			return Stats{}, err
 		}
 		f.workers = append(f.workers, p)
 	}
@@ -591,7 +644,7 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 		if to > p.target {
 			p.target = to
 			if err := p.send(command{Op: "grow", To: to}); err != nil {
-				return nil, err
+				return Stats{}, err
 			}
 			growing = append(growing, p)
 		}
@@ -600,7 +653,7 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	for _, p := range growing {
 		r, err := p.await(ctx, "grown", cfg.Settle+time.Duration(n)*time.Second)
 		if err != nil {
-			return nil, err
+			return Stats{}, err
 		}
 		if from == 0 || r.EnrollFrom < from {
 			from = r.EnrollFrom
@@ -612,15 +665,20 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.Workers = len(f.workers)
 	s, err := f.stats(ctx)
 	if err != nil {
-		return nil, err
+		return Stats{}, err
 	}
 	st.NewAgents = s.Enrolled - prev.Enrolled
 	if st.EnrollSeconds > 0 {
 		st.EnrollRate = float64(st.NewAgents) / st.EnrollSeconds
 	}
 	st.Enroll = s.Enroll.sub(prev.Enroll).summary()
+	return s, nil
+}
 
-	// Settle: every agent connected and its manifest applied and acknowledged.
+// settleFleet waits until every agent is connected and has its manifest
+// applied and acknowledged (at most cfg.Settle), then for the warm-up; it
+// returns the stats after.
+func settleFleet(ctx context.Context, cfg Config, f *fleet, st *StepReport, s Stats) (Stats, error) {
 	settle := time.Now()
 	deadline := settle.Add(cfg.Settle)
 	for s.Connected < s.Enrolled || s.AgentsApplied < s.Enrolled {
@@ -628,10 +686,11 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 			break
 		}
 		if err := sleep(ctx, 250*time.Millisecond); err != nil {
-			return nil, err
+			return Stats{}, err
 		}
+		var err error
 		if s, err = f.stats(ctx); err != nil {
-			return nil, err
+			return Stats{}, err
 		}
 	}
 	st.SettleSeconds = time.Since(settle).Seconds()
@@ -640,24 +699,24 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 		warm = time.Duration(float64(cfg.Agent.PollInterval) * (1 + cfg.Agent.PollJitter))
 	}
 	if err := sleep(ctx, warm); err != nil {
-		return nil, err
+		return Stats{}, err
 	}
-	if s, err = f.stats(ctx); err != nil {
-		return nil, err
-	}
+	return f.stats(ctx)
+}
 
-	// Idle window.
-	w0 := s
+// idleWindow measures the fleet and the server over cfg.Window from s, and
+// returns the stats at its end.
+func idleWindow(ctx context.Context, cfg Config, f *fleet, st *StepReport, w0 Stats, pid int, base procSample) (Stats, error) {
 	var p0 procSample
 	if pid > 0 {
 		p0, _ = readProc(pid)
 	}
 	if err := sleep(ctx, cfg.Window); err != nil {
-		return nil, err
+		return Stats{}, err
 	}
 	w1, err := f.stats(ctx)
 	if err != nil {
-		return nil, err
+		return Stats{}, err
 	}
 	secs := cfg.Window.Seconds()
 	st.WindowSeconds = secs
@@ -685,18 +744,14 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.SimLag = w1.Lag.sub(w0.Lag).summary()
 	st.SimRSSBytes = w1.SimRSS
 	st.SimCPUPercent = float64(w1.SimCPUTicks-w0.SimCPUTicks) / clockTicks / secs * 100
+	return w1, nil
+}
 
-	// Changes: one PUT of the fleet's pipe each, timed from the PUT's start.
-	last := w1
-	for range cfg.Changes {
-		ch, s, err := runChange(ctx, cfg, f, adm, rep, len(rep.Steps)+1)
-		if err != nil {
-			return st, err
-		}
-		st.Changes = append(st.Changes, *ch)
-		last = s
-	}
-	st.Enrolled, st.Connected = last.Enrolled, last.Connected
+// stepErrors counts the errors of a step: those the agents met since the
+// last step (prevErrs is updated), changes not fetched or applied in time,
+// agents not enrolled or not connected. The changes' and agents' counts go
+// to the report too.
+func stepErrors(st *StepReport, rep *Report, last Stats, n int, prevErrs map[string]int64) {
 	st.Errors = map[string]int64{}
 	for k, v := range last.Errors {
 		if v > prevErrs[k] {
@@ -704,27 +759,18 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 		}
 		prevErrs[k] = v
 	}
+	both := func(kind string, n int64) {
+		if n > 0 {
+			st.Errors[kind] += n
+			rep.Errors[kind] += n
+		}
+	}
 	for _, ch := range st.Changes {
-		if ch.NotFetched > 0 {
-			st.Errors["change: not fetched within the timeout"] += ch.NotFetched
-			rep.Errors["change: not fetched within the timeout"] += ch.NotFetched
-		}
-		if ch.NotApplied > 0 {
-			st.Errors["change: not applied within the timeout"] += ch.NotApplied
-			rep.Errors["change: not applied within the timeout"] += ch.NotApplied
-		}
+		both("change: not fetched within the timeout", ch.NotFetched)
+		both("change: not applied within the timeout", ch.NotApplied)
 	}
-	if last.Enrolled < int64(n) {
-		st.Errors["agents not enrolled"] += int64(n) - last.Enrolled
-		rep.Errors["agents not enrolled"] += int64(n) - last.Enrolled
-	}
-	if last.Connected < last.Enrolled {
-		st.Errors["agents not connected after settling"] += last.Enrolled - last.Connected
-		rep.Errors["agents not connected after settling"] += last.Enrolled - last.Connected
-	}
-	st.LoadAvg = loadAvg()
-	*prev = last
-	return st, nil
+	both("agents not enrolled", int64(n)-last.Enrolled)
+	both("agents not connected after settling", last.Enrolled-last.Connected)
 }
 
 func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report, step int) (*ChangeFigures, Stats, error) {

@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"context"
-	"github.com/drover/drover/api"
 	"log/slog"
 	"net"
 	"net/url"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/server"
 )
 

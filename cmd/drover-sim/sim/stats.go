@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/status"
+
+	"github.com/drover/drover/api"
 )
 
 // Hist is a mergeable latency histogram in microseconds: 16 sub-buckets per
@@ -337,15 +339,15 @@ var digitsRE = regexp.MustCompile(`[0-9a-f]{8,}|[0-9]+`)
 // errorKind names an error by its kind, without addresses, ids or numbers
 // that would make every occurrence its own kind.
 func errorKind(err error) string {
-	var he *httpError
+	var he *api.Error
 	switch {
 	case err == nil:
 		return "none"
 	case errors.As(err, &he):
-		if he.code != "" {
-			return "http " + itoa(he.status) + " " + he.code
+		if he.Code != "" {
+			return "http " + itoa(he.Status) + " " + he.Code
 		}
-		return "http " + itoa(he.status)
+		return "http " + itoa(he.Status)
 	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE):
 		return "too many open files"
 	case errors.Is(err, syscall.ECONNREFUSED):

@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
@@ -24,58 +27,14 @@ unless --replace is given, which makes the listed tags the whole set.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id := args[0]
-			set := map[string]string{}
-			var remove []string
-			for _, t := range args[1:] {
-				if k, ok := strings.CutSuffix(t, "-"); ok && !strings.Contains(t, "=") {
-					if !manifest.ValidTagKey(k) {
-						return usagef("tag %q: not a valid key", k)
-					}
-					remove = append(remove, k)
-					continue
-				}
-				m, err := parseTags([]string{t})
-				if err != nil {
-					return err
-				}
-				for k, v := range m {
-					set[k] = v
-				}
+			set, remove, err := parseTagEdits(args[1:])
+			if err != nil {
+				return err
 			}
 			if replace && len(remove) > 0 {
 				return usagef("k- has no meaning with --replace")
 			}
-			c, err := a.apiClient()
-			if err != nil {
-				return err
-			}
-			tags := map[string]string{}
-			if !replace {
-				var ag agentObj
-				if _, err := c.get(cmd.Context(), "/api/v1/agents/"+pathEscape(id), &ag); err != nil {
-					return fmt.Errorf("agent %s: %w", id, err)
-				}
-				for k, v := range ag.Tags {
-					tags[k] = v
-				}
-			}
-			for _, k := range remove {
-				delete(tags, k)
-			}
-			for k, v := range set {
-				tags[k] = v
-			}
-			var ag agentObj
-			raw, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/agents/"+pathEscape(id)+"/tags", map[string]any{"tags": tags}, &ag)
-			if err != nil {
-				return fmt.Errorf("agent %s: %w", id, err)
-			}
-			if a.format() != "table" {
-				return a.printData(raw)
-			}
-			fmt.Fprintf(a.stdout(), "agent %s tagged: %s\n", sanitizeLine(ag.ID), orNone(fmtTags(ag.Tags)))
-			return nil
+			return a.tagAgent(cmd.Context(), args[0], set, remove, replace)
 		},
 	}
 	tag.Flags().BoolVar(&replace, "replace", false, "make the given tags the agent's only tags")
@@ -89,7 +48,7 @@ unless --replace is given, which makes the listed tags the whole set.`,
 			if err != nil {
 				return err
 			}
-			var ag agentObj
+			var ag api.Agent
 			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/agents/"+pathEscape(args[0])+"/revoke", map[string]any{}, &ag)
 			if err != nil {
 				return fmt.Errorf("agent %s: %w", args[0], err)
@@ -101,25 +60,61 @@ unless --replace is given, which makes the listed tags the whole set.`,
 			return nil
 		},
 	}
-	rm := &cobra.Command{
-		Use:     "rm ID",
-		Aliases: []string{"delete"},
-		Short:   "Delete an agent's record (revoke it first)",
-		Args:    exactArgs(1, "an agent id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.deleteObj(cmd, "/api/v1/agents/", "agent", args[0], "deleted")
-		},
-	}
-	list := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List agents (as get agents)",
-		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.get(cmd.Context(), "agents", nil, listOpts{})
-		},
-	}
+	rm := a.deleteCmd("rm ID", []string{"delete"}, "Delete an agent's record (revoke it first)", "an agent id", "/api/v1/agents/", "agent", "deleted")
+	list := a.listCmd("List agents (as get agents)", "agents")
 	return groupCmd("agents", "Tag, revoke and delete agents", list, tag, revoke, rm)
+}
+
+// parseTagEdits reads the arguments of agents tag: k=v sets a tag, k-
+// removes one.
+func parseTagEdits(args []string) (set map[string]string, remove []string, err error) {
+	set = map[string]string{}
+	for _, t := range args {
+		if k, ok := strings.CutSuffix(t, "-"); ok && !strings.Contains(t, "=") {
+			if !manifest.ValidTagKey(k) {
+				return nil, nil, usagef("tag %q: not a valid key", k)
+			}
+			remove = append(remove, k)
+			continue
+		}
+		m, err := parseTags([]string{t})
+		if err != nil {
+			return nil, nil, err
+		}
+		maps.Copy(set, m)
+	}
+	return set, remove, nil
+}
+
+// tagAgent sets the agent's tags: its current ones (none with replace)
+// without remove, with set.
+func (a *app) tagAgent(ctx context.Context, id string, set map[string]string, remove []string, replace bool) error {
+	c, err := a.apiClient()
+	if err != nil {
+		return err
+	}
+	tags := map[string]string{}
+	if !replace {
+		var ag api.Agent
+		if _, err := c.get(ctx, "/api/v1/agents/"+pathEscape(id), &ag); err != nil {
+			return fmt.Errorf("agent %s: %w", id, err)
+		}
+		maps.Copy(tags, ag.Tags)
+	}
+	for _, k := range remove {
+		delete(tags, k)
+	}
+	maps.Copy(tags, set)
+	var ag api.Agent
+	raw, err := c.call(ctx, http.MethodPut, "/api/v1/agents/"+pathEscape(id)+"/tags", api.TagsRequest{Tags: tags}, &ag)
+	if err != nil {
+		return fmt.Errorf("agent %s: %w", id, err)
+	}
+	if a.format() != "table" {
+		return a.printData(raw)
+	}
+	fmt.Fprintf(a.stdout(), "agent %s tagged: %s\n", sanitizeLine(ag.ID), orNone(fmtTags(ag.Tags)))
+	return nil
 }
 
 func orNone(s string) string {

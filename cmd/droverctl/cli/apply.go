@@ -14,39 +14,22 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
-)
-
-// Plan actions.
-const (
-	actCreate    = "create"
-	actUpdate    = "update"
-	actUnchanged = "unchanged"
-	actDelete    = "delete"
 )
 
 // change is one entry of an apply plan (also the JSON of apply and diff).
 type change struct {
-	Name    string        `json:"name"`
-	File    string        `json:"file,omitempty"`
-	Action  string        `json:"action"`
-	Changes []string      `json:"changes,omitempty"`
-	Version uint64        `json:"version,omitempty"`
-	Digest  string        `json:"digest,omitempty"`
-	Agents  []agentChange `json:"agents,omitempty"`
+	Name    string            `json:"name"`
+	File    string            `json:"file,omitempty"`
+	Action  string            `json:"action"`
+	Changes []string          `json:"changes,omitempty"`
+	Version uint64            `json:"version,omitempty"`
+	Digest  string            `json:"digest,omitempty"`
+	Agents  []api.AgentChange `json:"agents,omitempty"`
 
 	local  *localPipe
-	remote *pipeObj
-}
-
-// agentChange is how one change reaches one agent: the pipe is added to,
-// updated in or removed from its manifest.
-type agentChange struct {
-	ID       string `json:"id"`
-	Name     string `json:"name,omitempty"`
-	Hostname string `json:"hostname,omitempty"`
-	Action   string `json:"action"` // add, update, remove
-	Diff     string `json:"diff,omitempty"`
+	remote *api.Pipe
 }
 
 // applyResult is the JSON form of apply.
@@ -56,19 +39,6 @@ type applyResult struct {
 	// Source says where the per-agent view came from: "server" (its dry-run
 	// endpoint) or "client" (computed from the agents' tags).
 	AgentsFrom string `json:"agents_from,omitempty"`
-}
-
-// PutPipeBody is the body of PUT /api/v1/pipes/{name} (and of the dry-run).
-type putPipeBody struct {
-	Spec   json.RawMessage `json:"spec"`
-	Bundle *string         `json:"bundle,omitempty"`
-}
-
-type putPipeResp struct {
-	Name    string `json:"name"`
-	Version uint64 `json:"version"`
-	Digest  string `json:"digest"`
-	Created bool   `json:"created"`
 }
 
 func (a *app) newApplyCmd() *cobra.Command {
@@ -154,21 +124,32 @@ func (a *app) loadValid(files []string, maxPayload int64) ([]*localPipe, error) 
 	return nil, reportedError{fmt.Sprintf("%s in %s; nothing was sent to the server", n, f)}
 }
 
+// loadPlan loads the files (loadValid) and plans their changes against the
+// server (plan).
+func (a *app) loadPlan(ctx context.Context, files []string, prune bool, maxPayload int64) (*client, []*change, error) {
+	pipes, err := a.loadValid(files, maxPayload)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := a.apiClient()
+	if err != nil {
+		return nil, nil, err
+	}
+	plan, err := a.plan(ctx, c, pipes, prune)
+	return c, plan, err
+}
+
 // plan compares the local pipes with the server's.
 func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune bool) ([]*change, error) {
-	var remote []pipeObj
 	items, err := c.list(ctx, "/api/v1/pipes", "pipes", nil)
 	if err != nil {
 		return nil, err
 	}
-	for _, it := range items {
-		var p pipeObj
-		if err := json.Unmarshal(it, &p); err != nil {
-			return nil, fmt.Errorf("GET /api/v1/pipes: unexpected pipe: %w", err)
-		}
-		remote = append(remote, p)
+	remote, err := decodeList[api.Pipe](items, "GET /api/v1/pipes: unexpected pipe")
+	if err != nil {
+		return nil, err
 	}
-	byName := map[string]*pipeObj{}
+	byName := map[string]*api.Pipe{}
 	for i := range remote {
 		byName[remote[i].Name] = &remote[i]
 	}
@@ -181,14 +162,14 @@ func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune boo
 		ch.remote = r
 		switch {
 		case r == nil:
-			ch.Action = actCreate
+			ch.Action = api.ActionCreate
 		default:
 			ch.Changes = specChanges(r, lp)
 			ch.Version = r.Version
 			if len(ch.Changes) == 0 {
-				ch.Action = actUnchanged
+				ch.Action = api.ActionUnchanged
 			} else {
-				ch.Action = actUpdate
+				ch.Action = api.ActionUpdate
 			}
 		}
 		plan = append(plan, ch)
@@ -199,7 +180,7 @@ func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune boo
 		}
 		for i := range remote {
 			if !local[remote[i].Name] {
-				plan = append(plan, &change{Name: remote[i].Name, Action: actDelete, Version: remote[i].Version, Digest: remote[i].Payload.Digest, remote: &remote[i]})
+				plan = append(plan, &change{Name: remote[i].Name, Action: api.ActionDelete, Version: remote[i].Version, Digest: remote[i].Payload.Digest, remote: &remote[i]})
 			}
 		}
 	}
@@ -207,12 +188,8 @@ func (a *app) plan(ctx context.Context, c *client, pipes []*localPipe, prune boo
 }
 
 // specChanges lists the top-level spec fields (and "payload") that differ.
-func specChanges(r *pipeObj, lp *localPipe) []string {
-	rs := *r.Spec.Clone()
-	if rs.Name == "" {
-		rs.Name = r.Name
-	}
-	rs.Normalize()
+func specChanges(r *api.Pipe, lp *localPipe) []string {
+	rs := normalSpec(r)
 	rm, lm := fieldMap(&rs), fieldMap(&lp.norm)
 	keys := map[string]bool{}
 	for k := range rm {
@@ -234,6 +211,16 @@ func specChanges(r *pipeObj, lp *localPipe) []string {
 	return out
 }
 
+// normalSpec is a server pipe's spec, normalized as the local ones are.
+func normalSpec(p *api.Pipe) manifest.Spec {
+	s := *p.Spec.Clone()
+	if s.Name == "" {
+		s.Name = p.Name
+	}
+	s.Normalize()
+	return s
+}
+
 func fieldMap(s *manifest.Spec) map[string]json.RawMessage {
 	b, _ := json.Marshal(s)
 	var m map[string]json.RawMessage
@@ -248,9 +235,9 @@ func fieldMap(s *manifest.Spec) map[string]json.RawMessage {
 }
 
 // body is the PUT body of a local pipe.
-func (lp *localPipe) body() putPipeBody {
+func (lp *localPipe) body() api.PutPipeRequest {
 	spec, _ := json.Marshal(&lp.spec)
-	b := putPipeBody{Spec: spec}
+	b := api.PutPipeRequest{Spec: spec}
 	if lp.bundle != nil {
 		s := base64.StdEncoding.EncodeToString(lp.bundle)
 		b.Bundle = &s
@@ -261,38 +248,22 @@ func (lp *localPipe) body() putPipeBody {
 // useServerDryRun is false in tests of the client-side fallback.
 var useServerDryRun = true
 
-// dryRunResp is the assumed answer of POST /api/v1/pipes/{name}/dry-run.
-type dryRunResp struct {
-	Name    string        `json:"name"`
-	Action  string        `json:"action"`
-	Version uint64        `json:"version"`
-	Digest  string        `json:"digest"`
-	Agents  []agentChange `json:"agents"`
-}
-
-// dryRunBody is its request: a PUT body, or {"delete": true}.
-type dryRunBody struct {
-	Spec   json.RawMessage `json:"spec,omitempty"`
-	Bundle *string         `json:"bundle,omitempty"`
-	Delete bool            `json:"delete,omitempty"`
-}
-
 // serverDryRun asks the server what each change would do. It returns false
 // when the server has no dry-run endpoint. Validation errors are returned,
 // so a real apply can check everything server-side before changing anything.
 func (a *app) serverDryRun(ctx context.Context, c *client, plan []*change) (bool, error) {
 	for _, ch := range plan {
-		if ch.Action == actUnchanged {
+		if ch.Action == api.ActionUnchanged {
 			continue
 		}
-		var body dryRunBody
-		if ch.Action == actDelete {
+		var body api.DryRunRequest
+		if ch.Action == api.ActionDelete {
 			body.Delete = true
 		} else {
 			pb := ch.local.body()
 			body.Spec, body.Bundle = pb.Spec, pb.Bundle
 		}
-		var resp dryRunResp
+		var resp api.DryRunResponse
 		_, err := c.call(ctx, http.MethodPost, "/api/v1/pipes/"+pathEscape(ch.Name)+"/dry-run", body, &resp)
 		if missingEndpoint(err) {
 			return false, nil
@@ -302,11 +273,11 @@ func (a *app) serverDryRun(ctx context.Context, c *client, plan []*change) (bool
 		}
 		ch.Agents = resp.Agents
 		if ch.Agents == nil {
-			ch.Agents = []agentChange{}
+			ch.Agents = []api.AgentChange{}
 		}
 		// The server has the last word on whether anything changes.
-		if resp.Action == actUnchanged && ch.Action == actUpdate {
-			ch.Action, ch.Changes, ch.Agents = actUnchanged, nil, nil
+		if resp.Action == api.ActionUnchanged && ch.Action == api.ActionUpdate {
+			ch.Action, ch.Changes, ch.Agents = api.ActionUnchanged, nil, nil
 		}
 	}
 	return true, nil
@@ -319,19 +290,15 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 	if err != nil {
 		return err
 	}
-	agents := make([]agentObj, 0, len(items))
-	for _, it := range items {
-		var ag agentObj
-		if err := json.Unmarshal(it, &ag); err != nil {
-			return fmt.Errorf("GET /api/v1/agents: unexpected agent: %w", err)
-		}
-		agents = append(agents, ag)
+	agents, err := decodeList[api.Agent](items, "GET /api/v1/agents: unexpected agent")
+	if err != nil {
+		return err
 	}
 	for _, ch := range plan {
-		if ch.Action == actUnchanged {
+		if ch.Action == api.ActionUnchanged {
 			continue
 		}
-		ch.Agents = []agentChange{}
+		ch.Agents = []api.AgentChange{}
 		var oldT, newT *manifest.Targets
 		if ch.remote != nil {
 			oldT = ch.remote.Spec.Targets
@@ -341,34 +308,26 @@ func (a *app) clientAgents(ctx context.Context, c *client, plan []*change) error
 		}
 		for i := range agents {
 			ag := &agents[i]
-			was, will := targetsAgent(oldT, ag), ch.Action != actDelete && targetsAgent(newT, ag)
+			was, will := targets(oldT, ag), ch.Action != api.ActionDelete && targets(newT, ag)
 			act := ""
 			switch {
 			case was && will:
-				act = "update"
+				act = api.AgentUpdate
 			case will:
-				act = "add"
+				act = api.AgentAdd
 			case was:
-				act = "remove"
+				act = api.AgentRemove
 			default:
 				continue
 			}
-			ch.Agents = append(ch.Agents, agentChange{ID: ag.ID, Name: ag.Name, Hostname: ag.Hostname, Action: act})
+			ch.Agents = append(ch.Agents, api.AgentChange{ID: ag.ID, Name: ag.Name, Hostname: ag.Hostname, Action: act})
 		}
 	}
 	return nil
 }
 
 func (a *app) apply(ctx context.Context, files []string, prune, dryRun bool, maxPayload int64) error {
-	pipes, err := a.loadValid(files, maxPayload)
-	if err != nil {
-		return err
-	}
-	c, err := a.apiClient()
-	if err != nil {
-		return err
-	}
-	plan, err := a.plan(ctx, c, pipes, prune)
+	c, plan, err := a.loadPlan(ctx, files, prune, maxPayload)
 	if err != nil {
 		return err
 	}
@@ -399,12 +358,12 @@ func (a *app) apply(ctx context.Context, files []string, prune, dryRun bool, max
 	for _, ch := range plan {
 		ch.Agents = nil
 		switch ch.Action {
-		case actUnchanged:
+		case api.ActionUnchanged:
 			if table {
 				fmt.Fprintf(a.stdout(), "pipe/%s unchanged\n", ch.Name)
 			}
 			continue
-		case actDelete:
+		case api.ActionDelete:
 			if _, err := c.call(ctx, http.MethodDelete, "/api/v1/pipes/"+pathEscape(ch.Name), nil, nil); err != nil && !isNotFound(err) {
 				return a.partial(done, plan, fmt.Errorf("delete pipe %s: %w", ch.Name, err))
 			}
@@ -413,14 +372,14 @@ func (a *app) apply(ctx context.Context, files []string, prune, dryRun bool, max
 				fmt.Fprintf(a.stdout(), "pipe/%s deleted\n", ch.Name)
 			}
 		default:
-			var resp putPipeResp
+			var resp api.PutPipeResponse
 			if _, err := c.call(ctx, http.MethodPut, "/api/v1/pipes/"+pathEscape(ch.Name), ch.local.body(), &resp); err != nil {
 				return a.partial(done, plan, a.pipeError(ch, err))
 			}
 			ch.Version, ch.Digest = resp.Version, resp.Digest
 			if table {
 				verb := "configured"
-				if ch.Action == actCreate {
+				if ch.Action == api.ActionCreate {
 					verb = "created"
 				}
 				fmt.Fprintf(a.stdout(), "pipe/%s %s (version %d)\n", ch.Name, verb, resp.Version)
@@ -441,7 +400,7 @@ func (a *app) partial(done int, plan []*change, err error) error {
 	}
 	n := 0
 	for _, ch := range plan {
-		if ch.Action != actUnchanged {
+		if ch.Action != api.ActionUnchanged {
 			n++
 		}
 	}
@@ -451,7 +410,7 @@ func (a *app) partial(done int, plan []*change, err error) error {
 // pipeError turns an API error about one pipe into FILE:LINE: FIELD: MESSAGE
 // lines when the pipe came from a file.
 func (a *app) pipeError(ch *change, err error) error {
-	var ae *apiError
+	var ae *api.Error
 	if !errors.As(err, &ae) || ch.local == nil || len(ae.Details) == 0 {
 		return fmt.Errorf("pipe %s: %w", ch.Name, err)
 	}
@@ -484,7 +443,7 @@ func (a *app) printPlan(res *applyResult) error {
 			ver = itoa(int(ch.Version))
 		}
 		agents := ""
-		if ch.Action != actUnchanged {
+		if ch.Action != api.ActionUnchanged {
 			agents = itoa(len(ch.Agents))
 		}
 		t.row(ch.Name, ch.Action, strings.Join(ch.Changes, ","), ver, agents, ch.File)
@@ -507,13 +466,13 @@ func (a *app) printPlan(res *applyResult) error {
 				rows[ac.ID] = r
 				order = append(order, r)
 			}
-			sign := map[string]string{"add": "+", "update": "~", "remove": "-"}[ac.Action]
+			sign := map[string]string{api.AgentAdd: "+", api.AgentUpdate: "~", api.AgentRemove: "-"}[ac.Action]
 			if sign == "" {
 				sign = ac.Action + ":"
 			}
 			r.changes = append(r.changes, sign+ch.Name)
 			// Added and removed entries are whole; show what an update changes.
-			if ac.Diff != "" && ac.Action == "update" {
+			if ac.Diff != "" && ac.Action == api.AgentUpdate {
 				r.diffs = append(r.diffs, fmt.Sprintf("--- agent %s (%s): %s\n%s", ac.ID, sanitizeLine(ac.Hostname), ch.Name,
 					sanitizeText(strings.TrimRight(ac.Diff, "\n")+"\n")))
 			}
@@ -541,21 +500,13 @@ func (a *app) printPlan(res *applyResult) error {
 		}
 	}
 	fmt.Fprintf(out, "\nDry run: %d to create, %d to update, %d to delete, %d unchanged. Nothing was changed.\n",
-		counts[actCreate], counts[actUpdate], counts[actDelete], counts[actUnchanged])
+		counts[api.ActionCreate], counts[api.ActionUpdate], counts[api.ActionDelete], counts[api.ActionUnchanged])
 	return nil
 }
 
 // diff prints a unified diff of each pipe that would change.
 func (a *app) diff(ctx context.Context, files []string, prune bool, maxPayload int64) error {
-	pipes, err := a.loadValid(files, maxPayload)
-	if err != nil {
-		return err
-	}
-	c, err := a.apiClient()
-	if err != nil {
-		return err
-	}
-	plan, err := a.plan(ctx, c, pipes, prune)
+	_, plan, err := a.loadPlan(ctx, files, prune, maxPayload)
 	if err != nil {
 		return err
 	}
@@ -575,7 +526,7 @@ func (a *app) diff(ctx context.Context, files []string, prune bool, maxPayload i
 	w := a.stdout()
 	changed := 0
 	for _, ch := range plan {
-		if ch.Action == actUnchanged {
+		if ch.Action == api.ActionUnchanged {
 			continue
 		}
 		changed++
@@ -589,17 +540,13 @@ func (a *app) diff(ctx context.Context, files []string, prune bool, maxPayload i
 
 // pipeDiff is the unified diff of one change.
 func pipeDiff(ch *change) string {
-	if ch.Action == actUnchanged {
+	if ch.Action == api.ActionUnchanged {
 		return ""
 	}
 	var oldText, newText []string
 	oldName, newName := "/dev/null", "/dev/null"
 	if ch.remote != nil {
-		rs := *ch.remote.Spec.Clone()
-		if rs.Name == "" {
-			rs.Name = ch.remote.Name
-		}
-		rs.Normalize()
+		rs := normalSpec(ch.remote)
 		oldText = specLines(&rs, ch.remote.Payload.Digest)
 		oldName = fmt.Sprintf("server/pipes/%s (version %d)", ch.Name, ch.remote.Version)
 	}

@@ -4,11 +4,16 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/manifest"
 )
 
 // pipesV1 is a directory of pipe YAML as it would sit in git.
@@ -67,12 +72,7 @@ targets: {tags: {env: prod}}
 // pipeVersions maps pipe names to their versions on the server.
 func (ts *testServer) pipeVersions() map[string]uint64 {
 	ts.t.Helper()
-	var body struct {
-		Pipes []struct {
-			Name    string
-			Version uint64
-		}
-	}
+	var body api.PipeList
 	if err := json.Unmarshal([]byte(ts.pipesSnapshot()), &body); err != nil {
 		ts.t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func (ts *testServer) pipeVersions() map[string]uint64 {
 
 func fmtVersions(m map[string]uint64) string {
 	var parts []string
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
 	}
 	return strings.Join(parts, " ")
@@ -351,12 +351,16 @@ func TestApplyBadInput(t *testing.T) {
 // server's cap is lower than the client's.
 func TestApplyServerRefusalIsMapped(t *testing.T) {
 	ch := &change{Name: "x"}
-	lp := &localPipe{src: &source{name: "p.yaml", docs: yamlDocs([]byte("name: x\nschedule: '@daily'\nscript: echo\n"))}}
+	f, err := manifest.DecodeSpecFile([]byte("name: x\nschedule: '@daily'\nscript: echo\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := &localPipe{src: &source{name: "p.yaml", specs: f}}
 	ch.local = lp
 	var errb strings.Builder
 	a := &app{env: &Env{Stderr: &errb}}
-	err := a.pipeError(ch, &apiError{Status: 422, Code: "validation_failed", Message: "the request has invalid fields",
-		Details: []errorDetail{{Field: "spec.schedule", Message: "nope"}, {Field: "bundle", Message: "too big"}}})
+	err = a.pipeError(ch, &apiError{err: &api.Error{Status: 422, ErrorInfo: api.ErrorInfo{Code: "validation_failed", Message: "the request has invalid fields",
+		Details: []api.Detail{{Field: "spec.schedule", Message: "nope"}, {Field: "bundle", Message: "too big"}}}}})
 	if err == nil || !strings.Contains(err.Error(), "the server refused pipe x") {
 		t.Fatalf("err = %v", err)
 	}

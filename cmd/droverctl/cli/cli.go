@@ -191,6 +191,34 @@ func groupCmd(use, short string, subs ...*cobra.Command) *cobra.Command {
 	return c
 }
 
+// listCmd is the "ls" of a command group: get kind.
+func (a *app) listCmd(short, kind string) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   short,
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.get(cmd.Context(), kind, nil, listOpts{})
+		},
+	}
+}
+
+// deleteCmd is the command "use" (e.g. "rm ID") that deletes one object,
+// named by its one argument (described by arg), with DELETE base+name
+// (deleteObj).
+func (a *app) deleteCmd(use string, aliases []string, short, arg, base, what, verb string) *cobra.Command {
+	return &cobra.Command{
+		Use:     use,
+		Aliases: aliases,
+		Short:   short,
+		Args:    exactArgs(1, arg),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.deleteObj(cmd, base, what, args[0], verb)
+		},
+	}
+}
+
 // stdout and stderr of the running command.
 func (a *app) stdout() io.Writer { return a.env.Stdout }
 func (a *app) stderr() io.Writer { return a.env.Stderr }

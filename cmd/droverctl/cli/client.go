@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/signing"
 )
 
@@ -81,47 +82,29 @@ func newClient(c *conn) (*client, error) {
 
 func (c *client) close() { c.http.CloseIdleConnections() }
 
-// apiError is an error answer of the API.
+// apiError is an error answer of the API (an *api.Error, which errors.As
+// finds) with the request it answered; it adds a hint for a refused token
+// and prints nothing the terminal would interpret.
 type apiError struct {
-	Status  int
-	Method  string
-	Path    string
-	Code    string        `json:"code"`
-	Message string        `json:"message"`
-	Details []errorDetail `json:"details"`
-}
-
-type errorDetail struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-	Line    int    `json:"line,omitempty"`
+	err          *api.Error
+	method, path string
 }
 
 func (e *apiError) Error() string {
-	var b strings.Builder
-	msg := e.Message
-	if msg == "" {
-		msg = http.StatusText(e.Status)
+	s := e.err.Error()
+	switch e.err.Code {
+	case api.CodeUnauthenticated, api.CodeInvalidToken, api.CodeTokenExpired, api.CodeTokenRevoked:
+		s += "\n  (check --token, DROVER_TOKEN or droverctl login)"
 	}
-	fmt.Fprintf(&b, "%s (%s, HTTP %d)", msg, e.Code, e.Status)
-	for _, d := range e.Details {
-		b.WriteString("\n  ")
-		if d.Field != "" {
-			b.WriteString(d.Field + ": ")
-		}
-		b.WriteString(d.Message)
-	}
-	switch e.Code {
-	case "unauthenticated", "invalid_token", "token_expired", "token_revoked":
-		b.WriteString("\n  (check --token, DROVER_TOKEN or droverctl login)")
-	}
-	return sanitizeText(b.String())
+	return sanitizeText(s)
 }
+
+func (e *apiError) Unwrap() error { return e.err }
 
 // missingEndpoint reports whether err says the server has no such route
 // (an older server): the mux's own 404 or 405.
 func missingEndpoint(err error) bool {
-	var ae *apiError
+	var ae *api.Error
 	if !errors.As(err, &ae) {
 		return false
 	}
@@ -131,7 +114,7 @@ func missingEndpoint(err error) bool {
 
 // isNotFound reports a 404 for a missing object (not a missing route).
 func isNotFound(err error) bool {
-	var ae *apiError
+	var ae *api.Error
 	return errors.As(err, &ae) && ae.Status == http.StatusNotFound && !missingEndpoint(err)
 }
 
@@ -164,21 +147,16 @@ func (c *client) do(ctx context.Context, hc *http.Client, req request) (*http.Re
 		if raw != nil {
 			rd = bytes.NewReader(raw)
 		}
-		hr, err := http.NewRequestWithContext(ctx, req.method, c.base+req.path, rd)
+		accept := req.accept
+		if accept == "" {
+			accept = "application/json"
+		}
+		hr, err := c.newRequest(ctx, req.method, req.path, rd, accept)
 		if err != nil {
 			return nil, err
 		}
 		if raw != nil {
 			hr.Header.Set("Content-Type", "application/json")
-		}
-		accept := req.accept
-		if accept == "" {
-			accept = "application/json"
-		}
-		hr.Header.Set("Accept", accept)
-		hr.Header.Set("User-Agent", "droverctl/"+Version)
-		if c.token != "" {
-			hr.Header.Set("Authorization", "Bearer "+c.token)
 		}
 		resp, err := hc.Do(hr)
 		if err != nil {
@@ -187,8 +165,7 @@ func (c *client) do(ctx context.Context, hc *http.Client, req request) (*http.Re
 		if resp.StatusCode/100 == 2 {
 			return resp, nil
 		}
-		ae := readAPIError(resp)
-		ae.Method, ae.Path = req.method, req.path
+		ae := readAPIError(resp, req.method, req.path)
 		// Reads are retried briefly when the server is busy.
 		if req.method == http.MethodGet && attempt < 3 && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) {
 			wait := time.Second
@@ -206,25 +183,41 @@ func (c *client) do(ctx context.Context, hc *http.Client, req request) (*http.Re
 	}
 }
 
-// readAPIError decodes an error answer and closes its body.
-func readAPIError(resp *http.Response) *apiError {
+// newRequest is a request to path under the base URL that accepts accept,
+// with droverctl's User-Agent and the token.
+func (c *client) newRequest(ctx context.Context, method, path string, body io.Reader, accept string) (*http.Request, error) {
+	hr, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Accept", accept)
+	hr.Header.Set("User-Agent", "droverctl/"+Version)
+	if c.token != "" {
+		hr.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return hr, nil
+}
+
+// readAPIError decodes the error answer to method path and closes its
+// body. A body that is not an error body becomes the message, shortened,
+// with the code "http_<status>".
+func readAPIError(resp *http.Response, method, path string) *apiError {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var body struct {
-		Error *apiError `json:"error"`
+		Error *api.ErrorInfo `json:"error"`
 	}
-	ae := &apiError{}
+	e := &api.Error{Status: resp.StatusCode}
 	if json.Unmarshal(b, &body) == nil && body.Error != nil {
-		ae = body.Error
+		e.ErrorInfo = *body.Error
 	} else {
-		ae.Code = "http_" + strconv.Itoa(resp.StatusCode)
-		ae.Message = strings.TrimSpace(string(b))
-		if len(ae.Message) > 200 {
-			ae.Message = ae.Message[:200] + "…"
+		e.Code = "http_" + strconv.Itoa(resp.StatusCode)
+		e.Message = strings.TrimSpace(string(b))
+		if len(e.Message) > 200 {
+			e.Message = e.Message[:200] + "…"
 		}
 	}
-	ae.Status = resp.StatusCode
-	return ae
+	return &apiError{err: e, method: method, path: path}
 }
 
 // connError explains a failed connection.

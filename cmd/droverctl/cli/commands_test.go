@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
 )
 
@@ -151,16 +153,16 @@ func TestLogsFollow(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	wg.Add(1)
-	out := &syncBuffer{}
+	out := &testkit.Buffer{}
 	go func() {
 		defer wg.Done()
 		var errb strings.Builder
 		code := Run(ctx, []string{"logs", "-f", "run-0003"}, Env{Stdout: out, Stderr: &errb, Getenv: func(k string) string { return f.ts.env()[k] }})
 		res = result{code: code, stderr: errb.String()}
 	}()
-	waitUntil(t, 10*time.Second, "the first chunk", func() bool { return out.String() == "dumping mydb\n" })
+	testkit.WaitFor(t, 10*time.Second, "the first chunk", func() bool { return out.String() == "dumping mydb\n" })
 	f.db.logChunks("run-0003", 1, f.runStart.Add(2*time.Hour), "still dumping\n")
-	waitUntil(t, 10*time.Second, "the second chunk", func() bool { return strings.HasSuffix(out.String(), "still dumping\n") })
+	testkit.WaitFor(t, 10*time.Second, "the second chunk", func() bool { return strings.HasSuffix(out.String(), "still dumping\n") })
 	f.db.logChunks("run-0003", 2, f.runStart.Add(2*time.Hour), "done\n")
 	f.db.runFinished("run-0003", "backup-db", 1, agentpb.RunStatus_RUN_STATUS_SUCCEEDED, 0, f.runStart.Add(2*time.Hour), 5*time.Second, 3)
 	wg.Wait()
@@ -183,15 +185,15 @@ func TestLogsFollowSSE(t *testing.T) {
 	f := newFleetOn(t, ts)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out := &syncBuffer{}
+	out := &testkit.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- Run(ctx, []string{"logs", "-f", "run-0003"}, Env{Stdout: out, Getenv: func(k string) string { return f.ts.env()[k] }})
 	}()
-	waitUntil(t, 10*time.Second, "the first chunk", func() bool { return out.String() == "dumping mydb\n" })
+	testkit.WaitFor(t, 10*time.Second, "the first chunk", func() bool { return out.String() == "dumping mydb\n" })
 	start := time.Now()
 	f.db.logChunks("run-0003", 1, f.runStart.Add(2*time.Hour), "live\n")
-	waitUntil(t, 5*time.Second, "the live chunk", func() bool { return strings.HasSuffix(out.String(), "live\n") })
+	testkit.WaitFor(t, 5*time.Second, "the live chunk", func() bool { return strings.HasSuffix(out.String(), "live\n") })
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("a live chunk took %s to arrive", d)
 	}
@@ -201,40 +203,23 @@ func TestLogsFollowSSE(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestRunPipe(t *testing.T) {
 	f := newFleet(t)
 	m := f.m
 	// Every targeted agent (db-1 for backup-db).
 	r := f.ts.ctlOK("run", "backup-db")
 	golden(t, "run.txt", m.apply(r.stdout))
-	waitUntil(t, 5*time.Second, "RunNow", func() bool { return f.db.runNowCount() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool { return f.db.runNowCount() == 1 })
 	// One agent, JSON.
 	r = f.ts.ctlOK("run", "backup-db", "--agent", f.db.id, "-o", "json")
 	golden(t, "run-agent.json", m.apply(r.stdout))
-	waitUntil(t, 5*time.Second, "RunNow", func() bool { return f.db.runNowCount() == 2 })
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool { return f.db.runNowCount() == 2 })
 	// By tag.
 	r = f.ts.ctlOK("run", "backup-db", "--tag", "env=prod")
 	if !strings.Contains(r.stdout, "sent to: "+f.db.id) {
 		t.Fatalf("run --tag:\n%s", r)
 	}
-	waitUntil(t, 5*time.Second, "RunNow", func() bool { return f.db.runNowCount() == 3 })
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool { return f.db.runNowCount() == 3 })
 	if f.web.runNowCount() != 0 {
 		t.Fatal("web-1 got a RunNow for a pipe that does not target it")
 	}
@@ -422,7 +407,7 @@ func TestTokensListAndDelete(t *testing.T) {
 	ts := startServer(t)
 	ts.requireEndpoint("GET", "/api/v1/enrollment-tokens", nil, "listing enrollment tokens")
 	r := ts.ctlOK("tokens", "create", "--name", "n1", "-o", "json")
-	var tok tokenResp
+	var tok api.EnrollmentTokenCreated
 	json.Unmarshal([]byte(r.stdout), &tok)
 	r = ts.ctlOK("get", "tokens")
 	if !strings.Contains(r.stdout, tok.ID) || strings.Contains(r.stdout, tok.Token) {
@@ -444,7 +429,7 @@ func TestAPITokens(t *testing.T) {
 	ts := startServer(t)
 	ts.requireEndpoint("GET", "/api/v1/api-tokens", nil, "operator API tokens")
 	r := ts.ctlOK("api-tokens", "create", "--name", "ci", "--role", "viewer", "-o", "json")
-	var tok struct{ ID, Token string }
+	var tok api.APITokenCreated
 	if err := json.Unmarshal([]byte(r.stdout), &tok); err != nil || tok.Token == "" {
 		t.Fatalf("api-tokens create: %v\n%s", err, r)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
@@ -68,34 +69,55 @@ object.
 
 // describePipeVersion shows one stored version of a pipe.
 func (a *app) describePipeVersion(ctx context.Context, c *client, name string, version uint64) error {
-	var v pipeVersionObj
-	raw, err := c.get(ctx, versionsPath(name, version), &v)
+	var v api.PipeVersion
+	shown, err := a.getShown(ctx, c, versionsPath(name, version), &v, fmt.Sprintf("pipe %s version %d", name, version))
 	if missingEndpoint(err) {
 		return fmt.Errorf("pipe %s: this server keeps no pipe history (it lacks GET /api/v1/pipes/{name}/versions/{version})", name)
 	}
-	if err != nil {
-		return fmt.Errorf("pipe %s version %d: %w", name, version, err)
-	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	if shown || err != nil {
+		return err
 	}
 	s := v.Spec
 	s.Normalize()
 	kv := newKV(a.stdout())
-	kv.add("Name", v.Name)
-	kv.add("Description", s.Description)
-	kv.add("Version", itoa(int(v.Version)))
+	pipeHeadKV(kv, v.Name, v.Version, &s)
 	kv.add("Current", strconv.FormatBool(v.Current))
-	kv.add("Schedule", s.Schedule)
-	kv.add("Time zone", s.Timezone)
-	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
-	kv.add("Targets", fmtTargets(s.Targets))
-	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", v.Payload.Digest, v.Payload.Size))
+	specKV(kv, &s, v.Payload)
 	kv.add("Created", fmtTimeV(v.CreatedAt))
 	if err := kv.flush(); err != nil {
 		return err
 	}
 	return a.printSpec(&s)
+}
+
+// getShown gets the object at path into out. With -o json or -o yaml it
+// prints the object as the server sent it and reports shown; the table is
+// the caller's otherwise. what names the object in errors ("pipe x").
+func (a *app) getShown(ctx context.Context, c *client, path string, out any, what string) (shown bool, err error) {
+	raw, err := c.get(ctx, path, out)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", what, err)
+	}
+	if a.format() != "table" {
+		return true, a.printData(raw)
+	}
+	return false, nil
+}
+
+// pipeHeadKV and specKV add the rows describe shows for a pipe (or one of
+// its versions) with normalized spec s.
+func pipeHeadKV(kv *kvWriter, name string, version uint64, s *manifest.Spec) {
+	kv.add("Name", name)
+	kv.add("Description", s.Description)
+	kv.add("Version", itoa(int(version)))
+}
+
+func specKV(kv *kvWriter, s *manifest.Spec, payload manifest.Payload) {
+	kv.add("Schedule", s.Schedule)
+	kv.add("Time zone", s.Timezone)
+	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
+	kv.add("Targets", fmtTargets(s.Targets))
+	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", payload.Digest, payload.Size))
 }
 
 // printSpec writes a pipe spec as indented YAML under "Spec:".
@@ -117,26 +139,16 @@ func (a *app) printSpec(s *manifest.Spec) error {
 }
 
 func (a *app) describePipe(ctx context.Context, c *client, name string) error {
-	var p pipeObj
-	raw, err := c.get(ctx, "/api/v1/pipes/"+pathEscape(name), &p)
-	if err != nil {
-		return fmt.Errorf("pipe %s: %w", name, err)
-	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	var p api.Pipe
+	if shown, err := a.getShown(ctx, c, "/api/v1/pipes/"+pathEscape(name), &p, "pipe "+name); shown || err != nil {
+		return err
 	}
 	out := a.stdout()
 	s := p.Spec
 	s.Normalize()
 	kv := newKV(out)
-	kv.add("Name", p.Name)
-	kv.add("Description", s.Description)
-	kv.add("Version", itoa(int(p.Version)))
-	kv.add("Schedule", s.Schedule)
-	kv.add("Time zone", s.Timezone)
-	kv.add("Enabled", strconv.FormatBool(s.IsEnabled()))
-	kv.add("Targets", fmtTargets(s.Targets))
-	kv.add("Payload", fmt.Sprintf("%s (%d bytes)", p.Payload.Digest, p.Payload.Size))
+	pipeHeadKV(kv, p.Name, p.Version, &s)
+	specKV(kv, &s, p.Payload)
 	kv.add("Created", fmtTimeV(p.CreatedAt))
 	kv.add("Updated", fmtTimeV(p.UpdatedAt))
 	if err := kv.flush(); err != nil {
@@ -160,7 +172,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	if err != nil {
 		return err
 	}
-	all, err := decodeAll[agentObj](agents)
+	all, err := decodeAll[api.Agent](agents)
 	if err != nil {
 		return err
 	}
@@ -168,7 +180,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	t := newTable(indent(out), "ID", "HOSTNAME", "STATUS", "VERSION RUNNING", "APPLY ERROR")
 	n := 0
 	for _, ag := range all {
-		if !targetsAgent(s.Targets, &ag) {
+		if !targets(s.Targets, &ag) {
 			continue
 		}
 		n++
@@ -178,7 +190,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 				running, applyErr = itoa(int(ps.Version)), ps.ApplyError
 			}
 		}
-		t.row(ag.ID, ag.Hostname, ag.state(), running, applyErr)
+		t.row(ag.ID, ag.Hostname, ag.State(), running, applyErr)
 	}
 	if n == 0 {
 		fmt.Fprintln(out, "  (none: no agent matches the targets)")
@@ -208,7 +220,7 @@ func (a *app) recentRuns(ctx context.Context, c *client, q url.Values) error {
 	if err != nil {
 		return err
 	}
-	runs, err := decodeAll[runObj](items)
+	runs, err := decodeAll[api.Run](items)
 	if err != nil {
 		return err
 	}
@@ -220,19 +232,15 @@ func (a *app) recentRuns(ctx context.Context, c *client, q url.Values) error {
 	}
 	t := newTable(indent(out), "ID", "PIPE", "AGENT", "STATUS", "TRIGGER", "STARTED", "EXIT")
 	for _, r := range runs {
-		t.row(r.ID, r.Pipe, r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), r.exit())
+		t.row(r.ID, r.Pipe, r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), runExit(&r))
 	}
 	return t.flush()
 }
 
 func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
-	var ag agentObj
-	raw, err := c.get(ctx, "/api/v1/agents/"+pathEscape(id), &ag)
-	if err != nil {
-		return fmt.Errorf("agent %s: %w", id, err)
-	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	var ag api.Agent
+	if shown, err := a.getShown(ctx, c, "/api/v1/agents/"+pathEscape(id), &ag, "agent "+id); shown || err != nil {
+		return err
 	}
 	out := a.stdout()
 	kv := newKV(out)
@@ -251,7 +259,7 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 		kv.add("Identity conflicts", fmt.Sprintf("%d refused streams from another machine; last %s from machine %s",
 			ag.IdentityConflicts, fmtTime(ag.IdentityConflictAt), ag.IdentityConflictMachine))
 	}
-	kv.add("Status", ag.state())
+	kv.add("Status", ag.State())
 	kv.add("Last seen", fmtTime(ag.LastSeenAt))
 	kv.add("Tags", fmtTags(ag.Tags))
 	kv.add("Platform", strings.Trim(ag.OS+"/"+ag.Arch, "/"))
@@ -285,40 +293,42 @@ func (a *app) describeAgent(ctx context.Context, c *client, id string) error {
 	if err := kv.flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "\nPipes:")
-	if len(ag.Pipes) == 0 {
-		fmt.Fprintln(out, "  (none reported)")
-	} else {
-		t := newTable(indent(out), "NAME", "VERSION", "NEXT FIRE", "PROBLEM")
-		for _, p := range ag.Pipes {
-			next := ""
-			if len(p.NextFireTimes) > 0 {
-				next = fmtTimeV(p.NextFireTimes[0])
-			}
-			problem := p.ApplyError
-			if p.ElapseMismatch != "" {
-				problem = strings.TrimSpace(problem + " scheduler disagrees: " + p.ElapseMismatch)
-			}
-			if len(p.DropInsRemoved) > 0 {
-				problem = strings.TrimSpace(problem + " drop-ins removed: " + strings.Join(p.DropInsRemoved, ", "))
-			}
-			t.row(p.Name, itoa(int(p.Version)), next, problem)
-		}
-		if err := t.flush(); err != nil {
-			return err
-		}
+	if err := printAgentPipes(out, ag.Pipes); err != nil {
+		return err
 	}
 	return a.recentRuns(ctx, c, url.Values{"agent": {ag.ID}})
 }
 
-func (a *app) describeRun(ctx context.Context, c *client, id string) error {
-	var r runObj
-	raw, err := c.get(ctx, "/api/v1/runs/"+pathEscape(id), &r)
-	if err != nil {
-		return fmt.Errorf("run %s: %w", id, err)
+// printAgentPipes prints the pipes an agent reported, with their next fire
+// time and problems.
+func printAgentPipes(out io.Writer, pipes []api.PipeStatus) error {
+	fmt.Fprintln(out, "\nPipes:")
+	if len(pipes) == 0 {
+		fmt.Fprintln(out, "  (none reported)")
+		return nil
 	}
-	if a.format() != "table" {
-		return a.printData(raw)
+	t := newTable(indent(out), "NAME", "VERSION", "NEXT FIRE", "PROBLEM")
+	for _, p := range pipes {
+		next := ""
+		if len(p.NextFireTimes) > 0 {
+			next = fmtTimeV(p.NextFireTimes[0])
+		}
+		problem := p.ApplyError
+		if p.ElapseMismatch != "" {
+			problem = strings.TrimSpace(problem + " scheduler disagrees: " + p.ElapseMismatch)
+		}
+		if len(p.DropInsRemoved) > 0 {
+			problem = strings.TrimSpace(problem + " drop-ins removed: " + strings.Join(p.DropInsRemoved, ", "))
+		}
+		t.row(p.Name, itoa(int(p.Version)), next, problem)
+	}
+	return t.flush()
+}
+
+func (a *app) describeRun(ctx context.Context, c *client, id string) error {
+	var r api.Run
+	if shown, err := a.getShown(ctx, c, "/api/v1/runs/"+pathEscape(id), &r, "run "+id); shown || err != nil {
+		return err
 	}
 	kv := newKV(a.stdout())
 	kv.add("ID", r.ID)
@@ -333,7 +343,7 @@ func (a *app) describeRun(ctx context.Context, c *client, id string) error {
 	if r.FinishedAt != nil {
 		kv.add("Duration", fmtDuration(r.DurationMS))
 	}
-	kv.add("Exit", r.exit())
+	kv.add("Exit", runExit(&r))
 	kv.add("Reason", r.Reason)
 	if r.Attempts > 0 {
 		kv.add("Attempts", itoa(int(r.Attempts)))

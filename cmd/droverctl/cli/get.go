@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
@@ -87,7 +88,7 @@ WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLI
 	f.StringArrayVar(&o.tags, "tag", nil, "k=v: pipes targeting the tag, agents carrying it (repeatable)")
 	f.StringVar(&o.agent, "agent", "", "pipes reaching, or runs on, this agent id")
 	f.StringVar(&o.pipe, "pipe", "", "runs of this pipe")
-	f.StringVar(&o.status, "status", "", "runs with this status (pending, running, succeeded, failed, timed_out, canceled, skipped, missed); agents: online, offline or revoked")
+	f.StringVar(&o.status, "status", "", "runs with this status ("+strings.Join(api.RunStatuses, ", ")+"); agents: online, offline or revoked")
 	f.StringVar(&o.reason, "reason", "", "runs that ended for this reason, exactly (e.g. lost, oom-kill, \"systemd: 203/EXEC\")")
 	f.StringVar(&o.scheduledSince, "scheduled-since", "", "runs serving a fire time at or after this time")
 	f.StringVar(&o.scheduledUntil, "scheduled-until", "", "runs serving a fire time before this time")
@@ -135,10 +136,8 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 		if o.limit < 1 || o.limit > 1000 {
 			return usagef("--limit %d out of range 1-1000", o.limit)
 		}
-		switch o.status {
-		case "", "pending", "running", "succeeded", "failed", "timed_out", "canceled", "skipped", "missed":
-		default:
-			return usagef("--status %q is not a run status (pending, running, succeeded, failed, timed_out, canceled, skipped, missed)", o.status)
+		if o.status != "" && !api.KnownStatus(o.status) {
+			return usagef("--status %q is not a run status (%s)", o.status, strings.Join(api.RunStatuses, ", "))
 		}
 	}
 	_, err := parseTags(o.tags)
@@ -201,11 +200,6 @@ func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) 
 	return usagef("unknown resource %q", kind)
 }
 
-// fetchOne gets one object by name or id; raw is its JSON.
-func (c *client) fetchOne(ctx context.Context, path string, out any) (json.RawMessage, error) {
-	return c.get(ctx, path, out)
-}
-
 // printList prints items as {"<key>": [...]} or as a table.
 func (a *app) printList(key string, items []json.RawMessage, table func([]json.RawMessage) error) error {
 	if a.format() != "table" {
@@ -236,12 +230,67 @@ func (a *app) getList(ctx context.Context, c *client, names []string, path, key 
 	return a.printList(key, items, table)
 }
 
+// fetchNamed gets the object base+name of each name; what names the kind
+// in errors ("pipe").
+func fetchNamed(ctx context.Context, c *client, base, what string, names []string) ([]json.RawMessage, error) {
+	items := make([]json.RawMessage, 0, len(names))
+	for _, n := range names {
+		raw, err := c.get(ctx, base+pathEscape(n), nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", what, n, err)
+		}
+		items = append(items, raw)
+	}
+	return items, nil
+}
+
+// fetchOrList gets the named objects of kind ("pipes"), or when there are
+// no names lists them all with query q; what names one in errors ("pipe").
+func fetchOrList(ctx context.Context, c *client, kind, what string, names []string, q url.Values) ([]json.RawMessage, error) {
+	if len(names) > 0 {
+		return fetchNamed(ctx, c, "/api/v1/"+kind+"/", what, names)
+	}
+	return c.list(ctx, "/api/v1/"+kind, kind, q)
+}
+
+// keepIf returns the items that ok accepts once decoded as T; what names the
+// kind in errors ("pipe"). The filters run here too, so that an older
+// server that ignores the query still gives the right answer.
+func keepIf[T any](items []json.RawMessage, what string, ok func(*T) bool) ([]json.RawMessage, error) {
+	var kept []json.RawMessage
+	for _, it := range items {
+		var v T
+		if err := json.Unmarshal(it, &v); err != nil {
+			return nil, fmt.Errorf("unexpected %s from the server: %w", what, err)
+		}
+		if ok(&v) {
+			kept = append(kept, it)
+		}
+	}
+	return kept, nil
+}
+
+// tagQuery is the query of a list filtered by k=v tags.
+func tagQuery(tags []string) url.Values {
+	q := url.Values{}
+	for _, t := range tags {
+		q.Add("tag", t)
+	}
+	return q
+}
+
 func decodeAll[T any](items []json.RawMessage) ([]T, error) {
+	return decodeList[T](items, "unexpected object from the server")
+}
+
+// decodeList decodes every item as T; a malformed one is an error that
+// starts with what.
+func decodeList[T any](items []json.RawMessage, what string) ([]T, error) {
 	out := make([]T, 0, len(items))
 	for _, it := range items {
 		var v T
 		if err := json.Unmarshal(it, &v); err != nil {
-			return nil, fmt.Errorf("unexpected object from the server: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		out = append(out, v)
 	}
@@ -252,56 +301,34 @@ func decodeAll[T any](items []json.RawMessage) ([]T, error) {
 
 func (a *app) getPipes(ctx context.Context, c *client, names []string, o listOpts) error {
 	tags, _ := parseTags(o.tags)
-	var items []json.RawMessage
-	if len(names) > 0 {
-		for _, n := range names {
-			raw, err := c.fetchOne(ctx, "/api/v1/pipes/"+pathEscape(n), nil)
-			if err != nil {
-				return fmt.Errorf("pipe %s: %w", n, err)
-			}
-			items = append(items, raw)
-		}
-		if len(names) == 1 && len(tags) == 0 && o.agent == "" {
-			return a.printOne(items[0], a.pipesTable)
-		}
-	} else {
-		q := url.Values{}
-		for _, t := range o.tags {
-			q.Add("tag", t)
-		}
-		if o.agent != "" {
-			q.Set("agent", o.agent)
-		}
-		var err error
-		if items, err = c.list(ctx, "/api/v1/pipes", "pipes", q); err != nil {
-			return err
-		}
+	q := tagQuery(o.tags)
+	if o.agent != "" {
+		q.Set("agent", o.agent)
 	}
-	// Filter here too, so an older server that ignores the query still
-	// gives the right answer.
+	items, err := fetchOrList(ctx, c, "pipes", "pipe", names, q)
+	if err != nil {
+		return err
+	}
+	if len(names) == 1 && len(tags) == 0 && o.agent == "" {
+		return a.printOne(items[0], a.pipesTable)
+	}
 	if len(tags) > 0 || o.agent != "" {
-		var ag *agentObj
+		var ag *api.Agent
 		if o.agent != "" {
-			ag = &agentObj{}
+			ag = &api.Agent{}
 			if _, err := c.get(ctx, "/api/v1/agents/"+pathEscape(o.agent), ag); err != nil {
 				return fmt.Errorf("agent %s: %w", o.agent, err)
 			}
 		}
-		var kept []json.RawMessage
-		for _, it := range items {
-			var p pipeObj
-			if err := json.Unmarshal(it, &p); err != nil {
-				return fmt.Errorf("unexpected pipe from the server: %w", err)
-			}
+		items, err = keepIf(items, "pipe", func(p *api.Pipe) bool {
 			if len(tags) > 0 && (p.Spec.Targets == nil || !subset(tags, p.Spec.Targets.Tags)) {
-				continue
+				return false
 			}
-			if ag != nil && !targetsAgent(p.Spec.Targets, ag) {
-				continue
-			}
-			kept = append(kept, it)
+			return ag == nil || targets(p.Spec.Targets, ag)
+		})
+		if err != nil {
+			return err
 		}
-		items = kept
 	}
 	return a.printList("pipes", items, a.pipesTable)
 }
@@ -335,69 +362,45 @@ func fmtTargets(t *manifest.Targets) string {
 }
 
 func (a *app) pipesTable(items []json.RawMessage) error {
-	pipes, err := decodeAll[pipeObj](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "NAME", "VERSION", "SCHEDULE", "TIMEZONE", "TARGETS", "ENABLED", "PAYLOAD", "UPDATED")
-	for _, p := range pipes {
+	cols := []string{"NAME", "VERSION", "SCHEDULE", "TIMEZONE", "TARGETS", "ENABLED", "PAYLOAD", "UPDATED"}
+	return tableOf(a.stdout(), items, cols, func(p *api.Pipe) []string {
 		tz := p.Spec.Timezone
 		if tz == "" {
 			tz = manifest.DefaultTimezone
 		}
-		t.row(p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
-			strconv.FormatBool(p.Spec.IsEnabled()), shortDigest(p.Payload.Digest), fmtTimeV(p.UpdatedAt))
-	}
-	return t.flush()
+		return []string{p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
+			strconv.FormatBool(p.Spec.IsEnabled()), shortDigest(p.Payload.Digest), fmtTimeV(p.UpdatedAt)}
+	})
 }
 
 // ---- agents
 
 func (a *app) getAgents(ctx context.Context, c *client, ids []string, o listOpts) error {
 	tags, _ := parseTags(o.tags)
-	var items []json.RawMessage
-	if len(ids) > 0 {
-		for _, id := range ids {
-			raw, err := c.fetchOne(ctx, "/api/v1/agents/"+pathEscape(id), nil)
-			if err != nil {
-				return fmt.Errorf("agent %s: %w", id, err)
-			}
-			items = append(items, raw)
-		}
-		if len(ids) == 1 && len(tags) == 0 && o.status == "" {
-			return a.printOne(items[0], a.agentsTable)
-		}
-	} else {
-		q := url.Values{}
-		for _, t := range o.tags {
-			q.Add("tag", t)
-		}
-		if o.status != "" {
-			q.Set("status", o.status)
-		}
-		var err error
-		if items, err = c.list(ctx, "/api/v1/agents", "agents", q); err != nil {
-			return err
-		}
+	q := tagQuery(o.tags)
+	if o.status != "" {
+		q.Set("status", o.status)
+	}
+	items, err := fetchOrList(ctx, c, "agents", "agent", ids, q)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 1 && len(tags) == 0 && o.status == "" {
+		return a.printOne(items[0], a.agentsTable)
 	}
 	if len(tags) > 0 || o.status != "" {
-		var kept []json.RawMessage
-		for _, it := range items {
-			var ag agentObj
-			if err := json.Unmarshal(it, &ag); err != nil {
-				return fmt.Errorf("unexpected agent from the server: %w", err)
-			}
-			if subset(tags, ag.Tags) && (o.status == "" || ag.state() == o.status) {
-				kept = append(kept, it)
-			}
+		items, err = keepIf(items, "agent", func(ag *api.Agent) bool {
+			return subset(tags, ag.Tags) && (o.status == "" || ag.State() == o.status)
+		})
+		if err != nil {
+			return err
 		}
-		items = kept
 	}
 	return a.printList("agents", items, a.agentsTable)
 }
 
 func (a *app) agentsTable(items []json.RawMessage) error {
-	agents, err := decodeAll[agentObj](items)
+	agents, err := decodeAll[api.Agent](items)
 	if err != nil {
 		return err
 	}
@@ -415,7 +418,7 @@ func (a *app) agentsTable(items []json.RawMessage) error {
 		if backend != "" && ag.Scope != "" {
 			backend += "/" + ag.Scope
 		}
-		row := []string{ag.ID, ag.Name, ag.Hostname, ag.state(), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(ag.applyErrors())}
+		row := []string{ag.ID, ag.Name, ag.Hostname, ag.State(), fmtTime(ag.LastSeenAt), serial, fmtTags(ag.Tags), backend, ag.AgentVersion, itoa(agentErrors(&ag))}
 		if a.wide() {
 			manifest := "ok"
 			if ag.ManifestExpired {
@@ -432,13 +435,9 @@ func (a *app) agentsTable(items []json.RawMessage) error {
 
 func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) error {
 	if len(ids) > 0 {
-		var items []json.RawMessage
-		for _, id := range ids {
-			raw, err := c.fetchOne(ctx, "/api/v1/runs/"+pathEscape(id), nil)
-			if err != nil {
-				return fmt.Errorf("run %s: %w", id, err)
-			}
-			items = append(items, raw)
+		items, err := fetchNamed(ctx, c, "/api/v1/runs/", "run", ids)
+		if err != nil {
+			return err
 		}
 		if len(ids) == 1 {
 			return a.printOne(items[0], a.runsTable)
@@ -480,24 +479,18 @@ func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) 
 		return err
 	}
 	if !since.IsZero() || !until.IsZero() {
-		var kept []json.RawMessage
-		for _, it := range items {
-			var r runObj
-			if err := json.Unmarshal(it, &r); err != nil {
-				return fmt.Errorf("unexpected run from the server: %w", err)
-			}
-			if (!since.IsZero() && r.CreatedAt.Before(since)) || (!until.IsZero() && !r.CreatedAt.Before(until)) {
-				continue
-			}
-			kept = append(kept, it)
+		items, err = keepIf(items, "run", func(r *api.Run) bool {
+			return (since.IsZero() || !r.CreatedAt.Before(since)) && (until.IsZero() || r.CreatedAt.Before(until))
+		})
+		if err != nil {
+			return err
 		}
-		items = kept
 	}
 	return a.printList("runs", items, a.runsTable)
 }
 
 func (a *app) runsTable(items []json.RawMessage) error {
-	runs, err := decodeAll[runObj](items)
+	runs, err := decodeAll[api.Run](items)
 	if err != nil {
 		return err
 	}
@@ -511,7 +504,7 @@ func (a *app) runsTable(items []json.RawMessage) error {
 		if r.FinishedAt != nil || r.DurationMS > 0 {
 			dur = fmtDuration(r.DurationMS)
 		}
-		row := []string{r.ID, r.Pipe, itoa(int(r.PipeVersion)), r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), dur, r.exit()}
+		row := []string{r.ID, r.Pipe, itoa(int(r.PipeVersion)), r.AgentID, r.Status, r.Trigger, fmtTime(r.StartedAt), dur, runExit(&r)}
 		if a.wide() {
 			attempts := ""
 			if r.Attempts > 0 {
@@ -527,37 +520,19 @@ func (a *app) runsTable(items []json.RawMessage) error {
 // ---- tokens, secrets, API tokens
 
 func (a *app) tokensTable(items []json.RawMessage) error {
-	toks, err := decodeAll[enrollTokenObj](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "ID", "NAME", "TAGS", "STATE", "CREATED", "EXPIRES", "USED", "AGENT")
-	for _, k := range toks {
-		t.row(k.ID, k.Name, fmtTags(k.Tags), k.State, fmtTimeV(k.CreatedAt), fmtTimeV(k.ExpiresAt), fmtTime(k.UsedAt), k.AgentID)
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"ID", "NAME", "TAGS", "STATE", "CREATED", "EXPIRES", "USED", "AGENT"}, func(k *api.EnrollmentToken) []string {
+		return []string{k.ID, k.Name, fmtTags(k.Tags), k.State, fmtTimeV(k.CreatedAt), fmtTimeV(k.ExpiresAt), fmtTime(k.UsedAt), k.AgentID}
+	})
 }
 
 func (a *app) secretsTable(items []json.RawMessage) error {
-	secs, err := decodeAll[secretObj](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "NAME", "CREATED", "UPDATED")
-	for _, s := range secs {
-		t.row(s.Name, fmtTimeV(s.CreatedAt), fmtTimeV(s.UpdatedAt))
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"NAME", "CREATED", "UPDATED"}, func(s *api.Secret) []string {
+		return []string{s.Name, fmtTimeV(s.CreatedAt), fmtTimeV(s.UpdatedAt)}
+	})
 }
 
 func (a *app) apiTokensTable(items []json.RawMessage) error {
-	toks, err := decodeAll[apiTokenObj](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "ID", "NAME", "ROLE", "CREATED", "EXPIRES", "LAST USED", "REVOKED")
-	for _, k := range toks {
-		t.row(k.ID, k.Name, k.Role, fmtTimeV(k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt), fmtTime(k.RevokedAt))
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"ID", "NAME", "ROLE", "CREATED", "EXPIRES", "LAST USED", "REVOKED"}, func(k *api.APIToken) []string {
+		return []string{k.ID, k.Name, k.Role, fmtTimeV(k.CreatedAt), fmtTime(k.ExpiresAt), fmtTime(k.LastUsedAt), fmtTime(k.RevokedAt)}
+	})
 }

@@ -15,22 +15,25 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/drover/drover/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/server"
 )
@@ -173,7 +176,7 @@ func (ts *testServer) hasEndpoint(method, path string, body any) bool {
 }
 
 // requireEndpoint skips the test when the server lacks an endpoint that
-// issue 5 asks for and droverctl already uses.
+// droverctl already uses (droverctl also works with an older server).
 func (ts *testServer) requireEndpoint(method, path string, body any, what string) {
 	ts.t.Helper()
 	if !ts.hasEndpoint(method, path, body) {
@@ -216,11 +219,11 @@ type fakeAgent struct {
 // its stream (the agent is then online).
 func (ts *testServer) enroll(hostname string, tags map[string]string, connect bool) *fakeAgent {
 	ts.t.Helper()
-	code, b := ts.api("POST", "/api/v1/enrollment-tokens", map[string]any{"tags": tags})
+	code, b := ts.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: tags})
 	if code != 201 {
 		ts.t.Fatalf("create token: %d %s", code, b)
 	}
-	var tok struct{ Token string }
+	var tok api.EnrollmentTokenCreated
 	json.Unmarshal(b, &tok)
 	return ts.enrollWith(tok.Token, hostname, connect)
 }
@@ -279,7 +282,7 @@ func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgen
 	fa.send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: &agentpb.Hello{
 		AgentVersion: "1.0.0-test", Os: "linux", Arch: "amd64", Hostname: hostname, Backend: "systemd", Scope: "system", SystemdVersion: "252"}}})
 	// Online once the server has seen the Hello.
-	waitUntil(t, 10*time.Second, "agent "+hostname+" online", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "agent "+hostname+" online", func() bool {
 		_, b := ts.api("GET", "/api/v1/agents/"+fa.id, nil)
 		return strings.Contains(string(b), `"online":true`)
 	})
@@ -407,36 +410,10 @@ func (fa *fakeAgent) runFinished(id, pipe string, version uint64, status agentpb
 func (fa *fakeAgent) manifestApplied(serial uint64, pipes map[string]uint64, next time.Time) {
 	st := &agentpb.ManifestStatus{Serial: serial, Digest: "sha256:" + strings.Repeat("0", 64), State: agentpb.ManifestStatus_STATE_APPLIED,
 		At: timestamppb.New(testNow), AppliedSerial: serial}
-	for _, name := range sortedKeys(pipes) {
+	for _, name := range slices.Sorted(maps.Keys(pipes)) {
 		st.Pipes = append(st.Pipes, &agentpb.PipeStatus{Name: name, Version: pipes[name], NextFireTimes: []*timestamppb.Timestamp{timestamppb.New(next)}})
 	}
 	fa.send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	for i := range keys {
-		for j := i + 1; j < len(keys); j++ {
-			if keys[j] < keys[i] {
-				keys[i], keys[j] = keys[j], keys[i]
-			}
-		}
-	}
-	return keys
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // ---- golden files
@@ -533,10 +510,10 @@ func writeFiles(t *testing.T, dir string, files map[string]string) {
 
 // ---- runs on request: the fake agent as drover-agent answers RunNow
 
-// serveRunNow makes the agent answer RunNow as drover-agent does
-// (agent/runnow.go): every request ends in exactly one run that carries
-// its request id. The agent runs the pipe's script, as the server holds
-// it, with sh -c and reports the run (RunStarted, its output, RunFinished
+// serveRunNow makes the agent answer RunNow as drover-agent does: every
+// request ends in exactly one run that carries its request id. The agent
+// runs the pipe's script, as the server holds it, with sh -c and reports
+// the run (RunStarted, its output, RunFinished
 // with the real exit status and duration). When a run of the pipe is in
 // progress it reports a skipped run instead, and when it cannot start one,
 // a failed run with the reason. Scripts still running when the test ends
@@ -624,10 +601,7 @@ func (ts *testServer) pipeScript(name string) (string, uint64, error) {
 		return "", 0, err
 	}
 	defer resp.Body.Close()
-	var p struct {
-		Version uint64
-		Spec    struct{ Script string }
-	}
+	var p api.Pipe
 	if resp.StatusCode != 200 {
 		return "", 0, fmt.Errorf("GET pipe %s: HTTP %d", name, resp.StatusCode)
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // versionsPath is the path of a pipe's versions, or of one with version > 0.
@@ -71,7 +73,7 @@ func (a *app) history(ctx context.Context, c *client, pipe string) error {
 		}
 		return a.printData(historyList{Name: head["name"], Deleted: head["deleted"], Versions: items})
 	}
-	vs, err := decodeAll[pipeVersionObj](items)
+	vs, err := decodeAll[api.PipeVersion](items)
 	if err != nil {
 		return err
 	}
@@ -117,7 +119,7 @@ Nothing changes when that version's spec and payload are the current ones.
 			if err != nil {
 				return err
 			}
-			var resp putPipeResp
+			var resp api.PutPipeResponse
 			raw, err := c.call(cmd.Context(), http.MethodPost, versionsPath(pipe, version)+"/restore", map[string]any{}, &resp)
 			if missingEndpoint(err) {
 				return fmt.Errorf("restore %s version %d: this server cannot restore versions (it lacks POST /api/v1/pipes/{name}/versions/{version}/restore)", pipe, version)

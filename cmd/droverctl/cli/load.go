@@ -1,21 +1,18 @@
 package cli
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/drover/drover/manifest"
 )
@@ -37,7 +34,7 @@ type source struct {
 	dir      string // base directory of files: paths
 	explicit bool   // named by -f, not found in a directory
 	data     []byte
-	docs     []*yaml.Node // the non-empty documents' root nodes
+	specs    *manifest.SpecFile // once decoded without a problem
 }
 
 // localPipe is one pipe from the files, validated and with its payload.
@@ -247,7 +244,7 @@ func decodeSource(src *source) ([]manifest.Spec, []problem) {
 	if len(bytes.TrimSpace(src.data)) == 0 {
 		return nil, []problem{{file: src.name, msg: "no pipe in this file"}}
 	}
-	specs, err := manifest.DecodeSpecs(src.data)
+	f, err := manifest.DecodeSpecFile(src.data)
 	if err != nil {
 		var ve *manifest.ValidationError
 		if !errors.As(err, &ve) {
@@ -259,11 +256,11 @@ func decodeSource(src *source) ([]manifest.Spec, []problem) {
 		}
 		return nil, out
 	}
-	if len(specs) == 0 {
+	if len(f.Specs) == 0 {
 		return nil, []problem{{file: src.name, msg: "no pipe in this file"}}
 	}
-	src.docs = yamlDocs(src.data)
-	return specs, nil
+	src.specs = f
+	return f.Specs, nil
 }
 
 // stripDocIndex turns "[2].limits.memory_mb" into "limits.memory_mb": the
@@ -277,76 +274,14 @@ func stripDocIndex(field string) string {
 	return field
 }
 
-// yamlDocs returns the root nodes of the non-empty documents, in the order
-// manifest.DecodeSpecs numbers them.
-func yamlDocs(data []byte) []*yaml.Node {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var docs []*yaml.Node
-	for {
-		var n yaml.Node
-		if err := dec.Decode(&n); err != nil {
-			return docs
-		}
-		if n.Kind == 0 || (n.Kind == yaml.DocumentNode && (len(n.Content) == 0 ||
-			(n.Content[0].Kind == yaml.ScalarNode && n.Content[0].Tag == "!!null"))) {
-			continue
-		}
-		root := &n
-		if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
-			root = root.Content[0]
-		}
-		docs = append(docs, root)
-	}
-}
-
 // line finds the line of a spec field path ("schedule", "files[1]",
 // "limits.memory_mb") in the pipe's document; the document's line when the
 // field is not there.
 func (lp *localPipe) line(field string) int {
-	if lp.doc >= len(lp.src.docs) {
+	if lp.src.specs == nil {
 		return 0
 	}
-	n := lp.src.docs[lp.doc]
-	line := n.Line
-	rest := field
-	for rest != "" {
-		if strings.HasPrefix(rest, "[") {
-			e := strings.IndexByte(rest, ']')
-			if e < 0 {
-				break
-			}
-			i, err := strconv.Atoi(rest[1:e])
-			if err != nil || n.Kind != yaml.SequenceNode || i < 0 || i >= len(n.Content) {
-				break
-			}
-			n = n.Content[i]
-			line = n.Line
-			rest = strings.TrimPrefix(rest[e+1:], ".")
-			continue
-		}
-		seg := rest
-		if cut := strings.IndexAny(rest, ".["); cut >= 0 {
-			seg, rest = rest[:cut], strings.TrimPrefix(rest[cut:], ".")
-		} else {
-			rest = ""
-		}
-		if n.Kind != yaml.MappingNode {
-			break
-		}
-		found := false
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == seg {
-				line = n.Content[i].Line
-				n = n.Content[i+1]
-				found = true
-				break
-			}
-		}
-		if !found {
-			break
-		}
-	}
-	return line
+	return lp.src.specs.Line(lp.doc, field)
 }
 
 // problem is a problem with one field of this pipe.
@@ -393,33 +328,26 @@ func describeBundleError(err error, dir string) string {
 }
 
 // checkBundleCommand checks that a relative command[0] with a slash names an
-// executable file in the bundle, as the server does.
+// executable file in the bundle, as the server does. The bundle was built
+// here, so only the server's limits are left for the server to check.
 func checkBundleCommand(b []byte, command []string) string {
-	if len(command) == 0 || !strings.Contains(command[0], "/") || path.IsAbs(command[0]) {
+	prog, ok := manifest.BundleProgram(command)
+	if !ok {
 		return ""
 	}
-	prog := path.Clean(command[0])
-	gz, err := gzip.NewReader(bytes.NewReader(b))
+	entries, err := manifest.ScanBundle(b, manifest.UnpackLimits{MaxFiles: math.MaxInt, MaxBytes: math.MaxInt64})
 	if err != nil {
 		return "cannot read the bundle: " + err.Error()
 	}
-	tr := tar.NewReader(gz)
-	for {
-		hdr, err := tr.Next()
-		if err != nil {
-			return fmt.Sprintf("%q is not a file in the payload (list it, or its directory, under files:)", command[0])
-		}
-		if strings.TrimSuffix(hdr.Name, "/") != prog {
-			continue
-		}
-		if hdr.Typeflag != tar.TypeReg {
-			return fmt.Sprintf("%q is a directory in the payload", command[0])
-		}
-		if hdr.Mode&0o111 == 0 {
-			return fmt.Sprintf("%q is not executable (chmod +x it)", command[0])
-		}
-		return ""
+	switch e := manifest.FindEntry(entries, prog); {
+	case e == nil:
+		return fmt.Sprintf("%q is not a file in the payload (list it, or its directory, under files:)", command[0])
+	case e.Dir:
+		return fmt.Sprintf("%q is a directory in the payload", command[0])
+	case !e.Exec:
+		return fmt.Sprintf("%q is not executable (chmod +x it)", command[0])
 	}
+	return ""
 }
 
 // sortProblems orders problems by file, then line.

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/url"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // ---- audit
@@ -58,21 +61,7 @@ func (a *app) newAuditCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("audit: %w", err)
 			}
-			return a.printList("entries", items, func(items []json.RawMessage) error {
-				entries, err := decodeAll[auditObj](items)
-				if err != nil {
-					return err
-				}
-				t := newTable(a.stdout(), "TIME", "ACTOR", "ROLE", "ACTION", "TARGET", "BEFORE", "AFTER")
-				for _, e := range entries {
-					actor := e.Actor
-					if e.ActorID != "" && e.ActorID != e.Actor {
-						actor += " (" + e.ActorID + ")"
-					}
-					t.row(fmtTimeV(e.At), actor, e.Role, e.Action, e.Target, shortDigest(e.BeforeDigest), shortDigest(e.AfterDigest))
-				}
-				return t.flush()
-			})
+			return a.printList("entries", items, a.auditTable)
 		},
 	}
 	f := cmd.Flags()
@@ -83,6 +72,17 @@ func (a *app) newAuditCmd() *cobra.Command {
 	f.StringVar(&until, "until", "", "entries before this time (RFC 3339, or a duration before now)")
 	f.IntVar(&limit, "limit", 100, "at most this many entries")
 	return cmd
+}
+
+func (a *app) auditTable(items []json.RawMessage) error {
+	cols := []string{"TIME", "ACTOR", "ROLE", "ACTION", "TARGET", "BEFORE", "AFTER"}
+	return tableOf(a.stdout(), items, cols, func(e *api.AuditEntry) []string {
+		actor := e.Actor
+		if e.ActorID != "" && e.ActorID != e.Actor {
+			actor += " (" + e.ActorID + ")"
+		}
+		return []string{fmtTimeV(e.At), actor, e.Role, e.Action, e.Target, shortDigest(e.BeforeDigest), shortDigest(e.AfterDigest)}
+	})
 }
 
 // ---- completion
@@ -140,77 +140,19 @@ in the data dir (/var/lib/drover-server/admin.token) and the CA next to it
 			if err != nil {
 				prev = &fileConfig{}
 			}
-			token := ""
-			switch {
-			case tokenFile != "":
-				b, err := os.ReadFile(tokenFile)
-				if err != nil {
-					return fmt.Errorf("--token-file: %s", describeFSError(err))
-				}
-				token = strings.TrimSpace(string(b))
-			case tokenStdin:
-				line, err := bufio.NewReader(a.env.Stdin).ReadString('\n')
-				if err != nil && line == "" {
-					return fmt.Errorf("--token-stdin: no token on stdin")
-				}
-				token = strings.TrimSpace(line)
-			case a.token != "":
-				token = a.token
-			case a.env.Getenv("DROVER_TOKEN") != "":
-				token = a.env.Getenv("DROVER_TOKEN")
-			default:
-				token = prev.Token
-			}
-			if token == "" {
-				return usagef("no token: use --token-file, --token-stdin, --token or DROVER_TOKEN")
-			}
-			server := a.server
-			if server == "" {
-				server = a.env.Getenv("DROVER_SERVER")
-			}
-			if server == "" {
-				server = prev.Server
-			}
-			if server == "" {
-				return usagef("--server is required")
-			}
-			if server, err = normalizeServer(server); err != nil {
+			cn, err := a.loginConn(prev, tokenFile, tokenStdin)
+			if err != nil {
 				return err
-			}
-			ca := a.ca
-			if ca == "" {
-				ca = a.env.Getenv("DROVER_CA")
-			}
-			if ca == "" {
-				ca = prev.CA
-			}
-			if ca != "" {
-				if ca, err = filepath.Abs(ca); err != nil {
-					return err
-				}
 			}
 			if !noVerify {
-				c, err := newClient(&conn{server: server, token: token, ca: ca})
-				if err != nil {
+				if err := a.verifyLogin(cmd.Context(), cn); err != nil {
 					return err
 				}
-				defer c.close()
-				var who struct{ ID, Name, Role string }
-				_, err = c.get(cmd.Context(), "/api/v1/whoami", &who)
-				if missingEndpoint(err) {
-					_, err = c.get(cmd.Context(), "/api/v1/runs?limit=1", nil)
-				}
-				if err != nil {
-					return fmt.Errorf("login to %s failed: %w", server, err)
-				}
-				if who.Role != "" {
-					fmt.Fprintf(a.stderr(), "token %s (%s), role %s\n", sanitizeLine(who.ID), sanitizeLine(who.Name), sanitizeLine(who.Role))
-				}
 			}
-			if err := writeConfig(path, &fileConfig{Server: server, Token: token, CA: ca}); err != nil {
+			if err := writeConfig(path, &fileConfig{Server: cn.server, Token: cn.token, CA: cn.ca}); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout(), "logged in to %s; wrote %s\n", server, path)
+			fmt.Fprintf(a.stdout(), "logged in to %s; wrote %s\n", cn.server, path)
 			return nil
 		},
 	}
@@ -218,4 +160,83 @@ in the data dir (/var/lib/drover-server/admin.token) and the CA next to it
 	cmd.Flags().BoolVar(&tokenStdin, "token-stdin", false, "read the token from the first line of stdin")
 	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "save without checking the server")
 	return cmd
+}
+
+// loginConn is the server, token and CA login saves: from the flags, else
+// the environment, else the config file (prev); the token may come from
+// tokenFile or stdin instead.
+func (a *app) loginConn(prev *fileConfig, tokenFile string, tokenStdin bool) (*conn, error) {
+	token := ""
+	switch {
+	case tokenFile != "":
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %s", describeFSError(err))
+		}
+		token = strings.TrimSpace(string(b))
+	case tokenStdin:
+		line, err := bufio.NewReader(a.env.Stdin).ReadString('\n')
+		if err != nil && line == "" {
+			return nil, fmt.Errorf("--token-stdin: no token on stdin")
+		}
+		token = strings.TrimSpace(line)
+	case a.token != "":
+		token = a.token
+	case a.env.Getenv("DROVER_TOKEN") != "":
+		token = a.env.Getenv("DROVER_TOKEN")
+	default:
+		token = prev.Token
+	}
+	if token == "" {
+		return nil, usagef("no token: use --token-file, --token-stdin, --token or DROVER_TOKEN")
+	}
+	server := a.server
+	if server == "" {
+		server = a.env.Getenv("DROVER_SERVER")
+	}
+	if server == "" {
+		server = prev.Server
+	}
+	if server == "" {
+		return nil, usagef("--server is required")
+	}
+	server, err := normalizeServer(server)
+	if err != nil {
+		return nil, err
+	}
+	ca := a.ca
+	if ca == "" {
+		ca = a.env.Getenv("DROVER_CA")
+	}
+	if ca == "" {
+		ca = prev.CA
+	}
+	if ca != "" {
+		if ca, err = filepath.Abs(ca); err != nil {
+			return nil, err
+		}
+	}
+	return &conn{server: server, token: token, ca: ca}, nil
+}
+
+// verifyLogin checks that the server answers the token: whoami, or on an
+// older server a list of runs.
+func (a *app) verifyLogin(ctx context.Context, cn *conn) error {
+	c, err := newClient(cn)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	var who api.WhoAmI
+	_, err = c.get(ctx, "/api/v1/whoami", &who)
+	if missingEndpoint(err) {
+		_, err = c.get(ctx, "/api/v1/runs?limit=1", nil)
+	}
+	if err != nil {
+		return fmt.Errorf("login to %s failed: %w", cn.server, err)
+	}
+	if who.Role != "" {
+		fmt.Fprintf(a.stderr(), "token %s (%s), role %s\n", sanitizeLine(who.ID), sanitizeLine(who.Name), sanitizeLine(who.Role))
+	}
+	return nil
 }

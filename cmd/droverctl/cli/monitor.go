@@ -9,30 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 )
 
 // get fires PIPE and get events: the fleet-monitoring views.
 
-// fireObj is one fire time of the fire-time view.
-type fireObj struct {
-	At               time.Time      `json:"at"`
-	Expected         int            `json:"expected"`
-	Counts           map[string]int `json:"counts"`
-	Unreported       int            `json:"unreported"`
-	UnreportedAgents []string       `json:"unreported_agents"`
-}
-
-type fireList struct {
-	Pipe      string    `json:"pipe"`
-	Schedule  string    `json:"schedule"`
-	Timezone  string    `json:"timezone"`
-	Fires     []fireObj `json:"fires"`
-	Truncated bool      `json:"truncated"`
-}
-
 // fireStatusOrder is the order counts are printed in; other statuses follow.
-var fireStatusOrder = []string{"succeeded", "failed", "timed_out", "missed", "running", "pending", "canceled", "skipped"}
+var fireStatusOrder = []string{api.StatusSucceeded, api.StatusFailed, api.StatusTimedOut, api.StatusMissed, api.StatusRunning, api.StatusPending, api.StatusCanceled, api.StatusSkipped}
 
 func (a *app) getFires(ctx context.Context, c *client, names []string, o listOpts) error {
 	if len(names) != 1 {
@@ -52,7 +36,7 @@ func (a *app) getFires(ctx context.Context, c *client, names []string, o listOpt
 		}
 	}
 	q.Set("limit", itoa(o.limit))
-	var fl fireList
+	var fl api.FireList
 	raw, err := c.get(ctx, "/api/v1/pipes/"+pathEscape(names[0])+"/fires?"+q.Encode(), &fl)
 	if err != nil {
 		return err
@@ -100,17 +84,6 @@ func (a *app) getFires(ctx context.Context, c *client, names []string, o listOpt
 	return nil
 }
 
-// eventObj is an event as the API shows it.
-type eventObj struct {
-	ID      int64     `json:"id"`
-	At      time.Time `json:"at"`
-	Kind    string    `json:"kind"`
-	Pipe    string    `json:"pipe"`
-	Agent   string    `json:"agent"`
-	RunID   string    `json:"run_id"`
-	Message string    `json:"message"`
-}
-
 // eventKinds are the kinds get events --kind accepts.
 var eventKinds = []string{"run.failed", "run.missed", "run.long", "run.recovered", "agent.offline", "agent.online",
 	"manifest.rejected", "manifest.expired", "identity.conflict"}
@@ -144,13 +117,7 @@ func (a *app) getEvents(ctx context.Context, c *client, names []string, o listOp
 }
 
 func (a *app) eventsTable(items []json.RawMessage) error {
-	evs, err := decodeAll[eventObj](items)
-	if err != nil {
-		return err
-	}
-	t := newTable(a.stdout(), "AT", "KIND", "PIPE", "AGENT", "RUN", "MESSAGE")
-	for _, e := range evs {
-		t.row(fmtTimeV(e.At), e.Kind, e.Pipe, e.Agent, e.RunID, e.Message)
-	}
-	return t.flush()
+	return tableOf(a.stdout(), items, []string{"AT", "KIND", "PIPE", "AGENT", "RUN", "MESSAGE"}, func(e *api.Event) []string {
+		return []string{fmtTimeV(e.At), e.Kind, e.Pipe, e.Agent, e.RunID, e.Message}
+	})
 }

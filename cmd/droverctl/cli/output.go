@@ -88,6 +88,20 @@ type table struct {
 	tw *tabwriter.Writer
 }
 
+// tableOf prints items, decoded as T, as a table under header: one row
+// each.
+func tableOf[T any](w io.Writer, items []json.RawMessage, header []string, row func(*T) []string) error {
+	objs, err := decodeAll[T](items)
+	if err != nil {
+		return err
+	}
+	t := newTable(w, header...)
+	for i := range objs {
+		t.row(row(&objs[i])...)
+	}
+	return t.flush()
+}
+
 func newTable(w io.Writer, header ...string) *table {
 	t := &table{tw: tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)}
 	t.row(header...)

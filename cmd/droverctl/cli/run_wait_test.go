@@ -3,24 +3,14 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
-)
 
-// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
-// when CI=true: in CI every prerequisite must be there.
-func skipOrFailInCI(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal("prerequisite missing in CI: " + why)
-	}
-	t.Skip("prerequisite missing: " + why)
-}
+	"github.com/drover/drover/internal/testkit"
+)
 
 // runFleet is a real server with two agents that run what they are asked
 // to (serveRunNow) and one that is offline, and pipes that succeed, fail
@@ -35,9 +25,7 @@ type runFleet struct {
 
 func newRunFleet(t *testing.T) *runFleet {
 	t.Helper()
-	if _, err := exec.LookPath("sh"); err != nil {
-		skipOrFailInCI(t, "sh, to run the pipes' scripts: "+err.Error())
-	}
+	testkit.RequireCommand(t, "sh", "to run the pipes' scripts")
 	ts := startServer(t)
 	f := &runFleet{ts: ts}
 	f.web = ts.enroll("web-1", map[string]string{"role": "web", "zone": "a"}, true)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // pollInterval is how often logs -f polls a server without live logs.
@@ -86,7 +88,7 @@ type chunkPrinter struct {
 	seen map[uint64]bool
 }
 
-func (p *chunkPrinter) print(ch logChunk, raw json.RawMessage) error {
+func (p *chunkPrinter) print(ch api.LogChunk, raw json.RawMessage) error {
 	if p.seen[ch.Seq] {
 		return nil
 	}
@@ -132,7 +134,7 @@ func (a *app) followLogs(ctx context.Context, c *client, id string) error {
 	}
 	if run != nil {
 		msg := fmt.Sprintf("run %s %s", run.ID, run.Status)
-		if e := run.exit(); e != "" {
+		if e := runExit(run); e != "" {
 			msg += " (exit " + e + ")"
 		}
 		fmt.Fprintln(a.stderr(), sanitizeLine(msg))
@@ -145,7 +147,7 @@ var errNoSSE = errors.New("the server has no live log stream")
 // followSSE reads GET /api/v1/runs/{id}/logs/stream (text/event-stream):
 // "chunk" events carry a chunk as JSON with the seq as event id; an "end"
 // event carries the finished run. It reconnects with Last-Event-ID.
-func (a *app) followSSE(ctx context.Context, c *client, id string, p *chunkPrinter) (*runObj, error) {
+func (a *app) followSSE(ctx context.Context, c *client, id string, p *chunkPrinter) (*api.Run, error) {
 	path := "/api/v1/runs/" + pathEscape(id) + "/logs/stream"
 	lastID, prevID := "", ""
 	for attempt := 0; ; attempt++ {
@@ -157,7 +159,7 @@ func (a *app) followSSE(ctx context.Context, c *client, id string, p *chunkPrint
 			return nil, errNoSSE
 		}
 		if err != nil {
-			var ae *apiError
+			var ae *api.Error
 			if attempt < 5 && !errors.As(err, &ae) && ctx.Err() == nil {
 				time.Sleep(time.Second)
 				continue
@@ -189,16 +191,11 @@ func isStreamBreak(err error) bool {
 }
 
 func (c *client) doSSE(ctx context.Context, path, lastID string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	req, err := c.newRequest(ctx, http.MethodGet, path, nil, "text/event-stream")
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("Cache-Control", "no-cache")
-	req.Header.Set("User-Agent", "droverctl/"+Version)
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
 	}
@@ -207,16 +204,14 @@ func (c *client) doSSE(ctx context.Context, path, lastID string) (*http.Response
 		return nil, connError(c.base, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		ae := readAPIError(resp)
-		ae.Method, ae.Path = http.MethodGet, path
-		return nil, ae
+		return nil, readAPIError(resp, http.MethodGet, path)
 	}
 	return resp, nil
 }
 
 // readSSE parses events until an "end" event (returning the run) or the
 // end of the stream (returning nil and the read error).
-func readSSE(r io.Reader, p *chunkPrinter, lastID *string) (*runObj, error) {
+func readSSE(r io.Reader, p *chunkPrinter, lastID *string) (*api.Run, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 8<<20)
 	var event, id string
@@ -228,7 +223,7 @@ func readSSE(r io.Reader, p *chunkPrinter, lastID *string) (*runObj, error) {
 				raw := json.RawMessage(strings.TrimSuffix(data.String(), "\n"))
 				switch event {
 				case "", "chunk":
-					var ch logChunk
+					var ch api.LogChunk
 					if err := json.Unmarshal(raw, &ch); err != nil {
 						return nil, fmt.Errorf("malformed log event: %w", err)
 					}
@@ -236,17 +231,17 @@ func readSSE(r io.Reader, p *chunkPrinter, lastID *string) (*runObj, error) {
 						return nil, err
 					}
 				case "end":
-					var run runObj
+					var run api.Run
 					if err := json.Unmarshal(raw, &run); err != nil {
 						return nil, fmt.Errorf("malformed end event: %w", err)
 					}
 					return &run, nil
 				case "error":
 					var body struct {
-						Error *apiError `json:"error"`
+						Error *api.ErrorInfo `json:"error"`
 					}
 					if json.Unmarshal(raw, &body) == nil && body.Error != nil {
-						return nil, body.Error
+						return nil, &apiError{err: &api.Error{ErrorInfo: *body.Error}, method: http.MethodGet}
 					}
 					return nil, fmt.Errorf("the server ended the stream: %s", raw)
 				}
@@ -280,7 +275,7 @@ func readSSE(r io.Reader, p *chunkPrinter, lastID *string) (*runObj, error) {
 }
 
 // pollLogs follows a run by polling its JSON log and status.
-func (a *app) pollLogs(ctx context.Context, c *client, id string, p *chunkPrinter) (*runObj, error) {
+func (a *app) pollLogs(ctx context.Context, c *client, id string, p *chunkPrinter) (*api.Run, error) {
 	base := "/api/v1/runs/" + pathEscape(id)
 	fetch := func() error {
 		var body struct {
@@ -290,12 +285,12 @@ func (a *app) pollLogs(ctx context.Context, c *client, id string, p *chunkPrinte
 			return fmt.Errorf("run %s: %w", id, err)
 		}
 		type item struct {
-			ch  logChunk
+			ch  api.LogChunk
 			raw json.RawMessage
 		}
 		items := make([]item, 0, len(body.Chunks))
 		for _, raw := range body.Chunks {
-			var ch logChunk
+			var ch api.LogChunk
 			if err := json.Unmarshal(raw, &ch); err != nil {
 				return fmt.Errorf("run %s: malformed log chunk: %w", id, err)
 			}
@@ -311,14 +306,14 @@ func (a *app) pollLogs(ctx context.Context, c *client, id string, p *chunkPrinte
 	}
 	var endedAt time.Time
 	for {
-		var run runObj
+		var run api.Run
 		if _, err := c.get(ctx, base, &run); err != nil {
 			return nil, fmt.Errorf("run %s: %w", id, err)
 		}
 		if err := fetch(); err != nil {
 			return nil, err
 		}
-		if run.terminal() {
+		if api.Terminal(run.Status) {
 			// Chunks may still be on their way from the agent: wait for
 			// as many as it reported, for a few seconds at most.
 			if endedAt.IsZero() {
@@ -338,13 +333,11 @@ func (a *app) pollLogs(ctx context.Context, c *client, id string, p *chunkPrinte
 
 // ---- run, cancel
 
-// runPipeResp is the answer of POST /api/v1/pipes/{name}/run.
+// runPipeResp is the answer of POST /api/v1/pipes/{name}/run. RequestIDs
+// is set by runByTags (one request per agent, on an older server); the
+// server's own answer has RequestID only.
 type runPipeResp struct {
-	RequestID string   `json:"request_id"`
-	Sent      []string `json:"sent"`
-	Offline   []string `json:"offline"`
-	// RequestIDs is set by runByTags (one request per agent, on an older
-	// server); the server's own answer has RequestID only.
+	api.RunPipeResponse
 	RequestIDs []string `json:"request_ids,omitempty"`
 }
 
@@ -444,19 +437,11 @@ func (a *app) runPipe(ctx context.Context, c *client, pipe, agent string, tags m
 func (a *app) requestRun(ctx context.Context, c *client, pipe, agent string, tags map[string]string) (*runPipeResp, json.RawMessage, error) {
 	path := "/api/v1/pipes/" + pathEscape(pipe) + "/run"
 	var resp runPipeResp
-	var raw json.RawMessage
-	var err error
-	switch {
-	case len(tags) > 0:
-		raw, err = c.call(ctx, http.MethodPost, path, map[string]any{"tags": tags}, &resp)
-		if unknownField(err, "tags") {
-			// An older server: pick the agents here and ask each.
-			raw, err = a.runByTags(ctx, c, pipe, tags, &resp)
-		}
-	case agent != "":
-		raw, err = c.call(ctx, http.MethodPost, path, map[string]any{"agent": agent}, &resp)
-	default:
-		raw, err = c.call(ctx, http.MethodPost, path, map[string]any{}, &resp)
+	// At most one of agent and tags is set; neither: every targeted agent.
+	raw, err := c.call(ctx, http.MethodPost, path, api.RunPipeRequest{Agent: agent, Tags: tags}, &resp)
+	if len(tags) > 0 && unknownField(err, "tags") {
+		// An older server: pick the agents here and ask each.
+		raw, err = a.runByTags(ctx, c, pipe, tags, &resp)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("run %s: %w", pipe, err)
@@ -496,7 +481,7 @@ type runWaitResult struct {
 
 // agentRun is the run an agent reported for a request.
 type agentRun struct {
-	run runObj
+	run api.Run
 	raw json.RawMessage
 }
 
@@ -507,8 +492,7 @@ func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, ta
 	if err != nil {
 		return err
 	}
-	table := a.format() == "table"
-	if table {
+	if a.format() == "table" {
 		a.printRunRequested(pipe, resp)
 	}
 	var runs map[string]*agentRun
@@ -519,30 +503,19 @@ func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, ta
 			return fmt.Errorf("run %s: waiting for the runs: %w", pipe, waitErr)
 		}
 	}
-	if table {
-		if len(resp.Sent) > 0 {
-			t := newTable(a.stdout(), "AGENT", "RUN", "STATUS", "EXIT", "DURATION", "ERROR")
-			for _, id := range resp.Sent {
-				ar := runs[id]
-				if ar == nil {
-					t.row(id, "", "no run yet", "", "", "")
-					continue
-				}
-				r := &ar.run
-				exit, dur := r.exit(), ""
-				if r.FinishedAt != nil || r.DurationMS > 0 {
-					dur = fmtDuration(r.DurationMS)
-				}
-				if r.Status == "skipped" {
-					exit, dur = "", "" // nothing ran
-				}
-				t.row(id, r.ID, r.Status, exit, dur, r.Error)
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-		}
-	} else {
+	if err := a.printRunsWaited(resp, runs); err != nil {
+		return err
+	}
+	if err := noAgentSent(pipe, resp); err != nil {
+		return err
+	}
+	return waitProblems(resp, runs, waitErr, timeout)
+}
+
+// printRunsWaited prints the runs run --wait saw: one row per agent that
+// got the request, or with -o json|yaml a runWaitResult.
+func (a *app) printRunsWaited(resp *runPipeResp, runs map[string]*agentRun) error {
+	if a.format() != "table" {
 		out := runWaitResult{RequestID: resp.RequestID, RequestIDs: resp.RequestIDs, Sent: resp.Sent, Offline: resp.Offline, Runs: []json.RawMessage{}}
 		if out.Sent == nil {
 			out.Sent = []string{}
@@ -555,21 +528,41 @@ func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, ta
 				out.Runs = append(out.Runs, ar.raw)
 			}
 		}
-		if err := a.printData(out); err != nil {
-			return err
+		return a.printData(out)
+	}
+	if len(resp.Sent) == 0 {
+		return nil
+	}
+	t := newTable(a.stdout(), "AGENT", "RUN", "STATUS", "EXIT", "DURATION", "ERROR")
+	for _, id := range resp.Sent {
+		ar := runs[id]
+		if ar == nil {
+			t.row(id, "", "no run yet", "", "", "")
+			continue
 		}
+		r := &ar.run
+		exit, dur := runExit(r), ""
+		if r.FinishedAt != nil || r.DurationMS > 0 {
+			dur = fmtDuration(r.DurationMS)
+		}
+		if r.Status == api.StatusSkipped {
+			exit, dur = "", "" // nothing ran
+		}
+		t.row(id, r.ID, r.Status, exit, dur, r.Error)
 	}
-	if err := noAgentSent(pipe, resp); err != nil {
-		return err
-	}
-	// Why the exit status is not 0, most pressing first.
+	return t.flush()
+}
+
+// waitProblems says why run --wait's exit status is not 0, most pressing
+// first; nil when every agent that got the request succeeded.
+func waitProblems(resp *runPipeResp, runs map[string]*agentRun, waitErr error, timeout time.Duration) error {
 	var problems, waiting []string
 	for _, id := range resp.Sent {
 		ar := runs[id]
 		switch {
-		case ar == nil || !ar.run.terminal():
+		case ar == nil || !api.Terminal(ar.run.Status):
 			waiting = append(waiting, id)
-		case ar.run.Status != "succeeded":
+		case ar.run.Status != api.StatusSucceeded:
 			problems = append(problems, runProblem(id, &ar.run))
 		}
 	}
@@ -591,23 +584,23 @@ func (a *app) runPipeWait(ctx context.Context, c *client, pipe, agent string, ta
 }
 
 // runProblem says why an agent's finished run is not a success.
-func runProblem(agent string, r *runObj) string {
+func runProblem(agent string, r *api.Run) string {
 	p := "the run on agent " + agent
 	switch r.Status {
-	case "skipped":
+	case api.StatusSkipped:
 		p += " was skipped"
 		if r.Error == "" {
 			p += " (a run of the pipe was in progress)"
 		}
-	case "canceled":
+	case api.StatusCanceled:
 		p += " was canceled"
 	default:
 		p += " " + strings.ReplaceAll(r.Status, "_", " ")
 	}
-	switch e := r.exit(); {
+	switch e := runExit(r); {
 	case r.Error != "":
 		p += ": " + r.Error
-	case e != "" && r.Status != "skipped":
+	case e != "" && r.Status != api.StatusSkipped:
 		p += " (exit " + e + ")"
 	}
 	return p
@@ -651,7 +644,7 @@ func (a *app) waitRuns(ctx context.Context, c *client, resp *runPipeResp, timeou
 	}
 	done := func(runs map[string]*agentRun) bool {
 		for id := range sent {
-			if ar := runs[id]; ar == nil || !ar.run.terminal() {
+			if ar := runs[id]; ar == nil || !api.Terminal(ar.run.Status) {
 				return false
 			}
 		}
@@ -671,7 +664,7 @@ func (a *app) waitRuns(ctx context.Context, c *client, resp *runPipeResp, timeou
 		case wctx.Err() != nil:
 			// Ended mid-request: handled below.
 		default:
-			var ae *apiError
+			var ae *api.Error
 			if failures++; errors.As(err, &ae) || failures >= maxFailures {
 				return nil, err
 			}
@@ -713,7 +706,7 @@ func fetchRequestRuns(ctx context.Context, c *client, requests []string, sent ma
 			return nil, err
 		}
 		for _, raw := range items {
-			var r runObj
+			var r api.Run
 			if err := json.Unmarshal(raw, &r); err != nil {
 				return nil, fmt.Errorf("GET /api/v1/runs: malformed run: %w", err)
 			}
@@ -722,7 +715,7 @@ func fetchRequestRuns(ctx context.Context, c *client, requests []string, sent ma
 			}
 			// Newest first: keep the first, unless a finished one follows
 			// a pending or running one.
-			if cur := runs[r.AgentID]; cur == nil || !cur.run.terminal() && r.terminal() {
+			if cur := runs[r.AgentID]; cur == nil || !api.Terminal(cur.run.Status) && api.Terminal(r.Status) {
 				runs[r.AgentID] = &agentRun{run: r, raw: raw}
 			}
 		}
@@ -732,7 +725,7 @@ func fetchRequestRuns(ctx context.Context, c *client, requests []string, sent ma
 
 // unknownField reports a 400 naming field as unknown.
 func unknownField(err error, field string) bool {
-	var ae *apiError
+	var ae *api.Error
 	if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 		return false
 	}
@@ -746,7 +739,7 @@ func unknownField(err error, field string) bool {
 
 // runByTags asks for a run on each targeted agent carrying tags.
 func (a *app) runByTags(ctx context.Context, c *client, pipe string, tags map[string]string, resp *runPipeResp) (json.RawMessage, error) {
-	var p pipeObj
+	var p api.Pipe
 	if _, err := c.get(ctx, "/api/v1/pipes/"+pathEscape(pipe), &p); err != nil {
 		return nil, err
 	}
@@ -754,16 +747,16 @@ func (a *app) runByTags(ctx context.Context, c *client, pipe string, tags map[st
 	if err != nil {
 		return nil, err
 	}
-	agents, err := decodeAll[agentObj](items)
+	agents, err := decodeAll[api.Agent](items)
 	if err != nil {
 		return nil, err
 	}
 	resp.Sent, resp.Offline = []string{}, []string{}
 	var ids []string
 	for _, ag := range agents {
-		if targetsAgent(p.Spec.Targets, &ag) && subset(tags, ag.Tags) {
-			var r runPipeResp
-			if _, err := c.call(ctx, http.MethodPost, "/api/v1/pipes/"+pathEscape(pipe)+"/run", map[string]any{"agent": ag.ID}, &r); err != nil {
+		if targets(p.Spec.Targets, &ag) && subset(tags, ag.Tags) {
+			var r api.RunPipeResponse
+			if _, err := c.call(ctx, http.MethodPost, "/api/v1/pipes/"+pathEscape(pipe)+"/run", api.RunPipeRequest{Agent: ag.ID}, &r); err != nil {
 				return nil, fmt.Errorf("agent %s: %w", ag.ID, err)
 			}
 			resp.Sent = append(resp.Sent, r.Sent...)

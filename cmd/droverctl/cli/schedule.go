@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -68,8 +69,7 @@ count from --after as the timer's activation.`,
 				return fmt.Errorf("schedule: %w", err)
 			}
 			ex := explanation{OnCalendar: []string{}, Next: make([]string, 0, count)}
-			every, isEvery := sched.Every()
-			if !isEvery {
+			if _, isEvery := sched.Every(); !isEvery {
 				if ex.OnCalendar, err = units.TimerCalendar(sched, tz, base); err != nil {
 					return fmt.Errorf("schedule: %w", err)
 				}
@@ -91,28 +91,10 @@ count from --after as the timer's activation.`,
 				prev = t
 				ex.Next = append(ex.Next, t.UTC().Format(time.RFC3339))
 			}
-			out := cmd.OutOrStdout()
 			if a.format() != "table" {
 				return a.printData(ex)
 			}
-			fmt.Fprintf(out, "Schedule:    %s\nTime zone:   %s\n", sched.String(), tz)
-			if isEvery {
-				fmt.Fprintf(out, "Timer:       OnActiveSec=%s OnUnitActiveSec=%s (counted from activation, here %s)\n",
-					manifest.Duration(every), manifest.Duration(every), base.UTC().Format(time.RFC3339))
-			}
-			for _, l := range ex.OnCalendar {
-				fmt.Fprintf(out, "OnCalendar:  %s\n", l)
-			}
-			for _, n := range sched.Notes() {
-				fmt.Fprintf(out, "Note:        %s\n", n)
-			}
-			fmt.Fprintf(out, "\nNext %d fire times:\n", len(fires))
-			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-			fmt.Fprintf(tw, "UTC\tLOCAL (%s)\tNOTE\n", tz)
-			for i, f := range fires {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", f.UTC().Format(time.RFC3339), strings.TrimSpace(f.In(loc).Format("Mon 2006-01-02 15:04 MST")), marks[i])
-			}
-			return tw.Flush()
+			return printExplanation(cmd.OutOrStdout(), sched, tz, loc, base, &ex, fires, marks)
 		},
 	}
 	explain.Flags().StringVar(&expr, "cron", "", "schedule expression: five cron fields or a descriptor such as @daily or \"@every 10m\"")
@@ -190,4 +172,28 @@ func fieldsMatch(f manifest.Fields, x time.Time) bool {
 		return dom && dow
 	}
 	return dom || dow
+}
+
+// printExplanation prints schedule explain as text: the schedule, its timer
+// lines and notes, then the fire times in UTC and local time, with the DST
+// marks.
+func printExplanation(out io.Writer, sched *manifest.Schedule, tz string, loc *time.Location, base time.Time, ex *explanation, fires []time.Time, marks map[int]string) error {
+	fmt.Fprintf(out, "Schedule:    %s\nTime zone:   %s\n", sched.String(), tz)
+	if every, isEvery := sched.Every(); isEvery {
+		fmt.Fprintf(out, "Timer:       OnActiveSec=%s OnUnitActiveSec=%s (counted from activation, here %s)\n",
+			manifest.Duration(every), manifest.Duration(every), base.UTC().Format(time.RFC3339))
+	}
+	for _, l := range ex.OnCalendar {
+		fmt.Fprintf(out, "OnCalendar:  %s\n", l)
+	}
+	for _, n := range sched.Notes() {
+		fmt.Fprintf(out, "Note:        %s\n", n)
+	}
+	fmt.Fprintf(out, "\nNext %d fire times:\n", len(fires))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "UTC\tLOCAL (%s)\tNOTE\n", tz)
+	for i, f := range fires {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", f.UTC().Format(time.RFC3339), strings.TrimSpace(f.In(loc).Format("Mon 2006-01-02 15:04 MST")), marks[i])
+	}
+	return tw.Flush()
 }

@@ -11,6 +11,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // maxSecretBytes is the server's cap on one value.
@@ -75,7 +77,8 @@ the shell history and the process list. It is never taken as an argument.`,
 			if err != nil {
 				return err
 			}
-			if _, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/secrets/"+pathEscape(name), map[string]string{"value": string(v)}, nil); err != nil {
+			val := string(v)
+			if _, err := c.call(cmd.Context(), http.MethodPut, "/api/v1/secrets/"+pathEscape(name), api.SecretRequest{Value: &val}, nil); err != nil {
 				return fmt.Errorf("secret %s: %w", name, err)
 			}
 			if a.format() != "table" {
@@ -90,24 +93,8 @@ the shell history and the process list. It is never taken as an argument.`,
 	set.Flags().BoolVar(&fromStdin, "from-stdin", false, "read the value from stdin (one trailing newline removed)")
 	set.Flags().StringVar(&value, "value", "", "the value itself (lands in shell history: avoid)")
 
-	rm := &cobra.Command{
-		Use:     "rm NAME",
-		Aliases: []string{"delete"},
-		Short:   "Delete a secret",
-		Args:    exactArgs(1, "a secret name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.deleteObj(cmd, "/api/v1/secrets/", "secret", args[0], "deleted")
-		},
-	}
-	list := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List secret names",
-		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.get(cmd.Context(), "secrets", nil, listOpts{})
-		},
-	}
+	rm := a.deleteCmd("rm NAME", []string{"delete"}, "Delete a secret", "a secret name", "/api/v1/secrets/", "secret", "deleted")
+	list := a.listCmd("List secret names", "secrets")
 	return groupCmd("secrets", "Set, list and delete secrets (values are write-only)", set, list, rm)
 }
 

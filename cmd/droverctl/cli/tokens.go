@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/api"
 )
 
 // tokenShapeRE is the pinned shape of an enrollment token; only tokens of
@@ -20,13 +22,6 @@ var tokenShapeRE = regexp.MustCompile(`^drv1\.[a-z2-7]{1,64}\.[A-Za-z0-9_-]{1,12
 var safePathRE = regexp.MustCompile(`^/[A-Za-z0-9._/-]+$`)
 
 const defaultDropinPath = "/etc/drover/enroll.token"
-
-// tokenResp is the answer of POST /api/v1/enrollment-tokens.
-type tokenResp struct {
-	ID        string    `json:"id"`
-	Token     string    `json:"token"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
 
 func (a *app) newTokensCmd() *cobra.Command {
 	var ttl, name, dropinPath string
@@ -63,15 +58,8 @@ host to enroll: paste it there or hand it to config management.`,
 			if err != nil {
 				return err
 			}
-			body := map[string]any{"tags": tags}
-			if ttl != "" {
-				body["ttl"] = ttl
-			}
-			if name != "" {
-				body["name"] = name
-			}
-			var resp tokenResp
-			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/enrollment-tokens", body, &resp)
+			var resp api.EnrollmentTokenCreated
+			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags}, &resp)
 			if err != nil {
 				return fmt.Errorf("create token: %w", err)
 			}
@@ -110,24 +98,9 @@ host to enroll: paste it there or hand it to config management.`,
 	f.BoolVar(&dropin, "print-dropin", false, "print a shell line that writes the token to "+defaultDropinPath+" with mode 0600")
 	f.StringVar(&dropinPath, "dropin-path", defaultDropinPath, "where the --print-dropin line writes the token")
 
-	list := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List enrollment tokens (never their secrets)",
-		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.get(cmd.Context(), "tokens", nil, listOpts{})
-		},
-	}
-	rm := &cobra.Command{
-		Use:     "rm ID",
-		Aliases: []string{"delete", "revoke"},
-		Short:   "Delete an enrollment token so it can no longer enroll",
-		Args:    exactArgs(1, "a token id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.deleteObj(cmd, "/api/v1/enrollment-tokens/", "token", args[0], "deleted")
-		},
-	}
+	list := a.listCmd("List enrollment tokens (never their secrets)", "tokens")
+	rm := a.deleteCmd("rm ID", []string{"delete", "revoke"}, "Delete an enrollment token so it can no longer enroll", "a token id",
+		"/api/v1/enrollment-tokens/", "token", "deleted")
 	return groupCmd("tokens", "Create, list and delete enrollment tokens", create, list, rm)
 }
 
@@ -190,22 +163,17 @@ func (a *app) newAPITokensCmd() *cobra.Command {
 			if !ok {
 				return usagef("--role %q: use %s", role, strings.Join(roles, ", "))
 			}
-			body := map[string]any{"name": name, "role": role}
 			if ttl != "" {
 				if _, err := time.ParseDuration(ttl); err != nil {
 					return usagef("--ttl %q is not a duration (e.g. 720h)", ttl)
 				}
-				body["ttl"] = ttl
 			}
 			c, err := a.apiClient()
 			if err != nil {
 				return err
 			}
-			var resp struct {
-				ID    string `json:"id"`
-				Token string `json:"token"`
-			}
-			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/api-tokens", body, &resp)
+			var resp api.APITokenCreated
+			raw, err := c.call(cmd.Context(), http.MethodPost, "/api/v1/api-tokens", api.APITokenRequest{Name: name, Role: role, TTL: ttl}, &resp)
 			if missingEndpoint(err) {
 				return fmt.Errorf("create API token: this server has no API tokens yet (it lacks POST /api/v1/api-tokens)")
 			}
@@ -223,23 +191,8 @@ func (a *app) newAPITokensCmd() *cobra.Command {
 	create.Flags().StringVar(&name, "name", "", "who or what uses the token")
 	create.Flags().StringVar(&role, "role", "viewer", "viewer (reads), operator (also runs, applies, sets secrets) or admin")
 	create.Flags().StringVar(&ttl, "ttl", "", "how long the token works, e.g. 720h (default: until revoked)")
-	list := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List API tokens (never their secrets)",
-		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.get(cmd.Context(), "api-tokens", nil, listOpts{})
-		},
-	}
-	revoke := &cobra.Command{
-		Use:     "revoke ID",
-		Aliases: []string{"rm", "delete"},
-		Short:   "Revoke an API token",
-		Args:    exactArgs(1, "a token id"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.deleteObj(cmd, "/api/v1/api-tokens/", "API token", args[0], "revoked")
-		},
-	}
+	list := a.listCmd("List API tokens (never their secrets)", "api-tokens")
+	revoke := a.deleteCmd("revoke ID", []string{"rm", "delete"}, "Revoke an API token", "a token id",
+		"/api/v1/api-tokens/", "API token", "revoked")
 	return groupCmd("api-tokens", "Create, list and revoke operator API tokens (roles viewer, operator, admin)", create, list, revoke)
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -19,7 +20,7 @@ func TestReadSSE(t *testing.T) {
 	p := &chunkPrinter{a: &app{env: &Env{Stdout: &out}}, seen: map[uint64]bool{}}
 	last := ""
 	run, err := readSSE(strings.NewReader(stream), p, &last)
-	if err != nil || run == nil || run.Status != "failed" || run.exit() != "2" {
+	if err != nil || run == nil || run.Status != "failed" || runExit(run) != "2" {
 		t.Fatalf("run %+v, err %v", run, err)
 	}
 	if out.String() != "hello\nworld\n" || last != "1" {
@@ -123,5 +124,17 @@ func TestLoadSkipsBundledYAML(t *testing.T) {
 	_, probs = loadPipes([]string{filepath.Join(dir, "conf", "x.yaml")}, nil, nil, defaultMaxPayload)
 	if len(probs) != 1 || !strings.Contains(probs[0].String(), "not: unknown field") {
 		t.Fatalf("explicit file: %v", probs)
+	}
+}
+
+// TestVersionFlag: --version prints "droverctl version V", as drover-agent
+// prints its own, and exits 0.
+func TestVersionFlag(t *testing.T) {
+	old := Version
+	Version = "1.2.3"
+	defer func() { Version = old }()
+	var out strings.Builder
+	if code := Run(context.Background(), []string{"--version"}, Env{Stdout: &out}); code != 0 || out.String() != "droverctl version 1.2.3\n" {
+		t.Fatalf("exit %d, output %q", code, out.String())
 	}
 }
