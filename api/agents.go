@@ -77,3 +77,15 @@ type PipeStatus struct {
 	ElapseMismatch string   `json:"elapse_mismatch,omitempty"`
 	DropInsRemoved []string `json:"drop_ins_removed,omitempty"`
 }
+
+// State is how droverctl and the agent list show an agent: revoked, online
+// or offline.
+func (a *Agent) State() string {
+	switch {
+	case a.Revoked:
+		return "revoked"
+	case a.Online:
+		return "online"
+	}
+	return "offline"
+}

@@ -122,3 +122,19 @@ type RunPipeResponse struct {
 	Sent      []string `json:"sent"`    // agents that got RunNow: expect a run from each
 	Offline   []string `json:"offline"` // targeted agents without a live stream: nothing was sent
 }
+
+// Actions of a DryRunResponse (and of droverctl's apply plan).
+const (
+	ActionCreate    = "create"
+	ActionUpdate    = "update"
+	ActionUnchanged = "unchanged"
+	ActionDelete    = "delete"
+)
+
+// Actions of an AgentChange: how the pipe's entry in the agent's manifest
+// changes.
+const (
+	AgentAdd    = "add"
+	AgentUpdate = "update"
+	AgentRemove = "remove"
+)
