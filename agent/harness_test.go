@@ -124,7 +124,7 @@ type testAgent struct {
 	a       *Agent
 	cfg     Config
 	store   *BoltStore
-	backend Backend
+	backend apply.Backend
 	fake    *fakeBackend
 	logs    *syncBuffer
 	cancel  context.CancelFunc
@@ -161,7 +161,7 @@ func testConfig(t *testing.T, srv *fakeServer) Config {
 
 // startAgent runs an agent for cfg in-process until the test ends. With a
 // nil backend a fakeBackend is used.
-func startAgent(t *testing.T, cfg Config, backend Backend, opts ...Option) *testAgent {
+func startAgent(t *testing.T, cfg Config, backend apply.Backend, opts ...Option) *testAgent {
 	t.Helper()
 	must(t, os.MkdirAll(cfg.DataDir, 0o700))
 	st, err := OpenStore(cfg.DataDir, cfg.OutboxMaxBytes, nil)

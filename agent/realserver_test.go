@@ -96,7 +96,7 @@ func TestRealServer(t *testing.T) {
 
 	cfg := testConfig(t, nil)
 	cfg.Server = rs.base
-	var backend Backend
+	var backend apply.Backend
 	if sdtest.Available() == nil {
 		cfg.Backend = BackendSystemd
 		b, err := apply.Select(t.Context(), apply.BackendSystemd, apply.Config{DataDir: cfg.DataDir, Scope: units.ScopeUser, AgentPath: "/bin/true"})

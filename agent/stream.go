@@ -202,7 +202,7 @@ func (a *Agent) systemdVersion() string {
 }
 
 func (a *Agent) heartbeat(ctx context.Context) *agentpb.AgentMessage {
-	hb := &agentpb.Heartbeat{SentAt: timestamppb.New(a.clock.Now())}
+	hb := &agentpb.Heartbeat{SentAt: timestamppb.New(time.Now())}
 	hb.RunningRunIds = a.runningRunIDs(ctx)
 	hb.Load1, hb.Load5, hb.Load15 = readLoadAvg(a.loadAvgPath())
 	// Every status pass also settles what ended while no signal said so.

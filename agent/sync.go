@@ -122,7 +122,7 @@ func (a *Agent) RequestSync() <-chan SyncResult {
 // syncOnce runs one sync and records its result for status.
 func (a *Agent) syncOnce(ctx context.Context) SyncResult {
 	res := a.doSync(ctx)
-	res.At = a.clock.Now()
+	res.At = time.Now()
 	a.mu.Lock()
 	a.lastSync = res.At
 	a.lastSyncErr = res.Error
@@ -169,7 +169,7 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		}
 		res := a.reapply(ctx)
 		res.NotModified = true
-		if now := a.clock.Now(); !cur.ExpiresAt.IsZero() && !now.Before(cur.ExpiresAt) {
+		if now := time.Now(); !cur.ExpiresAt.IsZero() && !now.Before(cur.ExpiresAt) {
 			// Freeze: nothing newer comes, and what is in force expired.
 			// Its pipes keep running (a dead server must not stop the
 			// fleet); it is reported, and the next pulls ask for the full
@@ -255,7 +255,7 @@ func (a *Agent) verify(ctx context.Context, id *Identity, env []byte) (*signing.
 		return nil, nil, fmt.Errorf("load manifest state: %w", err)
 	}
 	st := signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}
-	acc, err := signing.AcceptManifest(env, tr, st, a.clock.Now(), a.cfg.MaxManifestBytes)
+	acc, err := signing.AcceptManifest(env, tr, st, time.Now(), a.cfg.MaxManifestBytes)
 	if err == nil {
 		return acc, nil, nil
 	}
@@ -274,7 +274,7 @@ func (a *Agent) verify(ctx context.Context, id *Identity, env []byte) (*signing.
 		}
 		return nil, nil, fmt.Errorf("%v; key list refresh failed: %w", err, rerr)
 	}
-	acc, err = signing.AcceptManifest(env, next, st, a.clock.Now(), a.cfg.MaxManifestBytes)
+	acc, err = signing.AcceptManifest(env, next, st, time.Now(), a.cfg.MaxManifestBytes)
 	if err != nil {
 		return nil, nil, &rejection{err}
 	}
@@ -298,7 +298,7 @@ func (a *Agent) fetchTrust(ctx context.Context, tr *signing.TrustRoot) (*signing
 		KeyList:  append(json.RawMessage(nil), tr.KeyList...),
 	}
 	// Root keys are pinned at enrollment and never taken from the server.
-	if err := next.UpdateKeyList(kl, a.clock.Now()); err != nil {
+	if err := next.UpdateKeyList(kl, time.Now()); err != nil {
 		return nil, err
 	}
 	return next, nil
@@ -481,8 +481,8 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	}
 	a.mu.Unlock()
 
-	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(a.clock.Now()), Pipes: pipeStatuses(results)}
-	expired := !m.ExpiresAt.IsZero() && !a.clock.Now().Before(m.ExpiresAt)
+	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(time.Now()), Pipes: pipeStatuses(results)}
+	expired := !m.ExpiresAt.IsZero() && !time.Now().Before(m.ExpiresAt)
 	if !m.ExpiresAt.IsZero() {
 		st.ExpiresAt = timestamppb.New(m.ExpiresAt)
 	}
@@ -544,7 +544,7 @@ func (a *Agent) pipeResults(ctx context.Context, m *manifest.Manifest, errs map[
 			dropIns[s.Pipe] = append(dropIns[s.Pipe], s.File)
 		}
 	}
-	now := a.clock.Now()
+	now := time.Now()
 	out := make([]PipeResult, 0, len(m.Pipes))
 	for _, p := range m.Pipes {
 		r := PipeResult{Name: p.Name, Version: p.Version, Error: errs[p.Name], DriftRestored: drifted[p.Name], DropInsRemoved: dropIns[p.Name]}
@@ -614,7 +614,7 @@ func (a *Agent) applyStored(ctx context.Context) {
 		return
 	}
 	id := a.identity()
-	acc, err := signing.AcceptManifest(ms.Envelope, tr, signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}, a.clock.Now(), a.cfg.MaxManifestBytes)
+	acc, err := signing.AcceptManifest(ms.Envelope, tr, signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}, time.Now(), a.cfg.MaxManifestBytes)
 	if err != nil {
 		a.log.Warn("the stored manifest no longer verifies; waiting for the server", "serial", ms.Serial, "err", err)
 		return
@@ -664,7 +664,7 @@ func (a *Agent) reportRejected(env []byte, err error) {
 	a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
 		State:         agentpb.ManifestStatus_STATE_REJECTED,
 		Error:         err.Error(),
-		At:            timestamppb.New(a.clock.Now()),
+		At:            timestamppb.New(time.Now()),
 		AppliedSerial: ms.AppliedSerial,
 	}}})
 }

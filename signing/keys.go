@@ -214,16 +214,6 @@ type PublicKey struct {
 	PEM       string    `json:"pem"`       // PKIX "PUBLIC KEY" PEM
 }
 
-// KeyIDOf returns the key id of a public key: lowercase hex sha256 of its
-// PKIX DER. It fails for unsupported key types.
-func KeyIDOf(pub crypto.PublicKey) (string, error) {
-	k, err := publicKeyOf(pub)
-	if err != nil {
-		return "", err
-	}
-	return k.ID, nil
-}
-
 func publicKeyOf(pub crypto.PublicKey) (PublicKey, error) {
 	alg, err := algorithmOf(pub)
 	if err != nil {
