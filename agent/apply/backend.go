@@ -17,6 +17,7 @@ import (
 	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/units"
 )
 
@@ -415,7 +416,8 @@ type Ended struct {
 	// ("systemd: 203/EXEC", "oom-kill", "signal SIGKILL", ...); "" for a
 	// success.
 	Reason string
-	// Trigger is "api" (RequestID set), "schedule" or "catchup"
+	// Trigger is "api" (RequestID set), "schedule" or "catchup" (agentpb
+	// Trigger names; see triggerAPI)
 	// (ScheduledAt or TriggeredAt set), or "" when unknown.
 	Trigger     string
 	RequestID   string
@@ -493,3 +495,11 @@ func SystemdReason(result string, code, status int) string {
 	}
 	return "systemd: " + result
 }
+
+// The names of the triggers apply starts runs with, as DROVER_TRIGGER and
+// the run accounts spell them: agentpb's, one home for the runner and us.
+var (
+	triggerSchedule = agentpb.Trigger_TRIGGER_SCHEDULE.Name()
+	triggerCatchup  = agentpb.Trigger_TRIGGER_CATCHUP.Name()
+	triggerAPI      = agentpb.Trigger_TRIGGER_API.Name()
+)

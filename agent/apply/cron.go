@@ -362,7 +362,7 @@ func (b *Cron) catchUp(p *cronPipe, missed []time.Time, policy string) {
 	go func() {
 		defer b.wg.Done()
 		for _, at := range missed {
-			proc, err := b.spawn(name, "catchup", at, "", true)
+			proc, err := b.spawn(name, triggerCatchup, at, "", true)
 			if err != nil {
 				b.cfg.Logger.Error("catch-up run", "pipe", name, "err", err)
 				return
@@ -387,7 +387,7 @@ func (b *Cron) fire(name string) {
 		b.cfg.Logger.Warn("cron state", "err", err)
 	}
 	b.mu.Unlock()
-	if _, err := b.spawn(name, "schedule", at, "", true); err != nil {
+	if _, err := b.spawn(name, triggerSchedule, at, "", true); err != nil {
 		b.cfg.Logger.Error("start run", "pipe", name, "err", err)
 	}
 }
@@ -439,7 +439,7 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 	cmd.Stdout, cmd.Stderr = b.output, b.output
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	acct := cronRun{Pipe: name, RunID: runID, Trigger: trigger, RequestID: requestID, StartedAt: b.cfg.Now()}
-	if trigger == "schedule" || trigger == "catchup" {
+	if trigger == triggerSchedule || trigger == triggerCatchup {
 		acct.ScheduledAt = scheduled
 	}
 	if err := cmd.Start(); err != nil {
@@ -529,7 +529,7 @@ func (b *Cron) RunNow(ctx context.Context, pipe, requestID string) error {
 	if _, err := runreq.Write(runreq.Dir(b.cfg.RuntimeDir), pipe, requestID, b.cfg.Now()); err != nil {
 		return err
 	}
-	_, err := b.spawn(pipe, "api", b.cfg.Now(), requestID)
+	_, err := b.spawn(pipe, triggerAPI, b.cfg.Now(), requestID)
 	if err != nil {
 		runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), pipe), requestID)
 	}

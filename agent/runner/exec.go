@@ -76,7 +76,7 @@ func (r *runner) childEnv(p *plannedRun, secrets map[string]string) []string {
 	}
 	env["DROVER_RUN_ID"] = p.runID
 	env["DROVER_PIPE"] = r.opts.Pipe
-	env["DROVER_TRIGGER"] = TriggerName(p.trigger)
+	env["DROVER_TRIGGER"] = p.trigger.Name()
 	if !p.scheduledAt.IsZero() {
 		env["DROVER_SCHEDULED_AT"] = p.scheduledAt.UTC().Format(time.RFC3339)
 	}

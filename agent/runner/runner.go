@@ -399,7 +399,7 @@ func (r *runner) plan(st state, locked bool) []plannedRun {
 	fromTimer := false
 	switch {
 	case r.opts.Trigger != "":
-		t, err := ParseTrigger(r.opts.Trigger)
+		t, err := agentpb.ParseTrigger(r.opts.Trigger)
 		if err != nil {
 			t = agentpb.Trigger_TRIGGER_MANUAL
 			r.debugf("%v", err)

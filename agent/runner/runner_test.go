@@ -748,7 +748,7 @@ func TestCatchupAll(t *testing.T) {
 		if r.started.Trigger != wantTrigger || r.finished.Status != agentpb.RunStatus_RUN_STATUS_SUCCEEDED {
 			t.Fatalf("run %d: %v %v", i, r.started.Trigger, r.finished.Status)
 		}
-		if out := r.text(agentpb.LogStream_LOG_STREAM_STDOUT); out != TriggerName(wantTrigger)+" "+want.UTC().Format(time.RFC3339)+"\n" {
+		if out := r.text(agentpb.LogStream_LOG_STREAM_STDOUT); out != wantTrigger.Name()+" "+want.UTC().Format(time.RFC3339)+"\n" {
 			t.Fatalf("run %d printed %q", i, out)
 		}
 	}
@@ -767,7 +767,7 @@ func TestCatchupAll(t *testing.T) {
 	res = f.run(opts)
 	var triggers []string
 	for _, rr := range res.Runs {
-		triggers = append(triggers, TriggerName(rr.Trigger)+"@"+rr.ScheduledAt.Sub(base).String())
+		triggers = append(triggers, rr.Trigger.Name()+"@"+rr.ScheduledAt.Sub(base).String())
 	}
 	if got := strings.Join(triggers, " "); got != "catchup@-20m0s catchup@-10m0s catchup@0s" {
 		t.Fatalf("runs %s", got)
