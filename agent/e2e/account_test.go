@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
 )
@@ -35,7 +36,7 @@ func runsOnce(t *testing.T, srv *serverProc, pipe, agentID, id string, want func
 func waitRun(t *testing.T, srv *serverProc, pipe, agentID, id string, timeout time.Duration, statuses ...string) server.RunJSON {
 	t.Helper()
 	var got server.RunJSON
-	waitFor(t, timeout, "run "+id+" of "+pipe+" to be "+strings.Join(statuses, "|"), func() bool {
+	testkit.WaitFor(t, timeout, "run "+id+" of "+pipe+" to be "+strings.Join(statuses, "|"), func() bool {
 		for _, r := range srv.runs(pipe, agentID) {
 			for _, st := range statuses {
 				if r.ID == id && r.Status == st {
@@ -65,7 +66,7 @@ func lastReason(a *agentProc, pipe string) (string, string) {
 
 func waitReason(t *testing.T, a *agentProc, pipe, runID, reason string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, pipe+"'s last run "+runID+" with reason "+reason, func() bool {
+	testkit.WaitFor(t, 30*time.Second, pipe+"'s last run "+runID+" with reason "+reason, func() bool {
 		id, r := lastReason(a, pipe)
 		return id == runID && r == reason
 	})
@@ -86,7 +87,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	tags := map[string]string{"e2e": "account"}
 
 	// The agent binary lives in a directory of its own, not /usr/bin.
-	binDir := shortDir(t, "bin")
+	binDir := testkit.ShortTempDir(t, "bin")
 	bin := filepath.Join(binDir, "drover-agent")
 	orig, err := os.ReadFile(agentBin())
 	if err != nil {
@@ -153,7 +154,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(mgr.StateHome, "drover-runs")); err == nil {
 		spool = filepath.Join(mgr.StateHome, "drover-runs", "acc-kill", "spool")
 	}
-	waitFor(t, 30*time.Second, "the runner to spool its RunStarted", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the runner to spool its RunStarted", func() bool {
 		ents, _ := os.ReadDir(spool)
 		for _, e := range ents {
 			if strings.HasSuffix(e.Name(), ".pb") {

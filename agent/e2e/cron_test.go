@@ -9,6 +9,7 @@ import (
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 )
 
@@ -136,7 +137,7 @@ func TestCronBackendSameFireTimes(t *testing.T) {
 	// A scheduled fire at the same instant on both backends.
 	var common time.Time
 	var cronRun server.RunJSON
-	waitFor(t, 150*time.Second, "a scheduled c-tick run at the same instant on both backends", func() bool {
+	testkit.WaitFor(t, 150*time.Second, "a scheduled c-tick run at the same instant on both backends", func() bool {
 		fired := map[time.Time]bool{}
 		for _, r := range srv.runs("c-tick", sysID) {
 			if r.Trigger == "schedule" && r.Status == "succeeded" && r.ScheduledAt != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/drover/drover/internal/testkit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -113,7 +114,7 @@ func TestDroverctlApplyRoundTrip(t *testing.T) {
 	// Update a bundled file: a new version reaches the host.
 	write("lib/words.sh", "WORD=second\n", 0o644)
 	ctl("apply", "-f", dir)
-	waitFor(t, 60*time.Second, "the updated bundle on the host", func() bool { return payload() == "WORD=second\n" })
+	testkit.WaitFor(t, 60*time.Second, "the updated bundle on the host", func() bool { return payload() == "WORD=second\n" })
 
 	// --prune removes what the files no longer hold, from the server and the host.
 	if err := os.RemoveAll(filepath.Join(dir, "more")); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/units"
 )
 
@@ -52,7 +53,7 @@ func TestTamperingProxyFreeze(t *testing.T) {
 	}
 	sleepUntil(expires.Add(time.Second))
 	ag.syncCLI()
-	waitFor(t, 60*time.Second, "the agent to report the manifest expired", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the agent to report the manifest expired", func() bool {
 		st := ag.status()
 		return st != nil && st.ManifestExpired && st.ManifestExpiresAt.Equal(expires)
 	})
@@ -61,7 +62,7 @@ func TestTamperingProxyFreeze(t *testing.T) {
 	}
 	// Retried hard: more pulls come without being asked.
 	n := proxy.served(notModified)
-	waitFor(t, 40*time.Second, "the agent to pull again by itself", func() bool { return proxy.served(notModified) > n })
+	testkit.WaitFor(t, 40*time.Second, "the agent to pull again by itself", func() bool { return proxy.served(notModified) > n })
 
 	// The pipe keeps running under the expired manifest.
 	ok := srv.runOfRequest(srv.runNow("fz", id).RequestID, 60*time.Second, "succeeded", "failed")

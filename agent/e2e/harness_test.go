@@ -23,6 +23,7 @@ import (
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server"
 )
@@ -91,18 +92,6 @@ func childEnv(extra ...string) []string {
 		}
 	}
 	return append(env, extra...)
-}
-
-// shortDir is a temporary directory with a short path: the agent's control
-// socket lives below its data dir and unix socket paths are limited.
-func shortDir(t testing.TB, prefix string) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
 }
 
 // ---- drover-server
@@ -381,7 +370,7 @@ func (s *serverProc) runNow(pipe, agentID string) server.RunPipeResponse {
 func (s *serverProc) runOfRequest(requestID string, timeout time.Duration, statuses ...string) server.RunJSON {
 	s.t.Helper()
 	var got server.RunJSON
-	waitFor(s.t, timeout, "the run of request "+requestID+" to be "+strings.Join(statuses, "|"), func() bool {
+	testkit.WaitFor(s.t, timeout, "the run of request "+requestID+" to be "+strings.Join(statuses, "|"), func() bool {
 		var page server.RunList
 		s.api("GET", "/api/v1/runs?request_id="+url.QueryEscape(requestID), nil, &page)
 		for _, r := range page.Runs {
@@ -451,7 +440,7 @@ func newAgent(t testing.TB, srv *serverProc, o agentOpts) *agentProc {
 	if o.name == "" {
 		o.name = "drover-agent-" + o.backend
 	}
-	dir := shortDir(t, "e2e")
+	dir := testkit.ShortTempDir(t, "e2e")
 	a := &agentProc{t: t, srv: srv, opts: o, dir: dir, dataDir: filepath.Join(dir, "data"),
 		cfgPath: filepath.Join(dir, "agent.yaml"), token: filepath.Join(dir, "enroll.token"),
 		log: newLogSink(t, t.TempDir(), o.name)}
@@ -507,7 +496,7 @@ func (a *agentProc) start() {
 	cmd.Env = a.env
 	w := io.Writer(a.log.f)
 	if os.Getenv("DROVER_TEST_LOG") != "" {
-		w = io.MultiWriter(w, testWriter{a.t, a.opts.name})
+		w = io.MultiWriter(w, testkit.LogWriter(a.t, a.opts.name+": "))
 	}
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -519,16 +508,6 @@ func (a *agentProc) start() {
 	a.mu.Lock()
 	a.cmd, a.done = cmd, done
 	a.mu.Unlock()
-}
-
-type testWriter struct {
-	t    testing.TB
-	name string
-}
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Logf("%s: %s", w.name, bytes.TrimRight(p, "\n"))
-	return len(p), nil
 }
 
 func (a *agentProc) pid() int {
@@ -636,7 +615,7 @@ func syncOutcome(t testing.TB, stdout, stderr string, err error) string {
 func (a *agentProc) waitEnrolled() string {
 	a.t.Helper()
 	var id string
-	waitFor(a.t, 60*time.Second, a.opts.name+" to enroll", func() bool {
+	testkit.WaitFor(a.t, 60*time.Second, a.opts.name+" to enroll", func() bool {
 		st := a.status()
 		if st == nil || !st.Enrolled {
 			return false
@@ -657,7 +636,7 @@ func (a *agentProc) waitEnrolled() string {
 // waitOnline waits until the server sees the agent's stream.
 func (a *agentProc) waitOnline() {
 	a.t.Helper()
-	waitFor(a.t, 60*time.Second, a.opts.name+" online on the server", func() bool {
+	testkit.WaitFor(a.t, 60*time.Second, a.opts.name+" online on the server", func() bool {
 		st := a.status()
 		return st != nil && st.StreamConnected && a.srv.agentView(st.AgentID).Online
 	})
@@ -672,7 +651,7 @@ func (a *agentProc) waitPipes(timeout time.Duration, names ...string) *agent.Sta
 		want[n] = true
 	}
 	var st *agent.Status
-	waitFor(a.t, timeout, fmt.Sprintf("%s to apply pipes %v", a.opts.name, names), func() bool {
+	testkit.WaitFor(a.t, timeout, fmt.Sprintf("%s to apply pipes %v", a.opts.name, names), func() bool {
 		st = a.status()
 		if st == nil || st.Serial == 0 || st.AppliedSerial != st.Serial {
 			return false
@@ -693,18 +672,6 @@ func (a *agentProc) waitPipes(timeout time.Duration, names ...string) *agent.Sta
 }
 
 // ---- helpers
-
-// waitFor polls cond until it holds, and fails t after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(150 * time.Millisecond)
-	}
-}
 
 // sleepUntil sleeps until at.
 func sleepUntil(at time.Time) {

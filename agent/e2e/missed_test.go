@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 )
 
@@ -53,7 +54,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 			}
 		}
 	})
-	waitFor(t, 240*time.Second, "a fire time both agents ran, judged by the server", func() bool {
+	testkit.WaitFor(t, 240*time.Second, "a fire time both agents ran, judged by the server", func() bool {
 		s, c := scheduled(sysID), scheduled(cronID)
 		for at, r := range c {
 			if sr, ok := s[at]; ok && r.Status == "succeeded" && sr.Status == "succeeded" && time.Since(at) > time.Minute+45*time.Second {
@@ -79,7 +80,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 	crn.stop()
 	fire := time.Now().Truncate(time.Minute).Add(time.Minute).UTC()
 	var missed server.RunJSON
-	waitFor(t, 180*time.Second, "a missed run of the silent agent for "+fire.Format(time.RFC3339), func() bool {
+	testkit.WaitFor(t, 180*time.Second, "a missed run of the silent agent for "+fire.Format(time.RFC3339), func() bool {
 		r, ok := scheduled(cronID)[fire]
 		missed = r
 		return ok && r.Status == "missed"
@@ -97,7 +98,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 	// The host comes back: catch-up (once) serves the latest missed fire
 	// time; its record replaces the missed run of that fire time.
 	crn.start()
-	waitFor(t, 120*time.Second, "the returning agent's run for the fire times it missed", func() bool {
+	testkit.WaitFor(t, 120*time.Second, "the returning agent's run for the fire times it missed", func() bool {
 		for at, r := range scheduled(cronID) {
 			if r.Status == "succeeded" && r.Trigger == "catchup" && !at.Before(fire) {
 				return true

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
 )
@@ -62,12 +63,12 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 	for range online {
 		start()
 	}
-	waitFor(t, 60*time.Second, "the online runs on the server", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the online runs on the server", func() bool {
 		return countStatus(srv.runs("off", id), "succeeded") == online
 	})
 
 	srv.stop()
-	waitFor(t, 30*time.Second, "the agent to notice the server is gone", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the agent to notice the server is gone", func() bool {
 		st := ag.status()
 		return st != nil && !st.StreamConnected
 	})
@@ -76,7 +77,7 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 		start()
 	}
 	took := time.Since(t0)
-	waitFor(t, 30*time.Second, "every offline run in the outbox", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every offline run in the outbox", func() bool {
 		// RunStarted, RunFinished and the chunks of each run.
 		st := ag.status()
 		return st != nil && st.OutboxRecords >= 3*offline
@@ -88,11 +89,11 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 	srv.start(srv.https, srv.grpc)
 	t1 := time.Now()
 	var runs []server.RunJSON
-	waitFor(t, 120*time.Second, "every run on the server", func() bool {
+	testkit.WaitFor(t, 120*time.Second, "every run on the server", func() bool {
 		runs = srv.runs("off", id)
 		return countStatus(runs, "succeeded") == online+offline
 	})
-	waitFor(t, 30*time.Second, "an empty outbox", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "an empty outbox", func() bool {
 		st := ag.status()
 		return st != nil && st.OutboxRecords == 0
 	})
