@@ -85,7 +85,7 @@ func TestOracleDSTDays(t *testing.T) {
 }
 
 // TestTranslationAloneMisses documents why the corrections exist: without
-// them, systemd 252 misses fire times on DST days (the examples).
+// them, systemd 252 misses fire times on DST days (the examples below).
 // It checks that systemd never fires at an instant the evaluator does not:
 // every elapse of the translated line alone is one of the evaluator's.
 func TestTranslationAloneMisses(t *testing.T) {

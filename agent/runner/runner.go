@@ -6,7 +6,7 @@
 // (agent/spool) before anything else, so that the daemon can report it
 // later, exactly once, even when it was down while the run happened.
 //
-// Inputs (DESIGN.md and the issue pin them):
+// Inputs (docs/design.md, "Paths and names" and "Every run accounted for"):
 //
 //   - the pipe: $DROVER_PIPE_DIR (or --pipe-dir) holds pipe.json (a
 //     manifest.Pipe) and payload/ (the unpacked bundle);

@@ -150,11 +150,11 @@ func status(t *testing.T, c *boottest.Container) (agentStatus, error) {
 	return st, err
 }
 
-// TestBootedEndToEnd is issue 6's proof on a booted Debian bookworm: the
-// server, droverctl and agent .debs installed in the container; a token
-// from droverctl dropped into /etc/drover/enroll.token; the agent enrolls;
-// list-timers shows the pipes with the evaluator's next elapse; a scheduled
-// run's output is in journalctl -u and on the server; an upgrade to a
+// TestBootedEndToEnd is the packages' end-to-end proof on a booted Debian
+// bookworm: the server, droverctl and agent .debs installed in the
+// container; a token from droverctl dropped into /etc/drover/enroll.token;
+// the agent enrolls; list-timers shows the pipes with the evaluator's next
+// elapse; a scheduled run's output is in journalctl -u and on the server; an upgrade to a
 // higher version runs nothing unplanned and keeps the state; purge removes
 // Drover's units and data and leaves an unrelated timer alone.
 func TestBootedEndToEnd(t *testing.T) {
@@ -340,7 +340,7 @@ func TestBootedEndToEnd(t *testing.T) {
 }
 
 // createToken makes an enrollment token with droverctl (the operator's
-// way, issue 6), falling back to the server's offline command while
+// way), falling back to the server's offline command while
 // droverctl has no `tokens create`.
 func createToken(t *testing.T, c *boottest.Container, adminToken string) string {
 	t.Helper()

@@ -1,4 +1,4 @@
-// Package sdtest runs a real systemd user manager for tests (DESIGN.md,
+// Package sdtest runs a real systemd user manager for tests (docs/design.md,
 // "Testing on a real systemd").
 //
 // A test package opts in with
