@@ -211,6 +211,66 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	steps := planSteps(preps, cur, res)
+	lap("read state and plan")
+	// Drop-ins beside managed units change what runs behind the
+	// manifest's back: drift, removed before the reload.
+	dropIns := removeDropIns(b.cfg.UnitDir, preps)
+	res.Steps = append(res.Steps, dropIns...)
+	res.Drift = append(res.Drift, dropIns...)
+	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
+	lap("pipe dirs and secrets")
+
+	now := b.cfg.Now()
+	jobs := sortSteps(steps, failed, loaded)
+	writes := b.writeTempUnits(preps, &jobs, res)
+	lap("write temp units")
+	// Before the reload: stop what must not run on the new files.
+	b.runJobs(ctx, "stop", jobs.stop, res)
+	lap("stop jobs")
+	if err := disableLinks(b.cfg.UnitDir, jobs.disable); err != nil {
+		b.cfg.Logger.Warn("disable timers", "err", err)
+	}
+	if err := commitFiles(writes); err != nil {
+		return res, fmt.Errorf("write units: %w", err)
+	}
+	lap("write units")
+	b.removeUnits(jobs.removes, res)
+	for _, tm := range jobs.start {
+		if !loaded[tm] {
+			_ = removeStamp(b.cfg.StampDir, tm)
+		}
+	}
+	for _, tm := range jobs.guarded {
+		if err := armGuard(b.runtimeUnitDir, b.cfg.StampDir, tm, now); err != nil {
+			return res, fmt.Errorf("guard %s: %w", tm, err)
+		}
+	}
+	lap("remove units, guard")
+	if err := enableLinks(b.cfg.UnitDir, jobs.enable); err != nil {
+		return res, fmt.Errorf("enable timers: %w", err)
+	}
+	lap("enable")
+	changed := len(writes) > 0 || len(dropIns) > 0
+	if err := b.reloadAndStart(ctx, jobs, changed, res, lap); err != nil {
+		return res, err
+	}
+
+	keep := map[string]bool{}
+	for _, p := range preps {
+		keep[p.pipe.Name] = true
+	}
+	if err := gcPipeDirs(b.cfg.DataDir, keep, b.busy(ctx)); err != nil {
+		b.cfg.Logger.Warn("clean pipe dirs", "err", err)
+	}
+	lap("gc")
+	res.Duration = time.Since(t0)
+	return res, nil
+}
+
+// planSteps plans the prepared pipes against the host's units and records
+// in res the steps, the pipes that cannot be applied and the drift found.
+func planSteps(preps []prepared, cur State, res *Result) []Step {
 	desired := make([]Desired, len(preps))
 	for i, p := range preps {
 		desired[i] = p.desired
@@ -225,32 +285,23 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 			res.Drift = append(res.Drift, s)
 		}
 	}
+	return steps
+}
 
-	lap("read state and plan")
-	// Drop-ins beside managed units change what runs behind the
-	// manifest's back: drift, removed before the reload.
-	dropIns := removeDropIns(b.cfg.UnitDir, preps)
-	for _, d := range dropIns {
-		res.Steps = append(res.Steps, d)
-		res.Drift = append(res.Drift, d)
-	}
-	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
-	lap("pipe dirs and secrets")
-	wantedRendered := map[string][]byte{}
-	for _, p := range preps {
-		for _, u := range p.desired.Units {
-			wantedRendered[u.Name] = u.Data
-		}
-	}
+// unitJobs is what one apply does to units, by kind, in the order of the
+// plan's steps.
+type unitJobs struct {
+	stop, disable, start, enable []string // unit names
+	removes                      []string // unit files to delete
+	guarded                      []string // loaded timers started again: guarded against an unplanned run
+	toWrite                      []Step   // unit files to create, update or restore
+}
 
-	var (
-		stopJobs, disable, startJobs, enable []string
-		writes                               []pendingFile
-		removes                              []string
-		guarded                              []string
-		toWrite                              []Step
-	)
-	now := b.cfg.Now()
+// sortSteps sorts the plan's steps into unit jobs, leaving out the pipes
+// that failed (except their removals). Pipe directories ("pipes/...") are
+// materialise's and gcPipeDirs' business.
+func sortSteps(steps []Step, failed, loaded map[string]bool) unitJobs {
+	var j unitJobs
 	for _, s := range steps {
 		if failed[s.Pipe] && s.Action != ActionRemove {
 			continue
@@ -259,38 +310,52 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		case s.Action == ActionRemove && strings.HasPrefix(s.File, "pipes/"):
 			// gcPipeDirs removes it at the end.
 		case s.Action == ActionRemove:
-			stopJobs = append(stopJobs, s.File)
+			j.stop = append(j.stop, s.File)
 			if strings.HasSuffix(s.File, ".timer") {
-				disable = append(disable, s.File)
+				j.disable = append(j.disable, s.File)
 			}
-			removes = append(removes, s.File)
+			j.removes = append(j.removes, s.File)
 		case s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore:
 			if strings.HasPrefix(s.File, "pipes/") {
 				continue
 			}
-			toWrite = append(toWrite, s)
+			j.toWrite = append(j.toWrite, s)
 		case s.Action == ActionRestart:
-			stopJobs = append(stopJobs, s.File)
+			j.stop = append(j.stop, s.File)
 			fallthrough
 		case s.Action == ActionStart:
-			startJobs = append(startJobs, s.File)
-			enable = append(enable, s.File)
+			j.start = append(j.start, s.File)
+			j.enable = append(j.enable, s.File)
 			if loaded[s.File] {
-				guarded = append(guarded, s.File)
+				j.guarded = append(j.guarded, s.File)
 			}
 		case s.Action == ActionStop:
-			stopJobs = append(stopJobs, s.File)
-			disable = append(disable, s.File)
+			j.stop = append(j.stop, s.File)
+			j.disable = append(j.disable, s.File)
 		}
 	}
+	return j
+}
 
-	pend := make([]pendingFile, len(toWrite))
-	errs := make([]error, len(toWrite))
-	parallel(len(toWrite), func(i int) {
-		pend[i], errs[i] = writeTemp(filepath.Join(b.cfg.UnitDir, toWrite[i].File), wantedRendered[toWrite[i].File], 0o644)
+// writeTempUnits writes the units of jobs.toWrite under temporary names,
+// in parallel, for commitFiles. A pipe whose unit cannot be written fails
+// and keeps its units as they were: none of its timers is started.
+func (b *Systemd) writeTempUnits(preps []prepared, jobs *unitJobs, res *Result) []pendingFile {
+	rendered := map[string][]byte{}
+	for _, p := range preps {
+		for _, u := range p.desired.Units {
+			rendered[u.Name] = u.Data
+		}
+	}
+	pend := make([]pendingFile, len(jobs.toWrite))
+	errs := make([]error, len(jobs.toWrite))
+	parallel(len(jobs.toWrite), func(i int) {
+		f := jobs.toWrite[i].File
+		pend[i], errs[i] = writeTemp(filepath.Join(b.cfg.UnitDir, f), rendered[f], 0o644)
 	})
+	var writes []pendingFile
 	writeFailed := map[string]bool{}
-	for i, s := range toWrite {
+	for i, s := range jobs.toWrite {
 		if errs[i] != nil {
 			res.fail(s.Pipe, errs[i])
 			writeFailed[s.Pipe] = true
@@ -299,24 +364,17 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 		writes = append(writes, pend[i])
 	}
 	if len(writeFailed) > 0 {
-		// Its units stay as they were: start nothing of such a pipe.
 		skip := func(unit string) bool { p, _ := pipeOfUnit(unit); return writeFailed[p] }
-		startJobs = slices.DeleteFunc(startJobs, skip)
-		enable = slices.DeleteFunc(enable, skip)
-		guarded = slices.DeleteFunc(guarded, skip)
+		jobs.start = slices.DeleteFunc(jobs.start, skip)
+		jobs.enable = slices.DeleteFunc(jobs.enable, skip)
+		jobs.guarded = slices.DeleteFunc(jobs.guarded, skip)
 	}
-	lap("write temp units")
-	// Before the reload: stop what must not run on the new files.
-	b.runJobs(ctx, "stop", stopJobs, res)
-	lap("stop jobs")
-	if err := disableLinks(b.cfg.UnitDir, disable); err != nil {
-		b.cfg.Logger.Warn("disable timers", "err", err)
-	}
-	if err := commitFiles(writes); err != nil {
-		return res, fmt.Errorf("write units: %w", err)
-	}
-	lap("write units")
-	for _, f := range removes {
+	return writes
+}
+
+// removeUnits deletes unit files (and the stamps of removed timers).
+func (b *Systemd) removeUnits(files []string, res *Result) {
+	for _, f := range files {
 		if err := os.Remove(filepath.Join(b.cfg.UnitDir, f)); err != nil && !os.IsNotExist(err) {
 			p, _ := pipeOfUnit(f)
 			res.fail(p, err)
@@ -325,61 +383,43 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 			_ = removeStamp(b.cfg.StampDir, f)
 		}
 	}
-	if len(removes) > 0 {
+	if len(files) > 0 {
 		_ = atomicfile.SyncDir(b.cfg.UnitDir)
 	}
-	for _, tm := range startJobs {
-		if !loaded[tm] {
-			_ = removeStamp(b.cfg.StampDir, tm)
-		}
-	}
-	for _, tm := range guarded {
-		if err := armGuard(b.runtimeUnitDir, b.cfg.StampDir, tm, now); err != nil {
-			return res, fmt.Errorf("guard %s: %w", tm, err)
-		}
-	}
-	lap("remove units, guard")
-	if err := enableLinks(b.cfg.UnitDir, enable); err != nil {
-		return res, fmt.Errorf("enable timers: %w", err)
-	}
-	lap("enable")
-	batch := len(startJobs) >= batchMin
+}
+
+// reloadAndStart reloads the manager when anything on disk changed (files
+// written, changed says; or jobs touching files), starts the timers (as one
+// batch when there are many), then disarms the guards and resets removed
+// units' failed state.
+func (b *Systemd) reloadAndStart(ctx context.Context, jobs unitJobs, changed bool, res *Result, lap func(string)) error {
+	batch := len(jobs.start) >= batchMin
 	if batch {
-		if err := writeBatchTarget(b.runtimeUnitDir, startJobs); err != nil {
-			return res, fmt.Errorf("batch target: %w", err)
+		if err := writeBatchTarget(b.runtimeUnitDir, jobs.start); err != nil {
+			return fmt.Errorf("batch target: %w", err)
 		}
 		defer os.Remove(filepath.Join(b.runtimeUnitDir, batchTarget))
 	}
-	if len(writes) > 0 || len(removes) > 0 || len(guarded) > 0 || len(enable) > 0 || len(disable) > 0 || batch || len(dropIns) > 0 {
+	if changed || len(jobs.removes) > 0 || len(jobs.guarded) > 0 || len(jobs.enable) > 0 || len(jobs.disable) > 0 || batch {
 		if err := b.conn.ReloadContext(ctx); err != nil {
-			return res, fmt.Errorf("daemon-reload: %w", err)
+			return fmt.Errorf("daemon-reload: %w", err)
 		}
 		res.Reloads++
 	}
 	lap("reload")
 	if batch {
-		b.startBatch(ctx, startJobs, res)
+		b.startBatch(ctx, jobs.start, res)
 	} else {
-		b.runJobs(ctx, "start", startJobs, res)
+		b.runJobs(ctx, "start", jobs.start, res)
 	}
 	lap("start jobs")
-	for _, tm := range guarded {
+	for _, tm := range jobs.guarded {
 		disarmGuard(b.runtimeUnitDir, tm)
 	}
-	for _, u := range removes {
+	for _, u := range jobs.removes {
 		_ = b.conn.ResetFailedUnitContext(ctx, u)
 	}
-
-	keep := map[string]bool{}
-	for _, p := range preps {
-		keep[p.pipe.Name] = true
-	}
-	if err := gcPipeDirs(b.cfg.DataDir, keep, b.busy(ctx)); err != nil {
-		b.cfg.Logger.Warn("clean pipe dirs", "err", err)
-	}
-	lap("gc")
-	res.Duration = time.Since(t0)
-	return res, nil
+	return nil
 }
 
 // phaseTimer logs, at debug level, how long each phase took.
