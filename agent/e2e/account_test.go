@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
@@ -79,12 +78,7 @@ func waitReason(t *testing.T, a *agentProc, pipe, runID, reason string) {
 // server, with systemd's reason in the agent's record; so do both when they
 // happen while the daemon is stopped and it is started later.
 func TestEveryRunAccountedUserScope(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "account"}
+	mgr, srv, tags := userScenario(t, "account")
 
 	// The agent binary lives in a directory of its own, not /usr/bin.
 	binDir := testkit.ShortTempDir(t, "bin")

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent"
-	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 )
@@ -19,12 +18,7 @@ import (
 // scheduled fire happens on both at the same instant, and the cron
 // backend's runs (scheduled and RunNow) reach the server with their logs.
 func TestCronBackendSameFireTimes(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "fire"}
+	mgr, srv, tags := userScenario(t, "fire")
 	sys := newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: &mgr, tags: tags})
 	crn := newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
 	sys.start()

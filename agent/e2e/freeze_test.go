@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/units"
 )
@@ -22,12 +21,7 @@ import (
 // drop-in added beside the pipe's service is removed by the next sync and
 // reported.
 func TestTamperingProxyFreeze(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t, "DROVER_SIGNING_MANIFEST_LIFETIME=2m", "DROVER_SIGNING_KEY_LIST_LIFETIME=24h")
-	tags := map[string]string{"e2e": "freeze"}
+	mgr, srv, tags := userScenario(t, "freeze", "DROVER_SIGNING_MANIFEST_LIFETIME=2m", "DROVER_SIGNING_KEY_LIST_LIFETIME=24h")
 	ag := newAgent(t, srv, agentOpts{name: "agent-freeze", backend: "systemd", mgr: &mgr, tags: tags})
 	ag.start()
 	id := ag.waitEnrolled()

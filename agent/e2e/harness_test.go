@@ -104,10 +104,7 @@ type serverProc struct {
 	log     *logSink
 	https   string // host:port
 	grpc    string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc    child
 
 	base   string
 	admin  string
@@ -149,7 +146,6 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
 	ready := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -167,7 +163,7 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 		}
 		io.Copy(io.Discard, stderr)
 	}()
-	go func() { cmd.Wait(); close(done) }()
+	done := s.proc.started(cmd)
 	select {
 	case a := <-ready:
 		s.https, s.grpc = a[0], a[1]
@@ -177,22 +173,15 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 		cmd.Process.Kill()
 		t.Fatal("drover-server was not ready within 60 s")
 	}
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
 	s.base = "https://" + s.https
 }
 
 // stop ends the server with SIGTERM (SIGKILL after 30 s); idempotent.
 func (s *serverProc) stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd := s.proc.terminate(s.t, "drover-server")
 	if cmd == nil {
 		return
 	}
-	terminate(s.t, "drover-server", cmd, done)
 	if st := cmd.ProcessState; st != nil && !st.Success() {
 		s.t.Errorf("drover-server after SIGTERM: %v", st)
 	}
@@ -414,11 +403,10 @@ type agentProc struct {
 	token   string // the token file
 	env     []string
 	log     *logSink
+	proc    child
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	id   string
+	mu sync.Mutex
+	id string
 }
 
 // newAgent prepares an agent of srv: its configuration file and a token
@@ -503,46 +491,16 @@ func (a *agentProc) start() {
 	if err := cmd.Start(); err != nil {
 		a.t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	a.mu.Lock()
-	a.cmd, a.done = cmd, done
-	a.mu.Unlock()
+	a.proc.started(cmd)
 }
 
-func (a *agentProc) pid() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil {
-		return 0
-	}
-	return a.cmd.Process.Pid
-}
+func (a *agentProc) pid() int { return a.proc.pid() }
 
 // stop ends the daemon with SIGTERM; idempotent.
-func (a *agentProc) stop() {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.cmd = nil
-	a.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	terminate(a.t, a.opts.name, cmd, done)
-}
+func (a *agentProc) stop() { a.proc.terminate(a.t, a.opts.name) }
 
 // kill ends the daemon with SIGKILL and waits for it.
-func (a *agentProc) kill() {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.cmd = nil
-	a.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(syscall.SIGKILL)
-	<-done
-}
+func (a *agentProc) kill() { a.proc.kill() }
 
 func (a *agentProc) socket() string { return filepath.Join(a.dataDir, "control", "agent.sock") }
 
@@ -760,6 +718,19 @@ func sameStamps(a, b map[string]fileStamp) string {
 	return strings.Join(diffs, "; ")
 }
 
+// userScenario starts a scenario on a private systemd user manager: the
+// test runs in parallel with the others, needs a user manager (sdtest),
+// gets its own (whose units it shows when it fails) and its own server
+// (env: the server's extra settings). tags {"e2e": tag} target its agents.
+func userScenario(t *testing.T, tag string, env ...string) (sdtest.Env, *serverProc, map[string]string) {
+	t.Helper()
+	t.Parallel()
+	sdtest.Require(t)
+	mgr := sdtest.NewManager(t)
+	diagnoseOnFailure(t, mgr)
+	return mgr, startServer(t, env...), map[string]string{"e2e": tag}
+}
+
 // diagnoseOnFailure logs the state of a user manager's pipe units and the
 // runner spools when t fails.
 func diagnoseOnFailure(t testing.TB, mgr sdtest.Env) {
@@ -861,9 +832,51 @@ func decodeEnvelope(t testing.TB, env []byte) *manifest.Manifest {
 	return m
 }
 
-// terminate sends SIGTERM to a child process and waits for done (closed
-// when it exited); after 30 s it fails t and kills the process.
-func terminate(t testing.TB, name string, cmd *exec.Cmd, done <-chan struct{}) {
+// child is the current process of a serverProc or an agentProc (a new one
+// after each restart).
+type child struct {
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// started records cmd, just started, and returns a channel closed when it
+// has exited.
+func (c *child) started(cmd *exec.Cmd) <-chan struct{} {
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	c.mu.Lock()
+	c.cmd, c.done = cmd, done
+	c.mu.Unlock()
+	return done
+}
+
+// take forgets the process and returns it (nil when none runs).
+func (c *child) take() (*exec.Cmd, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmd, done := c.cmd, c.done
+	c.cmd = nil
+	return cmd, done
+}
+
+func (c *child) pid() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// terminate sends SIGTERM to the process and waits for it to exit; after
+// 30 s it fails t and kills the process. It returns the process, or nil
+// when none ran (idempotent).
+func (c *child) terminate(t testing.TB, name string) *exec.Cmd {
+	cmd, done := c.take()
+	if cmd == nil {
+		return nil
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-done:
@@ -872,4 +885,15 @@ func terminate(t testing.TB, name string, cmd *exec.Cmd, done <-chan struct{}) {
 		cmd.Process.Kill()
 		<-done
 	}
+	return cmd
+}
+
+// kill ends the process with SIGKILL and waits for it (idempotent).
+func (c *child) kill() {
+	cmd, done := c.take()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-done
 }

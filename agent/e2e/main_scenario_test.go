@@ -55,12 +55,7 @@ func mainSpecs(tags map[string]string, slowPIDs, tmoPIDs string) map[string]pipe
 // without the agent's guard); a hand-edited unit restored by the next
 // sync and reported; removing the pipes removes both units.
 func TestUserManagerEndToEnd(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "main"}
+	mgr, srv, tags := userScenario(t, "main")
 	ag := newAgent(t, srv, agentOpts{name: "agent-main", backend: "systemd", mgr: &mgr, tags: tags})
 	ag.start()
 	id := ag.waitEnrolled()

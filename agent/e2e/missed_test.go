@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 )
@@ -18,12 +17,7 @@ import (
 // missed run for that agent; when the host comes back, its catch-up run for
 // that fire time replaces the missed one, never sits beside it.
 func TestMissedRunsWithRealAgents(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "missed"}
+	mgr, srv, tags := userScenario(t, "missed")
 	sys := newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: &mgr, tags: tags})
 	crn := newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
 	sys.start()

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
@@ -34,12 +33,7 @@ func offlineLog(n int) string {
 // number (counted by the script itself) exactly once, chunk seqs gap-free,
 // the log byte for byte, and the server's arrival order the runs' order.
 func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "offline"}
+	mgr, srv, tags := userScenario(t, "offline")
 	ag := newAgent(t, srv, agentOpts{name: "agent-offline", backend: "systemd", mgr: &mgr, tags: tags})
 	ag.start()
 	id := ag.waitEnrolled()

@@ -20,7 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
@@ -180,12 +179,7 @@ func (p *tamperProxy) tamper(resp *http.Response) error {
 // alone: unit files (bytes and mtime), pipe directories and timers. With
 // the proxy passing everything through again, the pending change applies.
 func TestTamperingProxy(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "tamper"}
+	mgr, srv, tags := userScenario(t, "tamper")
 	ag := newAgent(t, srv, agentOpts{name: "agent-tamper", backend: "systemd", mgr: &mgr, tags: tags})
 	ag.start()
 	id := ag.waitEnrolled()
