@@ -54,16 +54,7 @@ func systemAccount(t *testing.T, oom bool) {
 	srv := startServer(t)
 	tags := map[string]string{"e2e": "system-account"}
 	startAgentInContainer(t, c, srv, tags)
-	var id string
-	testkit.WaitFor(t, 60*time.Second, "the agent in the container to enroll and connect", func() bool {
-		var list server.AgentList
-		srv.api("GET", "/api/v1/agents", nil, &list)
-		if len(list.Agents) == 1 && list.Agents[0].Online {
-			id = list.Agents[0].ID
-			return true
-		}
-		return false
-	})
+	id := srv.waitSoleAgentOnline("the agent in the container to enroll and connect")
 	srv.putPipe("acc-nouser", pipeSpec{Schedule: far, Script: "echo never\n", RunAs: "no_such_user_e2e", Targets: byTags(tags)})
 	// tail -n 1 keeps a line without a newline whole: 200 MB of it.
 	srv.putPipe("acc-oom", pipeSpec{Schedule: far, Script: "head -c 200000000 /dev/zero | tail -n 1 >/dev/null\necho survived\n",

@@ -284,6 +284,23 @@ func (s *serverProc) putPipe(name string, spec pipeSpec) server.PutPipeResponse 
 	return out
 }
 
+// waitSoleAgentOnline waits (60 s, what says for what) until the server
+// knows exactly one agent and it is online, and returns its id.
+func (s *serverProc) waitSoleAgentOnline(what string) string {
+	s.t.Helper()
+	var id string
+	testkit.WaitFor(s.t, 60*time.Second, what, func() bool {
+		var list server.AgentList
+		s.api("GET", "/api/v1/agents", nil, &list)
+		if len(list.Agents) == 1 && list.Agents[0].Online {
+			id = list.Agents[0].ID
+			return true
+		}
+		return false
+	})
+	return id
+}
+
 func (s *serverProc) agentView(id string) server.AgentJSON {
 	s.t.Helper()
 	var ag server.AgentJSON

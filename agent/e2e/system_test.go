@@ -82,16 +82,7 @@ func TestSystemScopeBooted(t *testing.T) {
 		},
 	}
 
-	var id string
-	testkit.WaitFor(t, 60*time.Second, "the agent in the container to enroll and connect", func() bool {
-		var list server.AgentList
-		srv.api("GET", "/api/v1/agents", nil, &list)
-		if len(list.Agents) == 1 && list.Agents[0].Online {
-			id = list.Agents[0].ID
-			return true
-		}
-		return false
-	})
+	id := srv.waitSoleAgentOnline("the agent in the container to enroll and connect")
 	if _, err := h.readFile("/etc/drover/enroll.token"); !os.IsNotExist(err) {
 		t.Fatalf("the token file is still there after enrollment (%v)", err)
 	}
