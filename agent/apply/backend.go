@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -131,40 +132,26 @@ func (c Config) withDefaults() (Config, error) { return c.defaults(true) }
 // defaults fills c in; manager is false for the cron backend, which talks to
 // no service manager and so needs no user session ($XDG_RUNTIME_DIR).
 func (c Config) defaults(manager bool) (Config, error) {
-	if c.DataDir == "" {
-		c.DataDir = units.DefaultDataDir
-	}
-	if c.Scope == "" {
-		c.Scope = units.ScopeSystem
-	}
-	if c.AgentPath == "" {
-		c.AgentPath = units.DefaultAgentPath
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.DataDir = cmp.Or(c.DataDir, units.DefaultDataDir)
+	c.Scope = cmp.Or(c.Scope, units.ScopeSystem)
+	c.AgentPath = cmp.Or(c.AgentPath, units.DefaultAgentPath)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	// xdg is $XDG_<name>_HOME, else def below $HOME.
 	home := os.Getenv("HOME")
+	xdg := func(name string, def ...string) string {
+		return cmp.Or(os.Getenv("XDG_"+name+"_HOME"), filepath.Join(append([]string{home}, def...)...))
+	}
 	switch c.Scope {
 	case units.ScopeSystem:
-		if c.UnitDir == "" {
-			c.UnitDir = paths.SystemUnitDir
-		}
-		if c.RuntimeDir == "" {
-			c.RuntimeDir = paths.RuntimeDir
-		}
-		if c.StampDir == "" {
-			c.StampDir = paths.SystemTimerStampDir
-		}
+		c.UnitDir = cmp.Or(c.UnitDir, paths.SystemUnitDir)
+		c.RuntimeDir = cmp.Or(c.RuntimeDir, paths.RuntimeDir)
+		c.StampDir = cmp.Or(c.StampDir, paths.SystemTimerStampDir)
 	case units.ScopeUser:
 		if c.UnitDir == "" {
-			base := os.Getenv("XDG_CONFIG_HOME")
-			if base == "" {
-				base = filepath.Join(home, ".config")
-			}
-			c.UnitDir = filepath.Join(base, "systemd", "user")
+			c.UnitDir = filepath.Join(xdg("CONFIG", ".config"), "systemd", "user")
 		}
 		if c.RuntimeDir == "" {
 			rt := os.Getenv("XDG_RUNTIME_DIR")
@@ -178,11 +165,7 @@ func (c Config) defaults(manager bool) (Config, error) {
 			}
 		}
 		if c.StampDir == "" {
-			base := os.Getenv("XDG_DATA_HOME")
-			if base == "" {
-				base = filepath.Join(home, ".local", "share")
-			}
-			c.StampDir = filepath.Join(base, "systemd", "timers")
+			c.StampDir = filepath.Join(xdg("DATA", ".local", "share"), "systemd", "timers")
 		}
 	default:
 		return c, fmt.Errorf("scope %q is not system or user", c.Scope)
@@ -503,3 +486,14 @@ var (
 	triggerCatchup  = agentpb.Trigger_TRIGGER_CATCHUP.Name()
 	triggerAPI      = agentpb.Trigger_TRIGGER_API.Name()
 )
+
+// changes are the steps of r that changed something (what Check reports).
+func (r *Result) changes() []Step {
+	var out []Step
+	for _, s := range r.Steps {
+		if s.Changes() {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -218,13 +218,7 @@ func (b *Cron) Check(ctx context.Context) ([]Step, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Step
-	for _, s := range res.Steps {
-		if s.Changes() {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return res.changes(), nil
 }
 
 func (b *Cron) applyLocked(in Input) (*Result, error) {

@@ -182,13 +182,7 @@ func (b *Systemd) Check(ctx context.Context) ([]Step, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Step
-	for _, s := range res.Steps {
-		if s.Changes() {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return res.changes(), nil
 }
 
 func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
