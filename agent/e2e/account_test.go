@@ -101,9 +101,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	// interpreter does not exist (execve fails: 203/EXEC).
 	broken := []byte("#!/nonexistent/interpreter\n")
 
-	a := newAgent(t, srv, agentOpts{name: "agent-account", backend: "systemd", mgr: &mgr, tags: tags, binary: bin, noAgentPath: true, heartbeat: 2 * time.Second})
-	a.start()
-	id := a.waitEnrolled()
+	a, id := enrolledAgent(t, srv, agentOpts{name: "agent-account", backend: "systemd", mgr: &mgr, tags: tags, binary: bin, noAgentPath: true, heartbeat: 2 * time.Second})
 	srv.putPipe("acc-ok", pipeSpec{Schedule: far, Script: "echo accounted\n", Targets: byTags(tags)})
 	srv.putPipe("acc-kill", pipeSpec{Schedule: far, Script: "echo started\nsleep 300\n", Targets: byTags(tags)})
 	a.waitPipes(60*time.Second, "acc-ok", "acc-kill")
@@ -193,9 +191,7 @@ func TestCronRunnerKilledAccounted(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	tags := map[string]string{"e2e": "cron-account"}
-	a := newAgent(t, srv, agentOpts{name: "agent-cron-account", backend: "cron", tags: tags})
-	a.start()
-	id := a.waitEnrolled()
+	a, id := enrolledAgent(t, srv, agentOpts{name: "agent-cron-account", backend: "cron", tags: tags})
 	srv.putPipe("ck", pipeSpec{Schedule: far, Script: "echo started\nsleep 300\n", Targets: byTags(tags)})
 	a.waitPipes(60*time.Second, "ck")
 	runnerPID := func(runID string) int {

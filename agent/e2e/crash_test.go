@@ -41,9 +41,7 @@ func TestCrashDuringSyncAndApply(t *testing.T) {
 	mgr := sdtest.NewManager(t)
 	diagnoseOnFailure(t, mgr)
 	srv := startServer(t)
-	ag := newAgent(t, srv, agentOpts{name: "agent-crash", backend: "systemd", mgr: &mgr, tags: map[string]string{"grp": "a"}})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-crash", backend: "systemd", mgr: &mgr, tags: map[string]string{"grp": "a"}})
 
 	// Two groups selected by the agent's tags, and a few pipes that stay.
 	var groupA []string

@@ -19,11 +19,7 @@ import (
 // backend's runs (scheduled and RunNow) reach the server with their logs.
 func TestCronBackendSameFireTimes(t *testing.T) {
 	mgr, srv, tags := userScenario(t, "fire")
-	sys := newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: &mgr, tags: tags})
-	crn := newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
-	sys.start()
-	crn.start()
-	sysID, cronID := sys.waitEnrolled(), crn.waitEnrolled()
+	sys, crn, sysID, cronID := systemdAndCronAgents(t, srv, &mgr, tags)
 
 	specs := map[string]pipeSpec{
 		"c-tick":    {Schedule: "* * * * *", Script: "echo cron-tick\n"},

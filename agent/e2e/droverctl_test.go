@@ -23,9 +23,7 @@ func TestDroverctlApplyRoundTrip(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	tags := map[string]string{"e2e": "ctl"}
-	ag := newAgent(t, srv, agentOpts{name: "agent-ctl", backend: "cron", tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-ctl", backend: "cron", tags: tags})
 
 	dir := t.TempDir()
 	write := func(rel, body string, mode os.FileMode) {

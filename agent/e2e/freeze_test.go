@@ -22,9 +22,7 @@ import (
 // reported.
 func TestTamperingProxyFreeze(t *testing.T) {
 	mgr, srv, tags := userScenario(t, "freeze", "DROVER_SIGNING_MANIFEST_LIFETIME=2m", "DROVER_SIGNING_KEY_LIST_LIFETIME=24h")
-	ag := newAgent(t, srv, agentOpts{name: "agent-freeze", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-freeze", backend: "systemd", mgr: &mgr, tags: tags})
 	ag.stop()
 	proxy := newTamperProxy(t, srv, ag.dataDir)
 	ag.writeConfig(proxy.URL())

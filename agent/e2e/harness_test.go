@@ -462,6 +462,27 @@ func newAgent(t testing.TB, srv *serverProc, o agentOpts) *agentProc {
 	return a
 }
 
+// enrolledAgent is newAgent started, once it has enrolled (and is online):
+// the agent and its id.
+func enrolledAgent(t testing.TB, srv *serverProc, o agentOpts) (*agentProc, string) {
+	t.Helper()
+	a := newAgent(t, srv, o)
+	a.start()
+	return a, a.waitEnrolled()
+}
+
+// systemdAndCronAgents starts two agents of srv with tags, one on systemd
+// timers (of mgr) and one on the cron backend, and waits for both to
+// enroll.
+func systemdAndCronAgents(t testing.TB, srv *serverProc, mgr *sdtest.Env, tags map[string]string) (sys, crn *agentProc, sysID, cronID string) {
+	t.Helper()
+	sys = newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: mgr, tags: tags})
+	crn = newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
+	sys.start()
+	crn.start()
+	return sys, crn, sys.waitEnrolled(), crn.waitEnrolled()
+}
+
 // writeConfig writes the agent's configuration file (serverURL "" = the
 // server's own URL).
 func (a *agentProc) writeConfig(serverURL string) {

@@ -56,9 +56,7 @@ func mainSpecs(tags map[string]string, slowPIDs, tmoPIDs string) map[string]pipe
 // sync and reported; removing the pipes removes both units.
 func TestUserManagerEndToEnd(t *testing.T) {
 	mgr, srv, tags := userScenario(t, "main")
-	ag := newAgent(t, srv, agentOpts{name: "agent-main", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-main", backend: "systemd", mgr: &mgr, tags: tags})
 
 	work := t.TempDir()
 	h := &pipeHost{

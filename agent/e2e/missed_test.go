@@ -18,11 +18,7 @@ import (
 // that fire time replaces the missed one, never sits beside it.
 func TestMissedRunsWithRealAgents(t *testing.T) {
 	mgr, srv, tags := userScenario(t, "missed")
-	sys := newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: &mgr, tags: tags})
-	crn := newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
-	sys.start()
-	crn.start()
-	sysID, cronID := sys.waitEnrolled(), crn.waitEnrolled()
+	sys, crn, sysID, cronID := systemdAndCronAgents(t, srv, &mgr, tags)
 	srv.putPipe("m-tick", pipeSpec{Schedule: "* * * * *", Script: "echo tick\n", Grace: "1m", Targets: byTags(tags)})
 	sys.waitPipes(60*time.Second, "m-tick")
 	crn.waitPipes(60*time.Second, "m-tick")

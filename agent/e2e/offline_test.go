@@ -34,9 +34,7 @@ func offlineLog(n int) string {
 // the log byte for byte, and the server's arrival order the runs' order.
 func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 	mgr, srv, tags := userScenario(t, "offline")
-	ag := newAgent(t, srv, agentOpts{name: "agent-offline", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-offline", backend: "systemd", mgr: &mgr, tags: tags})
 
 	counter := filepath.Join(t.TempDir(), "counter")
 	script := fmt.Sprintf("n=$(( $(cat %s 2>/dev/null || echo 0) + 1 ))\necho $n > %s\nseq -f \"run $n line %%04g ................................................\" 1 %d\n",

@@ -180,9 +180,7 @@ func (p *tamperProxy) tamper(resp *http.Response) error {
 // the proxy passing everything through again, the pending change applies.
 func TestTamperingProxy(t *testing.T) {
 	mgr, srv, tags := userScenario(t, "tamper")
-	ag := newAgent(t, srv, agentOpts{name: "agent-tamper", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-tamper", backend: "systemd", mgr: &mgr, tags: tags})
 
 	// Another agent of the same server with the same pipes, enrolled with
 	// `drover-agent enroll` (no daemon): its manifest is what the proxy
