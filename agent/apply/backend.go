@@ -487,6 +487,26 @@ var (
 	triggerAPI      = agentpb.Trigger_TRIGGER_API.Name()
 )
 
+// planSteps plans the prepared pipes against the host's units and records
+// in res the steps, the pipes that cannot be applied and the drift found.
+func planSteps(preps []prepared, cur State, res *Result) []Step {
+	desired := make([]Desired, len(preps))
+	for i, p := range preps {
+		desired[i] = p.desired
+	}
+	steps := Plan(desired, cur)
+	res.Steps = steps
+	for _, s := range steps {
+		switch s.Action {
+		case ActionError, ActionConflict:
+			res.fail(s.Pipe, errors.New(s.String()))
+		case ActionRestore:
+			res.Drift = append(res.Drift, s)
+		}
+	}
+	return steps
+}
+
 // changes are the steps of r that changed something (what Check reports).
 func (r *Result) changes() []Step {
 	var out []Step

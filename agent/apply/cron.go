@@ -232,23 +232,10 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	desired := make([]Desired, len(preps))
-	for i, p := range preps {
-		desired[i] = p.desired
-	}
-	steps := Plan(desired, State{PipeDirs: dirs})
-	for _, s := range steps {
-		switch s.Action {
-		case ActionError, ActionConflict:
-			res.fail(s.Pipe, errors.New(s.String()))
-		case ActionRestore:
-			res.Drift = append(res.Drift, s)
-		}
-	}
+	steps := planSteps(preps, State{PipeDirs: dirs}, res)
 	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
 
 	now := b.cfg.Now()
-	catchup := !b.started
 	keep := map[string]bool{}
 	var sched []Step
 	for _, pr := range preps {
@@ -257,74 +244,16 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 		if pr.desired.Err != nil || failed[name] {
 			continue
 		}
-		spec := pr.pipe.Spec.Clone()
-		spec.Normalize()
-		key := cronKey(spec)
-		p := b.pipes[name]
-		if p == nil {
-			p = &cronPipe{procs: map[string]*cronProc{}}
-			b.pipes[name] = p
-		}
-		p.pipe, p.timeout, p.enabled = pr.pipe, spec.Timeout.D(), spec.IsEnabled()
-		if p.key == key && (p.entry != 0 || !p.enabled) {
-			continue
-		}
-		s, err := manifest.ParseSchedule(spec.Schedule)
+		step, changed, err := b.schedulePipe(pr.pipe, now)
 		if err != nil {
 			res.fail(name, err)
 			continue
 		}
-		loc, err := manifest.LoadLocation(spec.Timezone)
-		if err != nil {
-			res.fail(name, err)
-			continue
-		}
-		es := evalSchedule{s: s, loc: loc, offset: b.jitterOffset(name, spec.Jitter.D())}
-		action, reason := ActionUpdate, "schedule changed"
-		if p.key == "" {
-			action, reason = ActionCreate, "new pipe"
-		}
-		if p.entry != 0 {
-			b.sched.Remove(p.entry)
-			p.entry = 0
-		}
-		p.key, p.schedule = key, es
-		saved, had := b.state.Pipes[name]
-		if p.enabled {
-			id := b.sched.Schedule(es, cron.FuncJob(func() { b.fire(name) }))
-			p.entry = id
-			// Catch-up only for fire times missed while the agent was down
-			// under the same schedule; a new, edited or re-enabled pipe
-			// counts from now.
-			if catchup && had && saved.Key == key {
-				b.catchUp(p, es.missed(saved.LastFire, now, manifest.MaxCatchup), spec.Catchup)
-				action, reason = ActionStart, "scheduled (agent started)"
-			}
-		} else {
-			action, reason = ActionStop, "pipe disabled"
-		}
-		b.state.Pipes[name] = cronPipeState{Key: key, LastFire: now}
-		if had && saved.Key == key && saved.LastFire.After(now) {
-			b.state.Pipes[name] = saved
-		}
-		sched = append(sched, Step{Action: action, Pipe: name, File: "cron:" + name, Reason: reason})
-	}
-	for name, p := range b.pipes {
-		if keep[name] {
-			continue
-		}
-		if p.entry != 0 {
-			b.sched.Remove(p.entry)
-		}
-		delete(b.pipes, name)
-		delete(b.state.Pipes, name)
-		sched = append(sched, Step{Action: ActionRemove, Pipe: name, File: "cron:" + name, Reason: "pipe no longer in the manifest"})
-	}
-	for name := range b.state.Pipes {
-		if !keep[name] {
-			delete(b.state.Pipes, name)
+		if changed {
+			sched = append(sched, step)
 		}
 	}
+	sched = append(sched, b.unscheduleGone(keep)...)
 	sort.Slice(sched, func(i, j int) bool { return sched[i].Pipe < sched[j].Pipe })
 	res.Steps = append(steps, sched...)
 	if err := b.saveStateLocked(); err != nil {
@@ -340,6 +269,83 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 	}
 	res.Duration = time.Since(t0)
 	return res, nil
+}
+
+// schedulePipe (re)schedules pipe when its schedule key changed, or when it
+// is enabled but not scheduled yet, and returns the step it took (changed
+// false: nothing to do). On the first apply after the agent started, it
+// catches up the fire times missed while the agent was down under the same
+// schedule; a new, edited or re-enabled pipe counts from now.
+func (b *Cron) schedulePipe(pipe manifest.Pipe, now time.Time) (step Step, changed bool, err error) {
+	name := pipe.Name
+	spec := pipe.Spec.Clone()
+	spec.Normalize()
+	key := cronKey(spec)
+	p := b.pipes[name]
+	if p == nil {
+		p = &cronPipe{procs: map[string]*cronProc{}}
+		b.pipes[name] = p
+	}
+	p.pipe, p.timeout, p.enabled = pipe, spec.Timeout.D(), spec.IsEnabled()
+	if p.key == key && (p.entry != 0 || !p.enabled) {
+		return Step{}, false, nil
+	}
+	s, err := manifest.ParseSchedule(spec.Schedule)
+	if err != nil {
+		return Step{}, false, err
+	}
+	loc, err := manifest.LoadLocation(spec.Timezone)
+	if err != nil {
+		return Step{}, false, err
+	}
+	es := evalSchedule{s: s, loc: loc, offset: b.jitterOffset(name, spec.Jitter.D())}
+	action, reason := ActionUpdate, "schedule changed"
+	if p.key == "" {
+		action, reason = ActionCreate, "new pipe"
+	}
+	if p.entry != 0 {
+		b.sched.Remove(p.entry)
+		p.entry = 0
+	}
+	p.key, p.schedule = key, es
+	saved, had := b.state.Pipes[name]
+	if p.enabled {
+		p.entry = b.sched.Schedule(es, cron.FuncJob(func() { b.fire(name) }))
+		if !b.started && had && saved.Key == key {
+			b.catchUp(p, es.missed(saved.LastFire, now, manifest.MaxCatchup), spec.Catchup)
+			action, reason = ActionStart, "scheduled (agent started)"
+		}
+	} else {
+		action, reason = ActionStop, "pipe disabled"
+	}
+	b.state.Pipes[name] = cronPipeState{Key: key, LastFire: now}
+	if had && saved.Key == key && saved.LastFire.After(now) {
+		b.state.Pipes[name] = saved
+	}
+	return Step{Action: action, Pipe: name, File: "cron:" + name, Reason: reason}, true, nil
+}
+
+// unscheduleGone unschedules and forgets the pipes not in keep, and
+// returns their removal steps.
+func (b *Cron) unscheduleGone(keep map[string]bool) []Step {
+	var steps []Step
+	for name, p := range b.pipes {
+		if keep[name] {
+			continue
+		}
+		if p.entry != 0 {
+			b.sched.Remove(p.entry)
+		}
+		delete(b.pipes, name)
+		delete(b.state.Pipes, name)
+		steps = append(steps, Step{Action: ActionRemove, Pipe: name, File: "cron:" + name, Reason: "pipe no longer in the manifest"})
+	}
+	for name := range b.state.Pipes {
+		if !keep[name] {
+			delete(b.state.Pipes, name)
+		}
+	}
+	return steps
 }
 
 // catchUp starts the runs missed while the agent was down: once (the latest

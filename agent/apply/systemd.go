@@ -262,26 +262,6 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	return res, nil
 }
 
-// planSteps plans the prepared pipes against the host's units and records
-// in res the steps, the pipes that cannot be applied and the drift found.
-func planSteps(preps []prepared, cur State, res *Result) []Step {
-	desired := make([]Desired, len(preps))
-	for i, p := range preps {
-		desired[i] = p.desired
-	}
-	steps := Plan(desired, cur)
-	res.Steps = steps
-	for _, s := range steps {
-		switch s.Action {
-		case ActionError, ActionConflict:
-			res.fail(s.Pipe, errors.New(s.String()))
-		case ActionRestore:
-			res.Drift = append(res.Drift, s)
-		}
-	}
-	return steps
-}
-
 // unitJobs is what one apply does to units, by kind, in the order of the
 // plan's steps.
 type unitJobs struct {
