@@ -157,30 +157,7 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		return SyncResult{Outcome: OutcomeError, Error: fmt.Sprintf("get manifest: %v", err)}
 	}
 	if resp.StatusCode() == 304 {
-		a.mu.Lock()
-		cur := a.current
-		a.mu.Unlock()
-		if cur == nil {
-			// Nothing in force: forget the tag and pull in full next time.
-			a.mu.Lock()
-			a.etag = ""
-			a.mu.Unlock()
-			return SyncResult{Outcome: OutcomeError, Error: "304 without a manifest in force"}
-		}
-		res := a.reapply(ctx)
-		res.NotModified = true
-		if now := time.Now(); !cur.ExpiresAt.IsZero() && !now.Before(cur.ExpiresAt) {
-			// Freeze: nothing newer comes, and what is in force expired.
-			// Its pipes keep running (a dead server must not stop the
-			// fleet); it is reported, and the next pulls ask for the full
-			// manifest, soon.
-			a.setETag("")
-			res.Outcome, res.Expired = OutcomeError, true
-			res.Error = fmt.Sprintf("the manifest in force (serial %d) expired at %s and the server sends nothing newer (304)",
-				cur.Serial, cur.ExpiresAt.UTC().Format(time.RFC3339))
-			a.log.Error("manifest in force expired; its pipes keep running", "serial", cur.Serial, "expired_at", cur.ExpiresAt)
-		}
-		return res
+		return a.notModified(ctx)
 	}
 	env := resp.Body()
 	newTag := resp.Header().Get("ETag")
@@ -228,6 +205,33 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 	if res.Outcome == OutcomeApplied {
 		a.setETag(newTag)
 		a.prunePayloads(acc.Manifest)
+	}
+	return res
+}
+
+// notModified handles the server's 304: the manifest in force is applied
+// again (drift), and reported frozen when it has expired.
+func (a *Agent) notModified(ctx context.Context) SyncResult {
+	a.mu.Lock()
+	cur := a.current
+	a.mu.Unlock()
+	if cur == nil {
+		// Nothing in force: forget the tag and pull in full next time.
+		a.setETag("")
+		return SyncResult{Outcome: OutcomeError, Error: "304 without a manifest in force"}
+	}
+	res := a.reapply(ctx)
+	res.NotModified = true
+	if now := time.Now(); !cur.ExpiresAt.IsZero() && !now.Before(cur.ExpiresAt) {
+		// Freeze: nothing newer comes, and what is in force expired.
+		// Its pipes keep running (a dead server must not stop the
+		// fleet); it is reported, and the next pulls ask for the full
+		// manifest, soon.
+		a.setETag("")
+		res.Outcome, res.Expired = OutcomeError, true
+		res.Error = fmt.Sprintf("the manifest in force (serial %d) expired at %s and the server sends nothing newer (304)",
+			cur.Serial, cur.ExpiresAt.UTC().Format(time.RFC3339))
+		a.log.Error("manifest in force expired; its pipes keep running", "serial", cur.Serial, "expired_at", cur.ExpiresAt)
 	}
 	return res
 }
