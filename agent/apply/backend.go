@@ -20,6 +20,7 @@ import (
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/units"
+	"io/fs"
 )
 
 // Backend installs pipes on the host and drives their runs. The daemon owns
@@ -275,59 +276,25 @@ func parallel(n int, f func(i int)) {
 // returns the set of pipes that failed (their unit steps must be skipped).
 func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *Result) map[string]bool {
 	failed := map[string]bool{}
-	byName := map[string]*prepared{}
-	for i := range preps {
-		byName[preps[i].pipe.Name] = &preps[i]
+	fail := func(name string, err error) {
+		failed[name] = true
+		res.fail(name, err)
 	}
 	root := filepath.Join(dataDir, pipesDir)
-	if err := ensureDir(dataDir, 0o700); err != nil {
-		for _, p := range preps {
-			failed[p.pipe.Name] = true
-			res.fail(p.pipe.Name, err)
+	for _, d := range []struct {
+		path string
+		perm fs.FileMode
+	}{{dataDir, 0o700}, {root, 0o755}} {
+		if err := ensureDir(d.path, d.perm); err != nil {
+			for _, p := range preps {
+				fail(p.pipe.Name, err)
+			}
+			return failed
 		}
-		return failed
-	}
-	if err := ensureDir(root, 0o755); err != nil {
-		for _, p := range preps {
-			failed[p.pipe.Name] = true
-			res.fail(p.pipe.Name, err)
-		}
-		return failed
 	}
 	// Fetch payloads in order, build generations on a few goroutines (the
 	// work is file system calls), sync once, then make them live.
-	type build struct {
-		pr     *prepared
-		bundle []byte
-		final  string
-		err    error
-	}
-	var builds []*build
-	for _, s := range steps {
-		if s.File != "pipes/"+s.Pipe || !(s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore) {
-			continue
-		}
-		pr := byName[s.Pipe]
-		if pr == nil {
-			continue
-		}
-		bl := &build{pr: pr}
-		switch {
-		case in.Payloads == nil:
-			bl.err = errors.New("no payload source")
-		default:
-			bundle, err := in.Payloads(&pr.pipe)
-			switch {
-			case err != nil:
-				bl.err = fmt.Errorf("payload: %w", err)
-			case manifest.Digest(bundle) != pr.pipe.Payload.Digest:
-				bl.err = fmt.Errorf("payload digest %s, manifest says %s", manifest.Digest(bundle), pr.pipe.Payload.Digest)
-			default:
-				bl.bundle = bundle
-			}
-		}
-		builds = append(builds, bl)
-	}
+	builds := generationBuilds(preps, steps, in)
 	parallel(len(builds), func(i int) {
 		bl := builds[i]
 		if bl.err == nil {
@@ -349,14 +316,12 @@ func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *
 				if bl.final != "" {
 					os.RemoveAll(bl.final)
 				}
-				failed[bl.pr.pipe.Name] = true
-				res.fail(bl.pr.pipe.Name, fmt.Errorf("pipe directory: %w", err))
+				fail(bl.pr.pipe.Name, fmt.Errorf("pipe directory: %w", err))
 			}
 		}
 		if err := atomicfile.SyncDir(root); err != nil {
 			for _, bl := range builds {
-				failed[bl.pr.pipe.Name] = true
-				res.fail(bl.pr.pipe.Name, err)
+				fail(bl.pr.pipe.Name, err)
 			}
 		}
 	}
@@ -367,12 +332,57 @@ func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *
 			continue
 		}
 		if err := writeSecrets(dataDir, p.pipe.Name, in.Secrets[p.pipe.Name]); err != nil {
-			failed[p.pipe.Name] = true
-			res.fail(p.pipe.Name, fmt.Errorf("secrets: %w", err))
+			fail(p.pipe.Name, fmt.Errorf("secrets: %w", err))
 		}
 	}
 	removeSecretsExcept(dataDir, keep)
 	return failed
+}
+
+// genBuild is a pipe directory generation to build: the pipe, its
+// verified bundle, then the directory built (or why not).
+type genBuild struct {
+	pr     *prepared
+	bundle []byte
+	final  string
+	err    error
+}
+
+// generationBuilds are the generations the plan's steps ask for (pipe
+// directories to create, update or restore), with their bundles fetched in
+// order and checked against the manifest's digest.
+func generationBuilds(preps []prepared, steps []Step, in Input) []*genBuild {
+	byName := map[string]*prepared{}
+	for i := range preps {
+		byName[preps[i].pipe.Name] = &preps[i]
+	}
+	var builds []*genBuild
+	for _, s := range steps {
+		if s.File != "pipes/"+s.Pipe || !(s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore) {
+			continue
+		}
+		pr := byName[s.Pipe]
+		if pr == nil {
+			continue
+		}
+		bl := &genBuild{pr: pr}
+		switch {
+		case in.Payloads == nil:
+			bl.err = errors.New("no payload source")
+		default:
+			bundle, err := in.Payloads(&pr.pipe)
+			switch {
+			case err != nil:
+				bl.err = fmt.Errorf("payload: %w", err)
+			case manifest.Digest(bundle) != pr.pipe.Payload.Digest:
+				bl.err = fmt.Errorf("payload digest %s, manifest says %s", manifest.Digest(bundle), pr.pipe.Payload.Digest)
+			default:
+				bl.bundle = bundle
+			}
+		}
+		builds = append(builds, bl)
+	}
+	return builds
 }
 
 // Ended is the service manager's account of one invocation of a pipe that
