@@ -211,7 +211,7 @@ func (a *Agent) watchdogLoop(ctx context.Context) {
 		// least every interval; a loop wedged longer than that stops the
 		// pings and systemd restarts the agent.
 		last := time.Unix(0, a.alive.Load())
-		if time.Now().Sub(last) < a.cfg.SyncInterval+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
+		if time.Since(last) < a.cfg.SyncInterval+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
 			a.sdNotify("WATCHDOG=1")
 		}
 	}

@@ -13,7 +13,7 @@ func (a *Agent) renewLoop(ctx context.Context) {
 	bo := newBackoff(5*time.Second, a.cfg.MaxBackoff)
 	for {
 		id := a.identity()
-		wait := id.RenewAt().Sub(time.Now())
+		wait := time.Until(id.RenewAt())
 		if wait > 0 {
 			// Wake at least hourly so that a stepped clock is noticed.
 			if !sleep(ctx, min(wait, time.Hour)) {
