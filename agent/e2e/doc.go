@@ -41,4 +41,6 @@
 // at once (TestMain raises -parallel unless it is given). DROVER_TEST_LOG=1
 // streams the processes' logs; a failing test shows their tails and the
 // state of its pipe units.
+//
+// Nothing imports it.
 package e2e

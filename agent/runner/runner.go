@@ -35,6 +35,9 @@
 //
 // With several runs (catchup: all) the code is that of the last run that did
 // not succeed, else 0.
+//
+// Imported by agent/cli (`drover-agent run`), the daemon (agent) and agent/apply
+// (which seals the payloads it unpacks: WritePayloadSum, VerifyPayload).
 package runner
 
 import (

@@ -23,6 +23,8 @@
 // Schema version 1 had no chunks, markers, spooled or kv buckets, no size
 // counters, and stored outbox values as bare AgentMessage bytes; Open
 // upgrades it (after copying the file to agent.db.bak-v1).
+//
+// Imported only by the daemon (agent, through BoltStore).
 package store
 
 import (

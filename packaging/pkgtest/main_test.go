@@ -2,6 +2,8 @@
 // its packages.json says it was built from this very tree), inspects them
 // with dpkg-deb and rpm, installs the RPMs into scratch roots, and installs,
 // upgrades, removes and purges the .debs in a booted Debian container.
+//
+// Nothing imports it.
 package pkgtest
 
 import (

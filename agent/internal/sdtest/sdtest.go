@@ -23,6 +23,8 @@
 // When the machine can't do it (not root, no unshare, no systemd) the tests
 // that call Require are skipped — or fail when CI=true, so CI never passes by
 // skipping.
+//
+// Imported by the tests of agent, agent/apply and agent/e2e.
 package sdtest
 
 import (
