@@ -390,6 +390,24 @@ func (r *runner) lock() (*os.File, bool, error) {
 
 // plan decides the trigger(s) of this invocation and the runs to make.
 func (r *runner) plan(st state, locked bool) []plannedRun {
+	p, elapse, fromTimer := r.pickTrigger(st)
+	if p.runID == "" {
+		p.runID = r.newRunID()
+	}
+	if !locked {
+		p.skip, p.skipReason = "another run of this pipe is still running", "overlap"
+		return []plannedRun{p}
+	}
+	if r.spec == nil || !fromTimer {
+		return []plannedRun{p}
+	}
+	return r.fireRuns(st, p, elapse)
+}
+
+// pickTrigger decides what started this run: the flags, else a fresh run
+// request (api), else the timer that started the unit (schedule; elapse is
+// its elapse), else a person (manual).
+func (r *runner) pickTrigger(st state) (p plannedRun, elapse time.Time, fromTimer bool) {
 	one := func(t agentpb.Trigger, at time.Time, req string) plannedRun {
 		id := r.env["INVOCATION_ID"]
 		if id == "" {
@@ -397,9 +415,6 @@ func (r *runner) plan(st state, locked bool) []plannedRun {
 		}
 		return plannedRun{runID: id, trigger: t, scheduledAt: at, requestID: req}
 	}
-	var p plannedRun
-	var elapse time.Time
-	fromTimer := false
 	switch {
 	case r.opts.Trigger != "":
 		t, err := agentpb.ParseTrigger(r.opts.Trigger)
@@ -423,19 +438,14 @@ func (r *runner) plan(st state, locked bool) []plannedRun {
 			p = one(agentpb.Trigger_TRIGGER_MANUAL, time.Time{}, "")
 		}
 	}
-	if p.runID == "" {
-		p.runID = r.newRunID()
-	}
-	if !locked {
-		p.skip, p.skipReason = "another run of this pipe is still running", "overlap"
-		return []plannedRun{p}
-	}
-	if r.spec == nil || !fromTimer {
-		return []plannedRun{p}
-	}
+	return p, elapse, fromTimer
+}
 
-	// A timer (or the cron backend) fired: which fire time does it stand for,
-	// and is it on time or a catch-up after downtime?
+// fireRuns places a run a timer (or the cron backend) started: which fire
+// time it stands for, whether it is on time or a catch-up after downtime,
+// whether that fire time already ran, and the earlier missed ones
+// catchup: all adds.
+func (r *runner) fireRuns(st state, p plannedRun, elapse time.Time) []plannedRun {
 	next := r.schedule()
 	if next == nil {
 		return []plannedRun{p}
