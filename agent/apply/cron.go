@@ -457,46 +457,57 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 	if !scheduled.IsZero() {
 		p.lastFire = scheduled
 	}
-	timeout := p.timeout
 	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		var timer *time.Timer
-		if timeout > 0 {
-			// As systemd's TimeoutStartSec=: the whole group goes.
-			timer = time.AfterFunc(timeout, func() { killGroup(cmd.Process.Pid, proc.done) })
-		}
-		err := cmd.Wait()
-		if timer != nil {
-			timer.Stop()
-		}
-		close(proc.done)
-		res, code := "success", 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				res, code = "signal", int(ws.Signal())
-			} else {
-				res, code = "exit-code", ee.ExitCode()
-			}
-		} else if err != nil {
-			res = "resources"
-		}
-		acct.Ended, acct.FinishedAt, acct.Result, acct.ExitCode = true, b.cfg.Now(), res, code
-		if res == "signal" {
-			acct.Signal, acct.ExitCode = signalName(code), -1
-		}
-		acct.Reason = cronReason(res, code)
-		b.saveRun(acct)
-		b.mu.Lock()
-		delete(p.procs, runID)
-		p.lastRes, p.lastExit = res, code
-		b.mu.Unlock()
-		if requestID != "" {
-			runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), name), requestID)
-		}
-	}()
+	go b.reap(p, proc, acct, p.timeout)
 	return proc, nil
+}
+
+// reap waits for a spawned runner (killing its process group after
+// timeout, as systemd's TimeoutStartSec= does), records how it ended in its
+// run account, forgets it, and removes its run request.
+func (b *Cron) reap(p *cronPipe, proc *cronProc, acct cronRun, timeout time.Duration) {
+	defer b.wg.Done()
+	cmd := proc.cmd
+	var timer *time.Timer
+	if timeout > 0 {
+		timer = time.AfterFunc(timeout, func() { killGroup(cmd.Process.Pid, proc.done) })
+	}
+	err := cmd.Wait()
+	if timer != nil {
+		timer.Stop()
+	}
+	close(proc.done)
+	res, code := waitResult(err)
+	acct.Ended, acct.FinishedAt, acct.Result, acct.ExitCode = true, b.cfg.Now(), res, code
+	if res == "signal" {
+		acct.Signal, acct.ExitCode = signalName(code), -1
+	}
+	acct.Reason = cronReason(res, code)
+	b.saveRun(acct)
+	b.mu.Lock()
+	delete(p.procs, proc.runID)
+	p.lastRes, p.lastExit = res, code
+	b.mu.Unlock()
+	if acct.RequestID != "" {
+		runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), acct.Pipe), acct.RequestID)
+	}
+}
+
+// waitResult is how a runner ended, in systemd's words (Result=): success,
+// exit-code (code: the exit status), signal (code: the signal) or
+// resources (it could not be waited for).
+func waitResult(err error) (res string, code int) {
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "signal", int(ws.Signal())
+		}
+		return "exit-code", ee.ExitCode()
+	case err != nil:
+		return "resources", 0
+	}
+	return "success", 0
 }
 
 // killGroup sends SIGTERM to the process group, then SIGKILL after 10 s
