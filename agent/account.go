@@ -147,7 +147,7 @@ func (a *Agent) settle(e apply.Ended) error {
 	for _, m := range msgs {
 		f := m.GetRunFinished()
 		a.log.Warn("run ended without the runner's record; recorded from the service manager's account",
-			"pipe", f.GetPipe(), "run_id", f.GetRunId(), "status", runStatusName(f.GetStatus()), "reason", f.GetReason())
+			"pipe", f.GetPipe(), "run_id", f.GetRunId(), "status", f.GetStatus().Name(), "reason", f.GetReason())
 		a.noteRecord(m)
 	}
 	if len(msgs) > 0 {
@@ -186,15 +186,12 @@ func (a *Agent) daemonRecord(e apply.Ended, runID string) *agentpb.AgentMessage 
 			f.DurationMs = e.FinishedAt.Sub(e.StartedAt).Milliseconds()
 		}
 	}
-	switch {
-	case e.RequestID != "" || e.Trigger == "api":
+	f.Trigger = agentpb.Trigger_TRIGGER_MANUAL
+	if t, err := agentpb.ParseTrigger(e.Trigger); err == nil {
+		f.Trigger = t
+	}
+	if e.RequestID != "" {
 		f.Trigger = agentpb.Trigger_TRIGGER_API
-	case e.Trigger == "catchup":
-		f.Trigger = agentpb.Trigger_TRIGGER_CATCHUP
-	case e.Trigger == "schedule":
-		f.Trigger = agentpb.Trigger_TRIGGER_SCHEDULE
-	default:
-		f.Trigger = agentpb.Trigger_TRIGGER_MANUAL
 	}
 	at := e.ScheduledAt
 	if at.IsZero() && !e.TriggeredAt.IsZero() {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/units"
@@ -82,7 +83,7 @@ func (r *accountRig) stop() {
 }
 
 func (r *accountRig) waitStream() {
-	waitFor(r.t, 15*time.Second, "the stream", func() bool {
+	testkit.WaitFor(r.t, 15*time.Second, "the stream", func() bool {
 		r.srv.mu.Lock()
 		defer r.srv.mu.Unlock()
 		return r.srv.streams[r.agentID] != nil
@@ -105,7 +106,7 @@ func (r *accountRig) finishedOnce(what string, match func(*agentpb.RunFinished) 
 
 func (r *accountRig) finishedOnceWithin(timeout time.Duration, what string, match func(*agentpb.RunFinished) bool) *agentpb.RunFinished {
 	r.t.Helper()
-	waitFor(r.t, timeout, what, func() bool { return len(r.srv.finishedWhere(match)) > 0 })
+	testkit.WaitFor(r.t, timeout, what, func() bool { return len(r.srv.finishedWhere(match)) > 0 })
 	// More passes (signals, status passes, a pass at start) add nothing.
 	for range 3 {
 		r.ta.a.kickAccount()
@@ -142,7 +143,7 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 	p, b := testPipe(t, "acct", "17 3 * * *", "exit 3\n", 1)
 	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
 	svc := units.ServiceName("acct")
-	waitFor(t, 20*time.Second, "the timer", func() bool { _, ok := sdtest.ListTimers(t)[units.TimerName("acct")]; return ok })
+	testkit.WaitFor(t, 20*time.Second, "the timer", func() bool { _, ok := sdtest.ListTimers(t)[units.TimerName("acct")]; return ok })
 
 	// 1. Run-now; the service's executable has an interpreter that does not exist.
 	r.setBin("#!/nonexistent/interpreter\n")
@@ -159,7 +160,7 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 	sdtest.WaitState(t, svc, "activating", 20*time.Second)
 	inv := sdtest.Show(t, svc, "InvocationID")
 	// The heartbeat lists the running invocation.
-	waitFor(t, 20*time.Second, "the heartbeat's running run", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the heartbeat's running run", func() bool {
 		hb := r.srv.lastHeartbeat()
 		return hb != nil && len(hb.GetRunningRunIds()) == 1 && hb.GetRunningRunIds()[0] == inv
 	})
@@ -202,11 +203,11 @@ func TestSystemdAccountsForEveryInvocation(t *testing.T) {
 	// daemon closes that run.
 	p2, b2 := testPipe(t, "acct", "17 3 * * *", "sleep 300\n", 2)
 	r.srv.publish(r.agentID, []manifest.Pipe{p2}, b2)
-	waitFor(t, 20*time.Second, "version 2", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "version 2", func() bool {
 		return strings.Contains(sdtest.Show(t, svc, "ExecStart"), r.bin) && r.ta.a.pipeVersion("acct") == 2
 	})
 	r.runNow("acct", uniq("req-kill"))
-	waitFor(t, 30*time.Second, "the runner's RunStarted", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the runner's RunStarted", func() bool {
 		for _, s := range r.srv.runsStarted() {
 			if s.GetRequestId() == uniq("req-kill") {
 				return true
@@ -240,17 +241,17 @@ func TestCronAccountsForKilledRunner(t *testing.T) {
 	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
 	ta := startAgent(t, cfg, backend)
 	agentID := ta.enrolled(10 * time.Second).AgentID
-	waitFor(t, 15*time.Second, "the stream", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the stream", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		return srv.streams[agentID] != nil
 	})
 	p, b := testPipe(t, "cronkill", "17 3 * * *", "true\n", 1)
 	srv.publish(agentID, []manifest.Pipe{p}, b)
-	waitFor(t, 20*time.Second, "the pipe", func() bool { return ta.a.pipeVersion("cronkill") == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the pipe", func() bool { return ta.a.pipeVersion("cronkill") == 1 })
 	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "cronkill", RequestId: uniq("req-cron")}}})
 	var runID string
-	waitFor(t, 20*time.Second, "the run", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the run", func() bool {
 		st, _ := backend.Status(context.Background())
 		for _, s := range st {
 			if s.Running {
@@ -266,7 +267,7 @@ func TestCronAccountsForKilledRunner(t *testing.T) {
 	}
 	must(t, json.Unmarshal(acct, &rec))
 	// The heartbeat lists the run while it runs.
-	waitFor(t, 20*time.Second, "the heartbeat's running run", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the heartbeat's running run", func() bool {
 		hb := srv.lastHeartbeat()
 		return hb != nil && slices.Contains(hb.GetRunningRunIds(), runID)
 	})
@@ -299,7 +300,7 @@ func TestFreezeAndTamper(t *testing.T) {
 	p, b := testPipe(t, "frozen", "17 3 * * *", script, 1)
 	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
 	svc := units.ServiceName("frozen")
-	waitFor(t, 20*time.Second, "the pipe", func() bool { return r.ta.a.pipeVersion("frozen") == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the pipe", func() bool { return r.ta.a.pipeVersion("frozen") == 1 })
 	st := r.ta.a.Status(t.Context())
 	if st.ManifestExpired || st.ManifestExpiresAt.IsZero() {
 		t.Fatalf("fresh manifest: expired %v at %s", st.ManifestExpired, st.ManifestExpiresAt)
@@ -324,7 +325,7 @@ func TestFreezeAndTamper(t *testing.T) {
 	if !st.ManifestExpired {
 		t.Fatalf("status does not say expired: %+v", st)
 	}
-	waitFor(t, 10*time.Second, "manifest_expired in a ManifestStatus", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "manifest_expired in a ManifestStatus", func() bool {
 		for _, ms := range r.srv.manifestStatuses() {
 			if ms.GetManifestExpired() && ms.GetExpiresAt().AsTime().Equal(st.ManifestExpiresAt) {
 				return true
@@ -334,7 +335,7 @@ func TestFreezeAndTamper(t *testing.T) {
 	})
 	// Retried hard: the sync loop asks again within expiredRetryMax.
 	before := polls.Load()
-	waitFor(t, expiredRetryMax+10*time.Second, "another pull", func() bool { return polls.Load() > before })
+	testkit.WaitFor(t, expiredRetryMax+10*time.Second, "another pull", func() bool { return polls.Load() > before })
 
 	// The pipe keeps running.
 	r.runNow("frozen", uniq("req-frozen"))
@@ -379,7 +380,7 @@ func TestFreezeAndTamper(t *testing.T) {
 		t.Fatalf("systemd still loads drop-ins: %q", dp)
 	}
 	want := svc + ".d/evil.conf"
-	waitFor(t, 10*time.Second, "drop_ins_removed in a ManifestStatus", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "drop_ins_removed in a ManifestStatus", func() bool {
 		for _, ms := range r.srv.manifestStatuses() {
 			for _, ps := range ms.GetPipes() {
 				if slices.Contains(ps.GetDropInsRemoved(), want) && ps.GetDriftRestored() {
@@ -411,7 +412,7 @@ func TestMachineIDAndLoad(t *testing.T) {
 	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
 	ta := startAgent(t, cfg, nil, WithLoadAvgPath(load))
 	ta.enrolled(10 * time.Second)
-	waitFor(t, 15*time.Second, "a heartbeat", func() bool { return srv.lastHeartbeat() != nil })
+	testkit.WaitFor(t, 15*time.Second, "a heartbeat", func() bool { return srv.lastHeartbeat() != nil })
 	srv.mu.Lock()
 	ids, hellos := slices.Clone(srv.enrollMachineIDs), slices.Clone(srv.hellos)
 	srv.mu.Unlock()
@@ -484,7 +485,7 @@ func TestSystemdTimerFailureHasScheduledAt(t *testing.T) {
 	r.setBin("#!/nonexistent/interpreter\n")
 	p, b := testPipe(t, "ticking", "* * * * *", "true\n", 1)
 	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
-	waitFor(t, 20*time.Second, "the timer", func() bool { _, ok := sdtest.ListTimers(t)[units.TimerName("ticking")]; return ok })
+	testkit.WaitFor(t, 20*time.Second, "the timer", func() bool { _, ok := sdtest.ListTimers(t)[units.TimerName("ticking")]; return ok })
 	f := r.finishedOnceWithin(90*time.Second, "the scheduled run", func(f *agentpb.RunFinished) bool { return f.GetPipe() == "ticking" })
 	checkDaemonRecord(t, f, "systemd: 203/EXEC", agentpb.Trigger_TRIGGER_SCHEDULE)
 	at := f.GetScheduledAt().AsTime()

@@ -155,7 +155,7 @@ func (a *Agent) noteRecord(msg *agentpb.AgentMessage) {
 		f := b.RunFinished
 		delete(a.runPipes, f.GetRunId())
 		a.lastRuns[f.GetPipe()] = RunSummary{
-			RunID: f.GetRunId(), Status: runStatusName(f.GetStatus()), Trigger: triggerName(f.GetTrigger()),
+			RunID: f.GetRunId(), Status: f.GetStatus().Name(), Trigger: f.GetTrigger().Name(),
 			ExitCode: f.GetExitCode(), Signal: f.GetSignal(), Reason: f.GetReason(), WrittenBy: f.GetWrittenBy(),
 			StartedAt: f.GetStartedAt().AsTime(), FinishedAt: f.GetFinishedAt().AsTime(),
 		}
@@ -166,38 +166,4 @@ func (a *Agent) pipeOfRun(runID string) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.runPipes[runID]
-}
-
-func runStatusName(s agentpb.RunStatus) string {
-	switch s {
-	case agentpb.RunStatus_RUN_STATUS_PENDING:
-		return "pending"
-	case agentpb.RunStatus_RUN_STATUS_RUNNING:
-		return "running"
-	case agentpb.RunStatus_RUN_STATUS_SUCCEEDED:
-		return "succeeded"
-	case agentpb.RunStatus_RUN_STATUS_FAILED:
-		return "failed"
-	case agentpb.RunStatus_RUN_STATUS_TIMED_OUT:
-		return "timed_out"
-	case agentpb.RunStatus_RUN_STATUS_CANCELED:
-		return "canceled"
-	case agentpb.RunStatus_RUN_STATUS_SKIPPED:
-		return "skipped"
-	}
-	return "unknown"
-}
-
-func triggerName(t agentpb.Trigger) string {
-	switch t {
-	case agentpb.Trigger_TRIGGER_SCHEDULE:
-		return "schedule"
-	case agentpb.Trigger_TRIGGER_CATCHUP:
-		return "catchup"
-	case agentpb.Trigger_TRIGGER_MANUAL:
-		return "manual"
-	case agentpb.Trigger_TRIGGER_API:
-		return "api"
-	}
-	return "unknown"
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/drover/drover/manifest"
 )
 
-// Default paths (DESIGN.md, "Paths and names").
+// Default paths (docs/design.md, "Paths and names"; internal/paths).
 const (
 	DefaultConfigFile = paths.AgentConfigFile
 	DefaultDataDir    = paths.AgentDataDir

@@ -243,7 +243,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 	a.mu.Unlock()
 	if cur != nil {
 		st.ManifestExpiresAt = cur.ExpiresAt
-		st.ManifestExpired = !cur.ExpiresAt.IsZero() && !a.clock.Now().Before(cur.ExpiresAt)
+		st.ManifestExpired = !cur.ExpiresAt.IsZero() && !time.Now().Before(cur.ExpiresAt)
 	}
 	if id != nil {
 		st.Enrolled, st.AgentID, st.GRPCAddr, st.CertExpiresAt = true, id.AgentID, id.GRPCAddr, id.NotAfter()

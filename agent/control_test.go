@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 )
 
@@ -74,7 +75,7 @@ func TestControlSocket(t *testing.T) {
 
 // TestControlSocketStale: a socket left by a killed daemon is replaced.
 func TestControlSocketStale(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := testkit.ShortTempDir(t, "dra")
 	sock := filepath.Join(dir, "c", "agent.sock")
 	must(t, os.MkdirAll(filepath.Dir(sock), 0o700))
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
@@ -98,12 +99,12 @@ func TestControlSocketOtherUser(t *testing.T) {
 		return // the child half runs in TestHelperDial
 	}
 	if os.Geteuid() != 0 {
-		skipOrFailInCI(t, "needs root to run a process as another user")
+		testkit.Unavailable(t, "needs root to run a process as another user")
 	}
 	cfg := testConfig(t, nil)
 	ta := startAgent(t, cfg, nil)
 	sock := cfg.SocketPath()
-	waitFor(t, 5*time.Second, "the socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	testkit.WaitFor(t, 5*time.Second, "the socket", func() bool { _, err := os.Stat(sock); return err == nil })
 	// Make the path traversable (the data dir's parent is a 0700 temp dir)
 	// so that only the socket's own directory and mode stand in the way.
 	must(t, os.Chmod(filepath.Dir(cfg.DataDir), 0o755))
@@ -133,7 +134,7 @@ func TestControlSocketOtherUser(t *testing.T) {
 func runAsNobody(t *testing.T, sock string) (string, error) {
 	t.Helper()
 	// The test binary's own directory is private: run a copy.
-	dir := shortTempDir(t)
+	dir := testkit.ShortTempDir(t, "dra")
 	must(t, os.Chmod(dir, 0o755))
 	bin := filepath.Join(dir, "helper")
 	data, err := os.ReadFile(os.Args[0])
@@ -163,14 +164,4 @@ func TestHelperDial(t *testing.T) {
 		t.Fatalf("dial: %v", err)
 	}
 	t.Logf("DIAL-OK %+v", st)
-}
-
-// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
-// when CI=true: in CI every prerequisite must be there.
-func skipOrFailInCI(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal("prerequisite missing in CI: " + why)
-	}
-	t.Skip(why)
 }

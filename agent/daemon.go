@@ -17,6 +17,7 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/go-resty/resty/v2"
 
+	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/manifest"
 )
 
@@ -30,9 +31,8 @@ var Version = "dev"
 type Agent struct {
 	cfg       Config
 	log       *slog.Logger
-	clock     Clock
 	store     Store
-	backend   Backend
+	backend   apply.Backend
 	host      HostInfo
 	envToken  string
 	notify    func(string) // sd_notify; nil: none
@@ -80,17 +80,11 @@ type Agent struct {
 // Option configures an Agent.
 type Option func(*Agent)
 
-// WithClock sets the clock (default: the system clock).
-func WithClock(c Clock) Option { return func(a *Agent) { a.clock = c } }
-
 // WithStore sets the durable store. Required.
 func WithStore(s Store) Option { return func(a *Agent) { a.store = s } }
 
 // WithBackend sets the backend pipes run on. Required.
-func WithBackend(b Backend) Option { return func(a *Agent) { a.backend = b } }
-
-// WithHostInfo overrides what the agent reports about its host.
-func WithHostInfo(h HostInfo) Option { return func(a *Agent) { a.host = h } }
+func WithBackend(b apply.Backend) Option { return func(a *Agent) { a.backend = b } }
 
 // WithEnrollToken passes a token value (DROVER_ENROLL_TOKEN, or
 // `drover-agent --token`); it is used when the agent is not enrolled.
@@ -122,7 +116,6 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	a := &Agent{
 		cfg:         cfg,
 		log:         logger,
-		clock:       realClock{},
 		host:        DefaultHostInfo(),
 		enrolled:    make(chan struct{}),
 		syncReq:     make(chan chan SyncResult, 16),
@@ -174,7 +167,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	a.log.Info("agent starting", "version", Version, "backend", a.backend.Name(), "scope", a.cfg.Scope,
 		"systemd", a.systemdVersion(), "data_dir", a.cfg.DataDir, "control", a.cfg.SocketPath())
-	a.alive.Store(a.clock.Now().UnixNano())
+	a.alive.Store(time.Now().UnixNano())
 	a.sdNotify("READY=1")
 	defer a.log.Info("agent stopped")
 	defer a.sdNotify("STOPPING=1")
@@ -219,13 +212,13 @@ func (a *Agent) watchdogLoop(ctx context.Context) {
 		// least every interval; a loop wedged longer than that stops the
 		// pings and systemd restarts the agent.
 		last := time.Unix(0, a.alive.Load())
-		if a.clock.Now().Sub(last) < a.cfg.SyncInterval+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
+		if time.Since(last) < a.cfg.SyncInterval+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
 			a.sdNotify("WATCHDOG=1")
 		}
 	}
 }
 
-func (a *Agent) markAlive() { a.alive.Store(a.clock.Now().UnixNano()) }
+func (a *Agent) markAlive() { a.alive.Store(time.Now().UnixNano()) }
 
 // identity returns the loaded identity (nil before enrollment).
 func (a *Agent) identity() *Identity {
@@ -299,7 +292,7 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 		if fileTok, ok := a.readTokenFile(); ok {
 			tokStr, fromFile = fileTok, true
 		}
-		if tries.due(tokStr, fromFile, a.clock.Now()) {
+		if tries.due(tokStr, fromFile, time.Now()) {
 			id, err := a.tryEnroll(ctx, tokStr)
 			if err == nil {
 				if fromFile {
@@ -311,7 +304,7 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			d := tries.failed(tokStr, fromFile, a.clock.Now())
+			d := tries.failed(tokStr, fromFile, time.Now())
 			a.log.Error("enrollment failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
 		}
 		select {
@@ -358,7 +351,7 @@ func (a *Agent) tryEnroll(ctx context.Context, tokStr string) (*Identity, error)
 		return nil, err
 	}
 	a.log.Info("enrolling", "server", a.cfg.Server, "token", tok.String())
-	id, err := enroll(ctx, a.cfg.Server, tok, a.host, a.cfg.DataDir, a.store, a.cfg.RequestTimeout, a.clock.Now, a.log)
+	id, err := enroll(ctx, a.cfg.Server, tok, a.host, a.cfg.DataDir, a.store, a.cfg.RequestTimeout, time.Now, a.log)
 	if err != nil {
 		a.setEnrollErr(err)
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 )
 
@@ -81,7 +82,7 @@ func TestEnrollFromTokenFile(t *testing.T) {
 	if in == nil || len(in.Manifest.Pipes) != 1 || in.Manifest.Pipes[0].Name != "hello" {
 		t.Fatalf("apply: %+v", in)
 	}
-	waitFor(t, 10*time.Second, "an applied ManifestStatus", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "an applied ManifestStatus", func() bool {
 		ms := srv.manifestStatuses()
 		return len(ms) == 1 && ms[0].GetSerial() == 1 && ms[0].GetState().String() == "STATE_APPLIED"
 	})
@@ -95,7 +96,7 @@ func TestEnrollPinMismatch(t *testing.T) {
 	bad := good[:strings.LastIndex(good, ".")+1] + strings.Repeat("0", 64)
 	must(t, os.WriteFile(cfg.TokenFile, []byte(bad), 0o600))
 	ta := startAgent(t, cfg, nil)
-	waitFor(t, 10*time.Second, "the pin error", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the pin error", func() bool {
 		return strings.Contains(ta.a.Status(t.Context()).EnrollError, "pin")
 	})
 	time.Sleep(500 * time.Millisecond)
@@ -134,7 +135,7 @@ func TestEnrollBadTokenBackoff(t *testing.T) {
 			cfg.MaxBackoff = 5 * time.Minute
 			must(t, os.WriteFile(cfg.TokenFile, []byte(c.token), 0o600))
 			ta := startAgent(t, cfg, nil)
-			waitFor(t, 10*time.Second, "the enrollment error", func() bool {
+			testkit.WaitFor(t, 10*time.Second, "the enrollment error", func() bool {
 				return strings.Contains(ta.a.Status(t.Context()).EnrollError, c.want)
 			})
 			time.Sleep(2500 * time.Millisecond)
@@ -151,7 +152,7 @@ func TestEnrollBadTokenBackoff(t *testing.T) {
 		cfg.MaxBackoff = 5 * time.Minute
 		must(t, os.WriteFile(cfg.TokenFile, []byte(used), 0o600))
 		ta := startAgent(t, cfg, nil)
-		waitFor(t, 10*time.Second, "the enrollment error", func() bool {
+		testkit.WaitFor(t, 10*time.Second, "the enrollment error", func() bool {
 			return ta.a.Status(t.Context()).EnrollError != ""
 		})
 		// Wait out the first short retry so the agent is in a longer backoff.
@@ -216,7 +217,7 @@ func TestRenewal(t *testing.T) {
 	if d := id.RenewAt().Sub(id.NotBefore()); d != life*2/3 {
 		t.Fatalf("renew at +%s, want 2/3 of %s", d, life)
 	}
-	waitFor(t, 10*time.Second, "renewal", func() bool { return ta.a.identity().NotAfter().After(id.NotAfter().Add(time.Minute)) })
+	testkit.WaitFor(t, 10*time.Second, "renewal", func() bool { return ta.a.identity().NotAfter().After(id.NotAfter().Add(time.Minute)) })
 	id2 := ta.a.identity()
 	if id2.cert.Leaf.PublicKey.(*ecdsa.PublicKey).Equal(id.cert.Leaf.PublicKey) {
 		t.Fatal("renewal reused the key")
@@ -257,11 +258,11 @@ func TestReenrollExpired(t *testing.T) {
 	srv.certLifetime = time.Hour
 	srv.mu.Unlock()
 	ta = startAgent(t, cfg, nil)
-	waitFor(t, 10*time.Second, "the expiry in status", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the expiry in status", func() bool {
 		return strings.Contains(ta.a.Status(t.Context()).IdentityError, "expired")
 	})
 	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
-	waitFor(t, 10*time.Second, "re-enrollment", func() bool { return ta.a.identity().AgentID != id.AgentID })
+	testkit.WaitFor(t, 10*time.Second, "re-enrollment", func() bool { return ta.a.identity().AgentID != id.AgentID })
 	nid := ta.a.identity()
 	if !nid.NotAfter().After(time.Now().Add(30 * time.Minute)) {
 		t.Fatalf("new certificate expires %v", nid.NotAfter())
@@ -269,7 +270,7 @@ func TestReenrollExpired(t *testing.T) {
 	srv.publish(nid.AgentID, []manifest.Pipe{p}, b)
 	// Synced on request too: the SyncNow of publish is lost when the new
 	// identity's stream is not connected yet.
-	waitFor(t, 10*time.Second, "the new agent's first manifest", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the new agent's first manifest", func() bool {
 		if r := ta.syncNow(); r.Serial != 1 || r.Error != "" {
 			return false
 		}

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/apply"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 )
 
@@ -101,49 +101,21 @@ func (b *fakeBackend) lastApply() *apply.Input {
 	return &b.applies[len(b.applies)-1]
 }
 
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type testAgent struct {
 	t       *testing.T
 	a       *Agent
 	cfg     Config
 	store   *BoltStore
-	backend Backend
+	backend apply.Backend
 	fake    *fakeBackend
-	logs    *syncBuffer
+	logs    *testkit.Buffer
 	cancel  context.CancelFunc
 	done    chan error
 }
 
-// shortTempDir returns a temporary directory with a short path (unix
-// socket paths are limited to ~100 bytes).
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "dra")
-	must(t, err)
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
-
 // testConfig is a configuration for an agent of srv in a fresh directory.
 func testConfig(t *testing.T, srv *fakeServer) Config {
-	base := shortTempDir(t)
+	base := testkit.ShortTempDir(t, "dra")
 	cfg := DefaultConfig()
 	if srv != nil {
 		cfg.Server = srv.URL()
@@ -161,12 +133,12 @@ func testConfig(t *testing.T, srv *fakeServer) Config {
 
 // startAgent runs an agent for cfg in-process until the test ends. With a
 // nil backend a fakeBackend is used.
-func startAgent(t *testing.T, cfg Config, backend Backend, opts ...Option) *testAgent {
+func startAgent(t *testing.T, cfg Config, backend apply.Backend, opts ...Option) *testAgent {
 	t.Helper()
 	must(t, os.MkdirAll(cfg.DataDir, 0o700))
 	st, err := OpenStore(cfg.DataDir, cfg.OutboxMaxBytes, nil)
 	must(t, err)
-	ta := &testAgent{t: t, cfg: cfg, store: st, logs: &syncBuffer{}, done: make(chan error, 1)}
+	ta := &testAgent{t: t, cfg: cfg, store: st, logs: &testkit.Buffer{}, done: make(chan error, 1)}
 	if backend == nil {
 		ta.fake = &fakeBackend{}
 		backend = ta.fake
@@ -204,18 +176,6 @@ func (ta *testAgent) stop() {
 	}
 	ta.cancel = nil
 	ta.store.Close()
-}
-
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // enrolled waits until the agent has an identity.

@@ -1,26 +1,13 @@
 package agent
 
 import (
-	"context"
-	"time"
-
-	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/spool"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/signing"
 )
 
-// The daemon consumes three small interfaces. The CLI adapts the real
-// implementations (agent/store, agent/apply) to them; tests use fakes.
-
-// Clock tells the time. Tests may move it.
-type Clock interface {
-	Now() time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
+// The daemon consumes two interfaces: Store (the CLI adapts agent/store to
+// it, BoltStore) and Backend (agent/apply's). Tests use fakes.
 
 // ManifestState is what the store remembers of manifests.
 type ManifestState struct {
@@ -72,25 +59,6 @@ type Store interface {
 	// AccountBaseline reports whether run accounting had started before
 	// (and marks it started).
 	AccountBaseline() (bool, error)
-}
-
-// Backend runs pipes on the host: systemd units or the internal cron
-// scheduler. It is the part of apply.Backend the daemon uses; every
-// apply.Backend satisfies it.
-type Backend interface {
-	// Name is "systemd" or "cron".
-	Name() string
-	// Apply makes the host run exactly the manifest's pipes.
-	Apply(ctx context.Context, in apply.Input) (*apply.Result, error)
-	// Check restores drift against the last applied input.
-	Check(ctx context.Context) ([]apply.Step, error)
-	// Status returns every installed pipe's schedule and last result.
-	Status(ctx context.Context) ([]apply.PipeState, error)
-	// RunNow starts a pipe now (trigger api).
-	RunNow(ctx context.Context, pipe, requestID string) error
-	// Cancel stops a pipe's run and kills its process tree.
-	Cancel(ctx context.Context, pipe, runID string) error
-	Close() error
 }
 
 // systemdVersioner is implemented by backends that know their manager's

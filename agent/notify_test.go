@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/drover/drover/internal/testkit"
 	"slices"
 	"sync"
 	"testing"
@@ -30,8 +31,8 @@ func TestNotify(t *testing.T) {
 	}
 	cfg := testConfig(t, nil)
 	ta := startAgent(t, cfg, nil, WithNotify(notify, 200*time.Millisecond))
-	waitFor(t, 5*time.Second, "READY=1", func() bool { return count("READY=1") == 1 })
-	waitFor(t, 5*time.Second, "watchdog pings", func() bool { return count("WATCHDOG=1") >= 3 })
+	testkit.WaitFor(t, 5*time.Second, "READY=1", func() bool { return count("READY=1") == 1 })
+	testkit.WaitFor(t, 5*time.Second, "watchdog pings", func() bool { return count("WATCHDOG=1") >= 3 })
 	ta.stop()
 	mu.Lock()
 	defer mu.Unlock()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 	"github.com/drover/drover/units"
 )
@@ -97,7 +98,7 @@ func TestRealServer(t *testing.T) {
 
 	cfg := testConfig(t, nil)
 	cfg.Server = rs.base
-	var backend Backend
+	var backend apply.Backend
 	if sdtest.Available() == nil {
 		cfg.Backend = BackendSystemd
 		b, err := apply.Select(t.Context(), apply.BackendSystemd, apply.Config{DataDir: cfg.DataDir, Scope: units.ScopeUser, AgentPath: "/bin/true"})
@@ -111,7 +112,7 @@ func TestRealServer(t *testing.T) {
 	if _, err := os.Stat(cfg.TokenFile); !os.IsNotExist(err) {
 		t.Fatal("token file not removed")
 	}
-	waitFor(t, 15*time.Second, "the agent online on the server", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the agent online on the server", func() bool {
 		var ag api.Agent
 		rs.api("GET", "/api/v1/agents/"+id.AgentID, nil, &ag)
 		return ag.Online && ta.a.Status(t.Context()).StreamConnected
@@ -121,7 +122,7 @@ func TestRealServer(t *testing.T) {
 	rs.api("PUT", "/api/v1/pipes/rs-hello", map[string]any{"spec": map[string]any{
 		"schedule": "11 4 * * *", "script": "echo hello", "targets": map[string]any{"tags": map[string]string{"role": "agenttest"}},
 	}}, &put)
-	waitFor(t, 20*time.Second, "the pipe on the agent", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the pipe on the agent", func() bool {
 		st := ta.a.Status(t.Context())
 		return st.AppliedSerial > 0 && len(st.Pipes) == 1 && st.Pipes[0].Name == "rs-hello" && !st.Pipes[0].NextRun.IsZero()
 	})
@@ -135,7 +136,7 @@ func TestRealServer(t *testing.T) {
 	}
 
 	runs := spoolRuns(t, cfg.DataDir, "rs-hello", 0, 20)
-	waitFor(t, 20*time.Second, "20 runs on the server", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "20 runs on the server", func() bool {
 		var out struct {
 			Runs []api.Run `json:"runs"`
 		}
@@ -150,7 +151,7 @@ func TestRealServer(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, 10*time.Second, "an empty outbox", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "an empty outbox", func() bool {
 		n, _, _ := ta.store.OutboxStats()
 		return n == 0
 	})
@@ -162,7 +163,7 @@ func TestRealServer(t *testing.T) {
 
 	// Deleting the pipe on the server removes it from the host.
 	rs.api("DELETE", "/api/v1/pipes/rs-hello", nil, nil)
-	waitFor(t, 20*time.Second, "the pipe to go", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the pipe to go", func() bool {
 		st := ta.a.Status(t.Context())
 		for _, p := range st.Pipes {
 			if p.Version > 0 {
@@ -201,7 +202,7 @@ func TestRealServerReenroll(t *testing.T) {
 		rs.api("PUT", "/api/v1/pipes/re-hello", map[string]any{"spec": map[string]any{
 			"schedule": sched, "script": "echo hello", "targets": map[string]any{"tags": tags},
 		}}, nil)
-		waitFor(t, 20*time.Second, "pipe version with "+sched, func() bool {
+		testkit.WaitFor(t, 20*time.Second, "pipe version with "+sched, func() bool {
 			st := ta.a.Status(t.Context())
 			return len(st.Pipes) == 1 && st.AppliedSerial > 0 && st.Serial == st.AppliedSerial && ta.syncNow().Outcome == OutcomeUnchanged
 		})
@@ -217,13 +218,13 @@ func TestRealServerReenroll(t *testing.T) {
 	}
 
 	rs.api("POST", "/api/v1/agents/"+old+"/revoke", nil, nil)
-	waitFor(t, 20*time.Second, "the agent to notice the revocation", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the agent to notice the revocation", func() bool {
 		ta.a.RequestSync()
 		return strings.Contains(ta.a.Status(t.Context()).IdentityError, "agent_revoked")
 	})
 	// Pipes keep running: runs recorded while revoked wait in the outbox.
 	runs := spoolRuns(t, cfg.DataDir, "re-hello", 0, 3)
-	waitFor(t, 10*time.Second, "the runs in the outbox", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the runs in the outbox", func() bool {
 		n, _, _ := ta.store.OutboxStats()
 		return n >= 9
 	})
@@ -233,7 +234,7 @@ func TestRealServerReenroll(t *testing.T) {
 
 	must(t, os.WriteFile(cfg.TokenFile, []byte(newToken()+"\n"), 0o600))
 	var id string
-	waitFor(t, 30*time.Second, "re-enrollment", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "re-enrollment", func() bool {
 		if cur := ta.a.identity(); cur != nil && cur.AgentID != old {
 			id = cur.AgentID
 			return true
@@ -246,12 +247,12 @@ func TestRealServerReenroll(t *testing.T) {
 	if got, err := loadIdentity(cfg.DataDir); err != nil || got.AgentID != id {
 		t.Fatalf("stored identity: %v %v", got, err)
 	}
-	waitFor(t, 30*time.Second, "the new agent's manifest applied", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the new agent's manifest applied", func() bool {
 		st := ta.a.Status(t.Context())
 		return st.IdentityError == "" && st.Serial > 0 && st.Serial < oldSerial && st.AppliedSerial == st.Serial &&
 			len(st.Pipes) == 1 && st.Pipes[0].Name == "re-hello" && st.StreamConnected
 	})
-	waitFor(t, 30*time.Second, "the runs on the server under the new id", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the runs on the server under the new id", func() bool {
 		var out struct {
 			Runs []api.Run `json:"runs"`
 		}
@@ -259,7 +260,7 @@ func TestRealServerReenroll(t *testing.T) {
 		return len(out.Runs) == len(runs)
 	})
 	var ag api.Agent
-	waitFor(t, 30*time.Second, "the new agent's applied manifest on the server", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the new agent's applied manifest on the server", func() bool {
 		rs.api("GET", "/api/v1/agents/"+id, nil, &ag)
 		return ag.ManifestState == "applied"
 	})

@@ -78,7 +78,7 @@ func (a *Agent) identityProblem() string {
 	if lost != "" {
 		return lost
 	}
-	if now := a.clock.Now(); !now.Before(id.NotAfter()) {
+	if now := time.Now(); !now.Before(id.NotAfter()) {
 		return fmt.Sprintf("the agent's certificate expired at %s", id.NotAfter().UTC().Format(time.RFC3339))
 	}
 	return ""
@@ -127,14 +127,14 @@ func (a *Agent) reenrollLoop(ctx context.Context) {
 			lastReason = reason
 		}
 		tok, ok := a.readTokenFile()
-		if !ok || !tries.due(tok, true, a.clock.Now()) {
+		if !ok || !tries.due(tok, true, time.Now()) {
 			continue
 		}
 		if err := a.reenroll(ctx, tok); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			d := tries.failed(tok, true, a.clock.Now())
+			d := tries.failed(tok, true, time.Now())
 			a.log.Error("re-enrollment failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
 			continue
 		}

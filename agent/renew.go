@@ -15,7 +15,7 @@ func (a *Agent) renewLoop(ctx context.Context) {
 	bo := newBackoff(5*time.Second, a.cfg.MaxBackoff)
 	for {
 		id := a.identity()
-		wait := id.RenewAt().Sub(a.clock.Now())
+		wait := time.Until(id.RenewAt())
 		if wait > 0 {
 			// Wake at least hourly so that a stepped clock is noticed.
 			if !sleep(ctx, min(wait, time.Hour)) {
@@ -57,7 +57,7 @@ func (a *Agent) renew(ctx context.Context) error {
 	if len(caPEM) == 0 {
 		caPEM = id.caPEM
 	}
-	leaf, err := checkIssued([]byte(out.Certificate), caPEM, key, a.clock.Now())
+	leaf, err := checkIssued([]byte(out.Certificate), caPEM, key, time.Now())
 	if err != nil {
 		return fmt.Errorf("renew: %w", err)
 	}

@@ -58,7 +58,7 @@ func (a *Agent) runNow(ctx context.Context, pipe, req string) {
 	default:
 		a.log.Error("run now", "pipe", pipe, "request_id", req, "err", err)
 	}
-	now := timestamppb.New(a.clock.Now())
+	now := timestamppb.New(time.Now())
 	msg := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{
 		RunId: newRunID(), Pipe: pipe, PipeVersion: a.pipeVersion(pipe), Trigger: agentpb.Trigger_TRIGGER_API,
 		Status: status, ExitCode: exit, StartedAt: now, FinishedAt: now, Error: reason, RequestId: req,

@@ -107,30 +107,7 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 	var acked atomic.Uint64
 	ackCh := make(chan struct{}, 1)
 	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			msg, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			if ack := msg.GetAck(); ack != nil {
-				if err := a.store.Ack(ack.GetSeq()); err != nil {
-					a.log.Error("outbox ack", "seq", ack.GetSeq(), "err", err)
-					continue
-				}
-				if ack.GetSeq() > acked.Load() {
-					acked.Store(ack.GetSeq())
-				}
-				select {
-				case ackCh <- struct{}{}:
-				default:
-				}
-				continue
-			}
-			a.handleCommand(ctx, msg)
-		}
-	}()
+	go func() { recvErr <- a.receive(ctx, stream, &acked, ackCh) }()
 	a.setStreamUp(true)
 	a.log.Info("stream connected", "grpc", id.GRPCAddr)
 
@@ -138,21 +115,8 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 	defer hb.Stop()
 	var lastSent uint64
 	for {
-		// Send what is pending, in order, within the window.
-		for lastSent < acked.Load()+sendWindow {
-			msgs, err := a.store.Pending(max(lastSent, acked.Load()), pendingBatch)
-			if err != nil {
-				return fmt.Errorf("outbox: %w", err)
-			}
-			if len(msgs) == 0 {
-				break
-			}
-			for _, m := range msgs {
-				if err := stream.Send(m); err != nil {
-					return fmt.Errorf("send: %w", err)
-				}
-				lastSent = m.GetSeq()
-			}
+		if err := a.sendPending(stream, &lastSent, &acked); err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
@@ -171,6 +135,55 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// receive reads the server's messages until the stream fails: acks delete
+// outbox records (acked, and a signal on ackCh, let the sender move its
+// window), commands are handled.
+func (a *Agent) receive(ctx context.Context, stream agentpb.Agent_AgentStreamClient, acked *atomic.Uint64, ackCh chan<- struct{}) error {
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		ack := msg.GetAck()
+		if ack == nil {
+			a.handleCommand(ctx, msg)
+			continue
+		}
+		if err := a.store.Ack(ack.GetSeq()); err != nil {
+			a.log.Error("outbox ack", "seq", ack.GetSeq(), "err", err)
+			continue
+		}
+		if ack.GetSeq() > acked.Load() {
+			acked.Store(ack.GetSeq())
+		}
+		select {
+		case ackCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// sendPending sends the outbox records after *lastSent (or the last
+// acked), in order, while fewer than sendWindow are unacknowledged.
+func (a *Agent) sendPending(stream agentpb.Agent_AgentStreamClient, lastSent *uint64, acked *atomic.Uint64) error {
+	for *lastSent < acked.Load()+sendWindow {
+		msgs, err := a.store.Pending(max(*lastSent, acked.Load()), pendingBatch)
+		if err != nil {
+			return fmt.Errorf("outbox: %w", err)
+		}
+		if len(msgs) == 0 {
+			return nil
+		}
+		for _, m := range msgs {
+			if err := stream.Send(m); err != nil {
+				return fmt.Errorf("send: %w", err)
+			}
+			*lastSent = m.GetSeq()
+		}
+	}
+	return nil
 }
 
 // hello is the first message of every stream.
@@ -202,7 +215,7 @@ func (a *Agent) systemdVersion() string {
 }
 
 func (a *Agent) heartbeat(ctx context.Context) *agentpb.AgentMessage {
-	hb := &agentpb.Heartbeat{SentAt: timestamppb.New(a.clock.Now())}
+	hb := &agentpb.Heartbeat{SentAt: timestamppb.New(time.Now())}
 	hb.RunningRunIds = a.runningRunIDs(ctx)
 	hb.Load1, hb.Load5, hb.Load15 = readLoadAvg(a.loadAvgPath())
 	// Every status pass also settles what ended while no signal said so.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/spool"
+	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
 )
 
@@ -94,12 +95,12 @@ func TestOutboxReplay(t *testing.T) {
 	srv.dropAfter = 100
 	srv.mu.Unlock()
 	runs := spoolRuns(t, cfg.DataDir, "replay", 0, 100)
-	waitFor(t, 20*time.Second, "300 records", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "300 records", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		return len(srv.order) == 300
 	})
-	waitFor(t, 10*time.Second, "an empty outbox", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "an empty outbox", func() bool {
 		n, _, _ := ta.store.OutboxStats()
 		return n == 0
 	})
@@ -114,7 +115,7 @@ func TestOutboxReplay(t *testing.T) {
 	srv.holdAcks = true
 	srv.mu.Unlock()
 	runs = append(runs, spoolRuns(t, cfg.DataDir, "replay", 100, 50)...)
-	waitFor(t, 20*time.Second, "450 records", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "450 records", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		return len(srv.order) == 450
@@ -126,7 +127,7 @@ func TestOutboxReplay(t *testing.T) {
 	srv.mu.Unlock()
 	ta2 := startAgent(t, cfg, nil)
 	ta2.enrolled(10 * time.Second)
-	waitFor(t, 20*time.Second, "600 records and an empty outbox", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "600 records and an empty outbox", func() bool {
 		n, _, _ := ta2.store.OutboxStats()
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
@@ -159,9 +160,9 @@ func TestStreamCommands(t *testing.T) {
 		t.Fatalf("hello %+v", h)
 	}
 	spoolRuns(t, ta.cfg.DataDir, "cmd", 0, 1) // run-00000 of pipe cmd
-	waitFor(t, 10*time.Second, "the run records", func() bool { return ta.a.pipeOfRun("run-00000") == "" && len(ta.a.Status(t.Context()).Pipes) == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the run records", func() bool { return ta.a.pipeOfRun("run-00000") == "" && len(ta.a.Status(t.Context()).Pipes) == 1 })
 	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: "cmd", RequestId: "req-1"}}})
-	waitFor(t, 5*time.Second, "RunNow", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool {
 		ta.fake.mu.Lock()
 		defer ta.fake.mu.Unlock()
 		return len(ta.fake.runNows) == 1 && ta.fake.runNows[0] == "cmd/req-1"
@@ -170,7 +171,7 @@ func TestStreamCommands(t *testing.T) {
 	ta.fake.states = append(ta.fake.states, applyPipeRunning("cmd", "run-77"))
 	ta.fake.mu.Unlock()
 	srv.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_CancelRun{CancelRun: &agentpb.CancelRun{RunId: "run-77"}}})
-	waitFor(t, 5*time.Second, "CancelRun", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "CancelRun", func() bool {
 		ta.fake.mu.Lock()
 		defer ta.fake.mu.Unlock()
 		return len(ta.fake.cancels) == 1 && ta.fake.cancels[0] == "cmd/run-77"
@@ -207,7 +208,7 @@ func TestRunNowRefused(t *testing.T) {
 		}
 		return nil
 	}
-	waitFor(t, 10*time.Second, "both run records", func() bool { return finished("req-ghost") != nil && finished("req-busy") != nil })
+	testkit.WaitFor(t, 10*time.Second, "both run records", func() bool { return finished("req-ghost") != nil && finished("req-busy") != nil })
 	g, b := finished("req-ghost"), finished("req-busy")
 	if g.GetStatus() != agentpb.RunStatus_RUN_STATUS_FAILED || g.GetPipe() != "ghost" || g.GetTrigger() != agentpb.Trigger_TRIGGER_API ||
 		!strings.Contains(g.GetError(), "not installed") || g.GetRunId() == "" || g.GetExitCode() != -1 {

@@ -123,7 +123,7 @@ func (a *Agent) RequestSync() <-chan SyncResult {
 // syncOnce runs one sync and records its result for status.
 func (a *Agent) syncOnce(ctx context.Context) SyncResult {
 	res := a.doSync(ctx)
-	res.At = a.clock.Now()
+	res.At = time.Now()
 	a.mu.Lock()
 	a.lastSync = res.At
 	a.lastSyncErr = res.Error
@@ -158,30 +158,7 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		return SyncResult{Outcome: OutcomeError, Error: fmt.Sprintf("get manifest: %v", err)}
 	}
 	if resp.StatusCode() == 304 {
-		a.mu.Lock()
-		cur := a.current
-		a.mu.Unlock()
-		if cur == nil {
-			// Nothing in force: forget the tag and pull in full next time.
-			a.mu.Lock()
-			a.etag = ""
-			a.mu.Unlock()
-			return SyncResult{Outcome: OutcomeError, Error: "304 without a manifest in force"}
-		}
-		res := a.reapply(ctx)
-		res.NotModified = true
-		if now := a.clock.Now(); !cur.ExpiresAt.IsZero() && !now.Before(cur.ExpiresAt) {
-			// Freeze: nothing newer comes, and what is in force expired.
-			// Its pipes keep running (a dead server must not stop the
-			// fleet); it is reported, and the next pulls ask for the full
-			// manifest, soon.
-			a.setETag("")
-			res.Outcome, res.Expired = OutcomeError, true
-			res.Error = fmt.Sprintf("the manifest in force (serial %d) expired at %s and the server sends nothing newer (304)",
-				cur.Serial, cur.ExpiresAt.UTC().Format(time.RFC3339))
-			a.log.Error("manifest in force expired; its pipes keep running", "serial", cur.Serial, "expired_at", cur.ExpiresAt)
-		}
-		return res
+		return a.notModified(ctx)
 	}
 	env := resp.Body()
 	newTag := resp.Header().Get("ETag")
@@ -233,6 +210,33 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 	return res
 }
 
+// notModified handles the server's 304: the manifest in force is applied
+// again (drift), and reported frozen when it has expired.
+func (a *Agent) notModified(ctx context.Context) SyncResult {
+	a.mu.Lock()
+	cur := a.current
+	a.mu.Unlock()
+	if cur == nil {
+		// Nothing in force: forget the tag and pull in full next time.
+		a.setETag("")
+		return SyncResult{Outcome: OutcomeError, Error: "304 without a manifest in force"}
+	}
+	res := a.reapply(ctx)
+	res.NotModified = true
+	if now := time.Now(); !cur.ExpiresAt.IsZero() && !now.Before(cur.ExpiresAt) {
+		// Freeze: nothing newer comes, and what is in force expired.
+		// Its pipes keep running (a dead server must not stop the
+		// fleet); it is reported, and the next pulls ask for the full
+		// manifest, soon.
+		a.setETag("")
+		res.Outcome, res.Expired = OutcomeError, true
+		res.Error = fmt.Sprintf("the manifest in force (serial %d) expired at %s and the server sends nothing newer (304)",
+			cur.Serial, cur.ExpiresAt.UTC().Format(time.RFC3339))
+		a.log.Error("manifest in force expired; its pipes keep running", "serial", cur.Serial, "expired_at", cur.ExpiresAt)
+	}
+	return res
+}
+
 func (a *Agent) setETag(tag string) {
 	a.mu.Lock()
 	a.etag = tag
@@ -256,7 +260,7 @@ func (a *Agent) verify(ctx context.Context, id *Identity, env []byte) (*signing.
 		return nil, nil, fmt.Errorf("load manifest state: %w", err)
 	}
 	st := signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}
-	acc, err := signing.AcceptManifest(env, tr, st, a.clock.Now(), a.cfg.MaxManifestBytes)
+	acc, err := signing.AcceptManifest(env, tr, st, time.Now(), a.cfg.MaxManifestBytes)
 	if err == nil {
 		return acc, nil, nil
 	}
@@ -275,7 +279,7 @@ func (a *Agent) verify(ctx context.Context, id *Identity, env []byte) (*signing.
 		}
 		return nil, nil, fmt.Errorf("%v; key list refresh failed: %w", err, rerr)
 	}
-	acc, err = signing.AcceptManifest(env, next, st, a.clock.Now(), a.cfg.MaxManifestBytes)
+	acc, err = signing.AcceptManifest(env, next, st, time.Now(), a.cfg.MaxManifestBytes)
 	if err != nil {
 		return nil, nil, &rejection{err}
 	}
@@ -299,7 +303,7 @@ func (a *Agent) fetchTrust(ctx context.Context, tr *signing.TrustRoot) (*signing
 		KeyList:  append(json.RawMessage(nil), tr.KeyList...),
 	}
 	// Root keys are pinned at enrollment and never taken from the server.
-	if err := next.UpdateKeyList(kl, a.clock.Now()); err != nil {
+	if err := next.UpdateKeyList(kl, time.Now()); err != nil {
 		return nil, err
 	}
 	return next, nil
@@ -482,8 +486,8 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	}
 	a.mu.Unlock()
 
-	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(a.clock.Now()), Pipes: pipeStatuses(results)}
-	expired := !m.ExpiresAt.IsZero() && !a.clock.Now().Before(m.ExpiresAt)
+	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(time.Now()), Pipes: pipeStatuses(results)}
+	expired := !m.ExpiresAt.IsZero() && !time.Now().Before(m.ExpiresAt)
 	if !m.ExpiresAt.IsZero() {
 		st.ExpiresAt = timestamppb.New(m.ExpiresAt)
 	}
@@ -545,7 +549,7 @@ func (a *Agent) pipeResults(ctx context.Context, m *manifest.Manifest, errs map[
 			dropIns[s.Pipe] = append(dropIns[s.Pipe], s.File)
 		}
 	}
-	now := a.clock.Now()
+	now := time.Now()
 	out := make([]PipeResult, 0, len(m.Pipes))
 	for _, p := range m.Pipes {
 		r := PipeResult{Name: p.Name, Version: p.Version, Error: errs[p.Name], DriftRestored: drifted[p.Name], DropInsRemoved: dropIns[p.Name]}
@@ -615,7 +619,7 @@ func (a *Agent) applyStored(ctx context.Context) {
 		return
 	}
 	id := a.identity()
-	acc, err := signing.AcceptManifest(ms.Envelope, tr, signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}, a.clock.Now(), a.cfg.MaxManifestBytes)
+	acc, err := signing.AcceptManifest(ms.Envelope, tr, signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}, time.Now(), a.cfg.MaxManifestBytes)
 	if err != nil {
 		a.log.Warn("the stored manifest no longer verifies; waiting for the server", "serial", ms.Serial, "err", err)
 		return
@@ -665,7 +669,7 @@ func (a *Agent) reportRejected(env []byte, err error) {
 	a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
 		State:         agentpb.ManifestStatus_STATE_REJECTED,
 		Error:         err.Error(),
-		At:            timestamppb.New(a.clock.Now()),
+		At:            timestamppb.New(time.Now()),
 		AppliedSerial: ms.AppliedSerial,
 	}}})
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/signing"
@@ -23,7 +24,7 @@ func enrolledAgent(t *testing.T, srv *fakeServer, mod ...func(*Config)) (*testAg
 	}
 	ta := startAgent(t, cfg, nil, WithEnrollToken(srv.token(time.Hour)))
 	id := ta.enrolled(10 * time.Second)
-	waitFor(t, 10*time.Second, "the stream", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the stream", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		return ta.a.Status(t.Context()).StreamConnected && srv.streams[id.AgentID] != nil
@@ -39,7 +40,7 @@ func TestSyncETag(t *testing.T) {
 	p, b := testPipe(t, "etag", "0 * * * *", "echo etag", 1)
 	srv.setIntercept(nil)
 	srv.publish(agentID, []manifest.Pipe{p}, b)
-	waitFor(t, 10*time.Second, "the first apply", func() bool { return ta.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the first apply", func() bool { return ta.fake.applyCount() == 1 })
 	if got := ta.fake.bundles["etag"]; !bytes.Equal(got, b) {
 		t.Fatal("backend got other payload bytes")
 	}
@@ -66,7 +67,7 @@ func TestSyncETag(t *testing.T) {
 	p.Version = 2
 	p.Spec.Schedule = "5 * * * *"
 	srv.publish(agentID, []manifest.Pipe{p})
-	waitFor(t, 10*time.Second, "the second apply", func() bool { return ta.fake.applyCount() == 2 })
+	testkit.WaitFor(t, 10*time.Second, "the second apply", func() bool { return ta.fake.applyCount() == 2 })
 	if n := srv.count("GET " + pathPayloads + p.Payload.Digest); n != payloadGets {
 		t.Fatalf("payload downloaded again (%d -> %d)", payloadGets, n)
 	}
@@ -85,7 +86,7 @@ func TestSyncNowPullsAtOnce(t *testing.T) {
 	p, b := testPipe(t, "now", "@daily", "true", 1)
 	start := time.Now()
 	srv.publish(agentID, []manifest.Pipe{p}, b) // sends SyncNow
-	waitFor(t, 5*time.Second, "the apply", func() bool { return ta.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the apply", func() bool { return ta.fake.applyCount() == 1 })
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("SyncNow took %s", d)
 	}
@@ -107,7 +108,7 @@ func TestKeyRotation(t *testing.T) {
 	srv.setKeyList(2, mk2)
 	p, b := testPipe(t, "rotated", "@daily", "true", 1)
 	srv.publish(agentID, []manifest.Pipe{p}, b)
-	waitFor(t, 10*time.Second, "the apply", func() bool { return ta.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the apply", func() bool { return ta.fake.applyCount() == 1 })
 	if n := srv.count("GET " + pathTrust); n != 1 {
 		t.Fatalf("%d trust requests", n)
 	}
@@ -128,11 +129,11 @@ func TestTamper(t *testing.T) {
 	ta, agentID := enrolledAgent(t, srv)
 	p1, b1 := testPipe(t, "steady", "0 3 * * *", "echo one", 1)
 	srv.publish(agentID, []manifest.Pipe{p1}, b1)
-	waitFor(t, 10*time.Second, "apply 1", func() bool { return ta.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "apply 1", func() bool { return ta.fake.applyCount() == 1 })
 	p1.Version = 2
 	srv.publish(agentID, []manifest.Pipe{p1}, b1)
-	waitFor(t, 10*time.Second, "apply 2", func() bool { return ta.fake.applyCount() == 2 })
-	waitFor(t, 10*time.Second, "two reports", func() bool { return len(srv.manifestStatuses()) == 2 })
+	testkit.WaitFor(t, 10*time.Second, "apply 2", func() bool { return ta.fake.applyCount() == 2 })
+	testkit.WaitFor(t, 10*time.Second, "two reports", func() bool { return len(srv.manifestStatuses()) == 2 })
 	srv.mu.Lock()
 	old := srv.agents[agentID].history[0]
 	current := srv.agents[agentID].env
@@ -207,7 +208,7 @@ func TestTamper(t *testing.T) {
 			if ms.Serial != 2 || ms.AppliedSerial != 2 || !bytes.Equal(ms.Envelope, current) {
 				t.Fatalf("stored state changed: serial %d applied %d", ms.Serial, ms.AppliedSerial)
 			}
-			waitFor(t, 10*time.Second, "the rejection report", func() bool {
+			testkit.WaitFor(t, 10*time.Second, "the rejection report", func() bool {
 				st := srv.manifestStatuses()
 				if len(st) <= before {
 					return false
@@ -252,7 +253,7 @@ func TestSyncBackoff(t *testing.T) {
 		t.Fatalf("%d manifest requests in 3.5 s with backoff", n)
 	}
 	srv.setIntercept(nil)
-	waitFor(t, 10*time.Second, "recovery", func() bool { return ta.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "recovery", func() bool { return ta.fake.applyCount() == 1 })
 }
 
 // TestRestartOffline: an agent that restarts while the server is down
@@ -264,7 +265,7 @@ func TestRestartOffline(t *testing.T) {
 	ta, agentID := enrolledAgent(t, srv)
 	p, b := testPipe(t, "offline", "0 1 * * *", "echo offline", 1)
 	srv.publish(agentID, []manifest.Pipe{p}, b)
-	waitFor(t, 10*time.Second, "apply", func() bool { return ta.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "apply", func() bool { return ta.fake.applyCount() == 1 })
 	ta.stop()
 
 	srv.setIntercept(func(w http.ResponseWriter, r *http.Request, _ string) bool {
@@ -273,7 +274,7 @@ func TestRestartOffline(t *testing.T) {
 	})
 	ta2 := startAgent(t, ta.cfg, nil)
 	ta2.enrolled(10 * time.Second)
-	waitFor(t, 10*time.Second, "the stored manifest applied", func() bool { return ta2.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the stored manifest applied", func() bool { return ta2.fake.applyCount() == 1 })
 	if got := ta2.fake.bundles["offline"]; !bytes.Equal(got, b) {
 		t.Fatal("stored payload differs")
 	}
@@ -305,7 +306,7 @@ func TestStaleTempsRemovedAtStart(t *testing.T) {
 		must(t, os.WriteFile(p, []byte("x"), 0o600))
 	}
 	ta := startAgent(t, cfg, nil)
-	waitFor(t, 10*time.Second, "the stale temporaries removed", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the stale temporaries removed", func() bool {
 		for _, p := range stale {
 			if _, err := os.Stat(p); err == nil {
 				return false

@@ -12,6 +12,7 @@ import (
 
 	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/units"
@@ -38,7 +39,7 @@ func TestSystemdEndToEnd(t *testing.T) {
 	ta := startAgent(t, cfg, backend)
 	agentID := ta.enrolled(10 * time.Second).AgentID
 	// publish's SyncNow travels on the stream: wait until the server has it.
-	waitFor(t, 10*time.Second, "the stream", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the stream", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		return ta.a.Status(t.Context()).StreamConnected && srv.streams[agentID] != nil
@@ -47,7 +48,7 @@ func TestSystemdEndToEnd(t *testing.T) {
 	p, b := testPipe(t, "e2e", "17 3 * * *", "echo e2e", 1)
 	srv.publish(agentID, []manifest.Pipe{p}, b)
 	timer := units.TimerName("e2e")
-	waitFor(t, 20*time.Second, "the timer", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the timer", func() bool {
 		_, ok := sdtest.ListTimers(t)[timer]
 		return ok
 	})
@@ -100,7 +101,7 @@ func TestSystemdEndToEnd(t *testing.T) {
 	if got, err := os.ReadFile(unitPath); err != nil || !bytes.Equal(got, before) {
 		t.Fatalf("unit not restored: %v", err)
 	}
-	waitFor(t, 10*time.Second, "the drift report", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the drift report", func() bool {
 		for _, ms := range srv.manifestStatuses() {
 			for _, ps := range ms.GetPipes() {
 				if ps.GetDriftRestored() && ms.GetState() == agentpb.ManifestStatus_STATE_APPLIED {
@@ -120,7 +121,7 @@ func TestSystemdEndToEnd(t *testing.T) {
 
 	// Removing the pipe removes both units.
 	srv.publish(agentID, nil)
-	waitFor(t, 20*time.Second, "the units to go", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the units to go", func() bool {
 		_, err1 := os.Stat(unitPath)
 		_, err2 := os.Stat(filepath.Join(env.UnitDir(), units.ServiceName("e2e")))
 		return os.IsNotExist(err1) && os.IsNotExist(err2)

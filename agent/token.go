@@ -11,7 +11,7 @@ import (
 )
 
 // Token is a parsed enrollment token `drv1.<id>.<secret>.<ca-pin>`
-// (DESIGN.md, "Enrollment token").
+// (docs/design.md, "Enrollment token").
 type Token struct {
 	Raw    string
 	ID     string

@@ -1,9 +1,6 @@
 package api
 
 import (
-	"fmt"
-	"strings"
-
 	agentpb "github.com/drover/drover/proto"
 )
 
@@ -45,21 +42,15 @@ func KnownStatus(s string) bool {
 	return false
 }
 
-var statusOf = map[agentpb.RunStatus]string{
-	agentpb.RunStatus_RUN_STATUS_PENDING:   StatusPending,
-	agentpb.RunStatus_RUN_STATUS_RUNNING:   StatusRunning,
-	agentpb.RunStatus_RUN_STATUS_SUCCEEDED: StatusSucceeded,
-	agentpb.RunStatus_RUN_STATUS_FAILED:    StatusFailed,
-	agentpb.RunStatus_RUN_STATUS_TIMED_OUT: StatusTimedOut,
-	agentpb.RunStatus_RUN_STATUS_CANCELED:  StatusCanceled,
-	agentpb.RunStatus_RUN_STATUS_SKIPPED:   StatusSkipped,
-}
-
 // RunStatusName names an agent-reported status; ok is false for a value an
 // agent may not report (unspecified, MISSED, or unknown).
 func RunStatusName(s agentpb.RunStatus) (name string, ok bool) {
-	name, ok = statusOf[s]
-	return name, ok
+	switch s {
+	case agentpb.RunStatus_RUN_STATUS_UNSPECIFIED, agentpb.RunStatus_RUN_STATUS_MISSED:
+		return "", false
+	}
+	name = s.Name()
+	return name, name != "unknown"
 }
 
 // Triggers: what started a run.
@@ -70,25 +61,14 @@ const (
 	TriggerAPI      = "api"
 )
 
-var triggerOf = map[agentpb.Trigger]string{
-	agentpb.Trigger_TRIGGER_SCHEDULE: TriggerSchedule,
-	agentpb.Trigger_TRIGGER_CATCHUP:  TriggerCatchup,
-	agentpb.Trigger_TRIGGER_MANUAL:   TriggerManual,
-	agentpb.Trigger_TRIGGER_API:      TriggerAPI,
-}
-
-// TriggerName names a trigger; it is "" for unspecified or unknown.
-func TriggerName(t agentpb.Trigger) string { return triggerOf[t] }
-
-// ParseTrigger parses a trigger name (case and surrounding space ignored).
-func ParseTrigger(s string) (agentpb.Trigger, error) {
-	s = strings.ToLower(strings.TrimSpace(s))
-	for t, name := range triggerOf {
-		if name == s {
-			return t, nil
-		}
+// TriggerName names a trigger as the API and the store spell it (the
+// enum's own name, agentpb.Trigger.Name); it is "" for unspecified or
+// unknown.
+func TriggerName(t agentpb.Trigger) string {
+	if name := t.Name(); name != "unknown" {
+		return name
 	}
-	return 0, fmt.Errorf("unknown trigger %q (use schedule, catchup, manual or api)", s)
+	return ""
 }
 
 // Log streams of a run's log chunks.

@@ -12,6 +12,10 @@
 //
 // Entry points: `go run ./packaging/cmd/mkpkg`, scripts/packages.sh, `make
 // packages`.
+//
+// Imported by packaging/cmd/mkpkg and, for its build tags and index, by
+// the tests that use the shipped binaries (agent/e2e, packaging/pkgtest,
+// server).
 package packaging
 
 import (

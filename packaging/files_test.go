@@ -3,6 +3,7 @@ package packaging
 import (
 	"bytes"
 	"fmt"
+	"github.com/drover/drover/internal/testkit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,23 +13,11 @@ import (
 	"testing"
 )
 
-func need(t *testing.T, cmd string) string {
-	t.Helper()
-	p, err := exec.LookPath(cmd)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is missing (CI=true, so this fails)", cmd)
-		}
-		t.Skipf("%s is missing", cmd)
-	}
-	return p
-}
-
 // TestUnitFiles: both units pass systemd-analyze verify (with the daemon's
 // path pointed at an existing binary, since it is not installed here) and
 // their sandboxes rate as systemd-analyze security says.
 func TestUnitFiles(t *testing.T) {
-	sa := need(t, "systemd-analyze")
+	sa := testkit.RequireCommand(t, "systemd-analyze", "")
 	for _, c := range []struct {
 		unit, bin  string
 		maxScore   float64 // overall exposure, 0 (best) to 10
@@ -165,7 +154,7 @@ const managedHeader = "# Managed by drover-agent. Local changes are overwritten.
 // header and their enablement links, and nothing else. (The booted test in
 // pkgtest does the same through dpkg on a running systemd.)
 func TestManagedUnitSweep(t *testing.T) {
-	need(t, "dash")
+	testkit.RequireCommand(t, "dash", "")
 	dir := t.TempDir()
 	units := filepath.Join(dir, "system")
 	wants := filepath.Join(units, "timers.target.wants")

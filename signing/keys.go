@@ -140,20 +140,11 @@ func ParseSignerPEM(b []byte) (*Signer, error) {
 	if len(b) > maxKeyFileBytes {
 		return nil, fmt.Errorf("%w: private key PEM of %d bytes", ErrInvalidKey, len(b))
 	}
-	block, rest := pem.Decode(b)
-	if block == nil {
-		return nil, fmt.Errorf("%w: no PEM block found", ErrInvalidKey)
+	der, err := onePEMBlock(b, "PRIVATE KEY", "PKCS#8", "are not supported (encrypted keys are not)")
+	if err != nil {
+		return nil, err
 	}
-	if block.Type != "PRIVATE KEY" {
-		return nil, fmt.Errorf("%w: PEM block is %q, want \"PRIVATE KEY\" (PKCS#8)", ErrInvalidKey, block.Type)
-	}
-	if len(block.Headers) != 0 {
-		return nil, fmt.Errorf("%w: PEM headers are not supported (encrypted keys are not)", ErrInvalidKey)
-	}
-	if len(bytes.TrimSpace(rest)) != 0 {
-		return nil, fmt.Errorf("%w: trailing data after the PEM block", ErrInvalidKey)
-	}
-	priv, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	priv, err := x509.ParsePKCS8PrivateKey(der)
 	if err != nil {
 		return nil, fmt.Errorf("%w: parse PKCS#8: %w", ErrInvalidKey, err)
 	}
@@ -214,16 +205,6 @@ type PublicKey struct {
 	PEM       string    `json:"pem"`       // PKIX "PUBLIC KEY" PEM
 }
 
-// KeyIDOf returns the key id of a public key: lowercase hex sha256 of its
-// PKIX DER. It fails for unsupported key types.
-func KeyIDOf(pub crypto.PublicKey) (string, error) {
-	k, err := publicKeyOf(pub)
-	if err != nil {
-		return "", err
-	}
-	return k.ID, nil
-}
-
 func publicKeyOf(pub crypto.PublicKey) (PublicKey, error) {
 	alg, err := algorithmOf(pub)
 	if err != nil {
@@ -272,24 +253,35 @@ func ParsePublicKeyPEM(b []byte) (PublicKey, error) {
 }
 
 func parsePublicPEM(b []byte) (crypto.PublicKey, error) {
-	block, rest := pem.Decode(b)
-	if block == nil {
-		return nil, fmt.Errorf("%w: no PEM block found", ErrInvalidKey)
+	der, err := onePEMBlock(b, "PUBLIC KEY", "PKIX", "are not allowed")
+	if err != nil {
+		return nil, err
 	}
-	if block.Type != "PUBLIC KEY" {
-		return nil, fmt.Errorf("%w: PEM block is %q, want \"PUBLIC KEY\" (PKIX)", ErrInvalidKey, block.Type)
-	}
-	if len(block.Headers) != 0 {
-		return nil, fmt.Errorf("%w: PEM headers are not allowed", ErrInvalidKey)
-	}
-	if len(bytes.TrimSpace(rest)) != 0 {
-		return nil, fmt.Errorf("%w: trailing data after the PEM block", ErrInvalidKey)
-	}
-	pub, err := x509.ParsePKIXPublicKey(block.Bytes)
+	pub, err := x509.ParsePKIXPublicKey(der)
 	if err != nil {
 		return nil, fmt.Errorf("%w: parse PKIX public key: %w", ErrInvalidKey, err)
 	}
 	return pub, nil
+}
+
+// onePEMBlock returns the bytes of b's only PEM block, which must be of
+// type typ (format names its encoding in the error) and carry no headers
+// (headers says why not) and nothing after it.
+func onePEMBlock(b []byte, typ, format, headers string) ([]byte, error) {
+	block, rest := pem.Decode(b)
+	if block == nil {
+		return nil, fmt.Errorf("%w: no PEM block found", ErrInvalidKey)
+	}
+	if block.Type != typ {
+		return nil, fmt.Errorf("%w: PEM block is %q, want %q (%s)", ErrInvalidKey, block.Type, typ, format)
+	}
+	if len(block.Headers) != 0 {
+		return nil, fmt.Errorf("%w: PEM headers %s", ErrInvalidKey, headers)
+	}
+	if len(bytes.TrimSpace(rest)) != 0 {
+		return nil, fmt.Errorf("%w: trailing data after the PEM block", ErrInvalidKey)
+	}
+	return block.Bytes, nil
 }
 
 // Validate checks that k's PEM holds a supported public key, that Algorithm

@@ -120,21 +120,27 @@ func execWord(field, s string, first bool) (string, error) {
 	case first && !strings.HasPrefix(s, "/"):
 		return "", fmt.Errorf("units: %s: %q is not an absolute path", field, s)
 	}
+	return quoteWord(s, `"'\;`, true), nil
+}
+
+// quoteWord renders s as one word of a unit file line: double-quoted when
+// it holds white space or one of quoteIf, with backslash and double quote
+// escaped by a backslash, '%' doubled (specifiers) and, with dollar, '$'
+// doubled (ExecStart= expands variables; Environment= does not).
+func quoteWord(s, quoteIf string, dollar bool) string {
 	var b strings.Builder
-	quote := strings.IndexFunc(s, func(r rune) bool {
-		return unicode.IsSpace(r) || r == '"' || r == '\'' || r == '\\' || r == ';'
-	}) >= 0
+	quote := strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || strings.ContainsRune(quoteIf, r) }) >= 0
 	if quote {
 		b.WriteByte('"')
 	}
 	for _, r := range s {
-		switch r {
-		case '\\', '"':
+		switch {
+		case r == '\\' || r == '"':
 			b.WriteByte('\\')
 			b.WriteRune(r)
-		case '%':
+		case r == '%':
 			b.WriteString("%%")
-		case '$':
+		case r == '$' && dollar:
 			b.WriteString("$$")
 		default:
 			b.WriteRune(r)
@@ -143,7 +149,7 @@ func execWord(field, s string, first bool) (string, error) {
 	if quote {
 		b.WriteByte('"')
 	}
-	return b.String(), nil
+	return b.String()
 }
 
 // envAssignment renders one Environment= assignment KEY=VALUE. systemd
@@ -156,29 +162,7 @@ func envAssignment(key, value string) (string, error) {
 	if err := checkText("environment "+key, value); err != nil {
 		return "", err
 	}
-	s := key + "=" + value
-	quote := strings.IndexFunc(s, func(r rune) bool {
-		return unicode.IsSpace(r) || r == '"' || r == '\'' || r == '\\'
-	}) >= 0
-	var b strings.Builder
-	if quote {
-		b.WriteByte('"')
-	}
-	for _, r := range s {
-		switch r {
-		case '\\', '"':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case '%':
-			b.WriteString("%%")
-		default:
-			b.WriteRune(r)
-		}
-	}
-	if quote {
-		b.WriteByte('"')
-	}
-	return b.String(), nil
+	return quoteWord(key+"="+value, `"'\`, false), nil
 }
 
 func envNameOK(s string) bool {

@@ -463,3 +463,20 @@ func (f *fatalCatcher) Fatal(args ...any) {
 	f.msg = fmt.Sprint(args...)
 	panic(errFatal)
 }
+
+// simulateAndReport runs the cases of zone against systemd-analyze at sa
+// and fails t with the first 15 differences (and their count).
+// DROVER_ORACLE_FULL=1: ask systemd at every step (minutes).
+func simulateAndReport(t *testing.T, sa, zone string, cs []simCase) *oracleSim {
+	t.Helper()
+	sim := newOracleSim(sa)
+	diffs := sim.simulate(t, cs, os.Getenv("DROVER_ORACLE_FULL") == "1")
+	for i, d := range diffs {
+		if i == 15 {
+			t.Errorf("%s: %d failures in all", zone, len(diffs))
+			break
+		}
+		t.Error(d)
+	}
+	return sim
+}

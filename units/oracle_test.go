@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 )
 
@@ -47,14 +48,7 @@ var oracleZones = []string{
 // is missing (failing it when CI=true).
 func oracleAnalyze(t testing.TB) string {
 	t.Helper()
-	p, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("systemd-analyze is required when CI=true: %v", err)
-		}
-		t.Skipf("systemd-analyze not found: %v", err)
-	}
-	return p
+	return testkit.RequireCommand(t, "systemd-analyze", "")
 }
 
 // oracleCorpus returns the expressions of testdata/cron-corpus.txt, parsed.
@@ -351,16 +345,7 @@ func TestOracleSystemd(t *testing.T) {
 					cs = append(cs, newSimCase(t, s, zone, base, oracleIterations, false))
 				}
 			}
-			sim := newOracleSim(sa)
-			// DROVER_ORACLE_FULL=1: ask systemd at every step (minutes).
-			diffs := sim.simulate(t, cs, os.Getenv("DROVER_ORACLE_FULL") == "1")
-			for i, d := range diffs {
-				if i == 15 {
-					t.Errorf("%s: %d failures in all", zone, len(diffs))
-					break
-				}
-				t.Error(d)
-			}
+			sim := simulateAndReport(t, sa, zone, cs)
 			mu.Lock()
 			total += len(bases)
 			cases += len(cs)

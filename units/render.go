@@ -199,14 +199,9 @@ func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error
 			option{"After", "network-online.target"})
 	}
 
-	argv := append([]string{o.AgentPath, "run", s.Name}, o.RunArgs...)
-	words := make([]string, len(argv))
-	for i, a := range argv {
-		w, err := execWord("ExecStart", a, i == 0)
-		if err != nil {
-			return nil, err
-		}
-		words[i] = w
+	execStart, err := execLine(append([]string{o.AgentPath, "run", s.Name}, o.RunArgs...))
+	if err != nil {
+		return nil, err
 	}
 	ident, err := literalValue("syslog identifier", unitPrefix+s.Name)
 	if err != nil {
@@ -216,7 +211,7 @@ func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error
 	pipeDir := o.DataDir + "/pipes/" + s.Name
 	svc := []option{
 		{"Type", "oneshot"},
-		{"ExecStart", strings.Join(words, " ")},
+		{"ExecStart", execStart},
 		// The runner enforces the pipe's timeout itself (and records
 		// timed_out); systemd's limit is a backstop after its kill grace.
 		{"TimeoutStartSec", formatSpan(s.Timeout.D() + TimeoutGrace)},
@@ -229,46 +224,11 @@ func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error
 		{"StateDirectoryMode", "0700"},
 	}
 
-	if o.Scope == ScopeSystem {
-		if s.RunAs != "" {
-			u, err := literalValue("run_as", s.RunAs)
-			if err != nil {
-				return nil, err
-			}
-			svc = append(svc, option{"User", u})
-		} else {
-			svc = append(svc, option{"DynamicUser", "yes"})
-		}
-		// The agent keeps the pipe's files in <DataDir>/pipes/<name>, below
-		// a 0700 root directory the job's user cannot enter: bind them
-		// read-only at a fixed place instead.
-		svc = append(svc, option{"BindReadOnlyPaths", pipeDir + ":" + PipeMount})
-		env, err := envAssignment(PipeDirEnv, PipeMount)
-		if err != nil {
-			return nil, err
-		}
-		svc = append(svc, option{"Environment", env})
-		secrets := slices.Clone(s.Secrets)
-		slices.Sort(secrets)
-		for _, name := range secrets {
-			if !envNameOK(name) {
-				return nil, fmt.Errorf("units: secret name %q is not valid", name)
-			}
-			// A credential, read by PID 1 from the agent's store; the value
-			// never appears in a unit file or the environment.
-			svc = append(svc, option{"LoadCredential",
-				name + ":" + o.DataDir + "/secrets/" + s.Name + "/" + name})
-		}
-	} else {
-		// The user manager runs jobs as its own user, which can read the
-		// agent's data directly; it cannot load credentials (the runner
-		// reads secrets from the agent's store).
-		env, err := envAssignment(PipeDirEnv, pipeDir)
-		if err != nil {
-			return nil, err
-		}
-		svc = append(svc, option{"Environment", env})
+	scoped, err := scopeOptions(s, o, pipeDir)
+	if err != nil {
+		return nil, err
 	}
+	svc = append(svc, scoped...)
 
 	if l := s.Limits; l.CPUPercent > 0 {
 		svc = append(svc, option{"CPUQuota", strconv.Itoa(l.CPUPercent) + "%"})
@@ -298,6 +258,66 @@ func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error
 	}
 	svc = append(svc, h...)
 	return []section{{"Unit", unit}, {"Service", svc}}, nil
+}
+
+// execLine is the ExecStart= command line of argv, each word escaped.
+func execLine(argv []string) (string, error) {
+	words := make([]string, len(argv))
+	for i, a := range argv {
+		w, err := execWord("ExecStart", a, i == 0)
+		if err != nil {
+			return "", err
+		}
+		words[i] = w
+	}
+	return strings.Join(words, " "), nil
+}
+
+// scopeOptions are the [Service] options that differ by scope: who the job
+// runs as, where it finds its pipe's files and how it gets its secrets.
+func scopeOptions(s *manifest.Spec, o Options, pipeDir string) ([]option, error) {
+	var opts []option
+	if o.Scope == ScopeSystem {
+		if s.RunAs != "" {
+			u, err := literalValue("run_as", s.RunAs)
+			if err != nil {
+				return nil, err
+			}
+			opts = append(opts, option{"User", u})
+		} else {
+			opts = append(opts, option{"DynamicUser", "yes"})
+		}
+		// The agent keeps the pipe's files in <DataDir>/pipes/<name>, below
+		// a 0700 root directory the job's user cannot enter: bind them
+		// read-only at a fixed place instead.
+		opts = append(opts, option{"BindReadOnlyPaths", pipeDir + ":" + PipeMount})
+		env, err := envAssignment(PipeDirEnv, PipeMount)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, option{"Environment", env})
+		secrets := slices.Clone(s.Secrets)
+		slices.Sort(secrets)
+		for _, name := range secrets {
+			if !envNameOK(name) {
+				return nil, fmt.Errorf("units: secret name %q is not valid", name)
+			}
+			// A credential, read by PID 1 from the agent's store; the value
+			// never appears in a unit file or the environment.
+			opts = append(opts, option{"LoadCredential",
+				name + ":" + o.DataDir + "/secrets/" + s.Name + "/" + name})
+		}
+	} else {
+		// The user manager runs jobs as its own user, which can read the
+		// agent's data directly; it cannot load credentials (the runner
+		// reads secrets from the agent's store).
+		env, err := envAssignment(PipeDirEnv, pipeDir)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, option{"Environment", env})
+	}
+	return opts, nil
 }
 
 func timerSections(s *manifest.Spec, o Options, desc string) ([]section, error) {

@@ -357,7 +357,7 @@ func execValue(words []string) string {
 }
 
 // wantUnits states what the service and the timer of spec must hold,
-// following docs/design.md "Unit rendering" and the task's pinned contents.
+// following docs/design.md "Unit rendering".
 // Hardening options come from the profile tables (checked on their own in
 // security_test.go); everything else is spelled out here.
 func wantUnits(t testing.TB, spec *manifest.Spec, o Options) (svc, tmr []uopt) {

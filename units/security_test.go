@@ -15,7 +15,8 @@ import (
 // "→ Overall exposure level for drover-pipe-x.service: 1.5 OK 🙂".
 var exposureRE = regexp.MustCompile(`Overall exposure level for [^:]+: ([0-9]+(?:\.[0-9]+)?)`)
 
-// maxExposure per profile, from the task: strict ≤ 2.0, default ≤ 5.0.
+// maxExposure is the highest `systemd-analyze security` exposure each
+// profile may rate: strict ≤ 2.0, default ≤ 5.0.
 var maxExposure = map[string]float64{"strict": 2.0, "default": 5.0}
 
 // TestSecurityExposure renders system-scope services and scores them with

@@ -152,7 +152,7 @@ func (b *Systemd) Ended(ctx context.Context) ([]Ended, error) {
 			out = append(out, Ended{
 				Key: "req/" + reqCopy.id, Pipe: p, RunID: uuid.NewSHA1(uuid.NameSpaceOID, []byte("drover run-now "+reqCopy.id)).String(),
 				StartedAt: reqCopy.at, FinishedAt: reqCopy.at, Result: reqCopy.job, ExitCode: -1,
-				Reason: "run now: start job " + reqCopy.job, Trigger: "api", RequestID: reqCopy.id, OneAtATime: true,
+				Reason: "run now: start job " + reqCopy.job, Trigger: triggerAPI, RequestID: reqCopy.id, OneAtATime: true,
 			})
 		}
 		if done || inv == "" {
@@ -175,7 +175,7 @@ func (b *Systemd) Ended(ctx context.Context) ([]Ended, error) {
 		if req != nil && key != reqCopy.beforeKey && (reqCopy.usedKey == "" || reqCopy.usedKey == key) &&
 			!e.StartedAt.Before(reqCopy.at.Add(-2*time.Second)) && e.StartedAt.Before(reqCopy.at.Add(runreq.TTL)) {
 			// The first invocation after the request is its run.
-			e.Trigger, e.RequestID = "api", reqCopy.id
+			e.Trigger, e.RequestID = triggerAPI, reqCopy.id
 			b.amu.Lock()
 			req.usedKey = key
 			b.amu.Unlock()
@@ -228,7 +228,7 @@ func (b *Systemd) ended(ctx context.Context, pipe, inv, key string) (Ended, erro
 	}
 	if v, err := b.conn.GetUnitTypePropertyContext(ctx, units.TimerName(pipe), "Timer", "LastTriggerUSec"); err == nil {
 		if t := usecTime(v.Value.Value()); !t.IsZero() && !t.After(e.StartedAt.Add(time.Second)) && e.StartedAt.Sub(t) < 10*time.Second {
-			e.Trigger, e.TriggeredAt = "schedule", t
+			e.Trigger, e.TriggeredAt = triggerSchedule, t
 		}
 	}
 	return e, nil

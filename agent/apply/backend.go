@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,7 +18,9 @@ import (
 	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/units"
+	"io/fs"
 )
 
 // Backend installs pipes on the host and drives their runs. The daemon owns
@@ -130,40 +133,26 @@ func (c Config) withDefaults() (Config, error) { return c.defaults(true) }
 // defaults fills c in; manager is false for the cron backend, which talks to
 // no service manager and so needs no user session ($XDG_RUNTIME_DIR).
 func (c Config) defaults(manager bool) (Config, error) {
-	if c.DataDir == "" {
-		c.DataDir = units.DefaultDataDir
-	}
-	if c.Scope == "" {
-		c.Scope = units.ScopeSystem
-	}
-	if c.AgentPath == "" {
-		c.AgentPath = units.DefaultAgentPath
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.DataDir = cmp.Or(c.DataDir, units.DefaultDataDir)
+	c.Scope = cmp.Or(c.Scope, units.ScopeSystem)
+	c.AgentPath = cmp.Or(c.AgentPath, units.DefaultAgentPath)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	// xdg is $XDG_<name>_HOME, else def below $HOME.
 	home := os.Getenv("HOME")
+	xdg := func(name string, def ...string) string {
+		return cmp.Or(os.Getenv("XDG_"+name+"_HOME"), filepath.Join(append([]string{home}, def...)...))
+	}
 	switch c.Scope {
 	case units.ScopeSystem:
-		if c.UnitDir == "" {
-			c.UnitDir = paths.SystemUnitDir
-		}
-		if c.RuntimeDir == "" {
-			c.RuntimeDir = paths.RuntimeDir
-		}
-		if c.StampDir == "" {
-			c.StampDir = paths.SystemTimerStampDir
-		}
+		c.UnitDir = cmp.Or(c.UnitDir, paths.SystemUnitDir)
+		c.RuntimeDir = cmp.Or(c.RuntimeDir, paths.RuntimeDir)
+		c.StampDir = cmp.Or(c.StampDir, paths.SystemTimerStampDir)
 	case units.ScopeUser:
 		if c.UnitDir == "" {
-			base := os.Getenv("XDG_CONFIG_HOME")
-			if base == "" {
-				base = filepath.Join(home, ".config")
-			}
-			c.UnitDir = filepath.Join(base, "systemd", "user")
+			c.UnitDir = filepath.Join(xdg("CONFIG", ".config"), "systemd", "user")
 		}
 		if c.RuntimeDir == "" {
 			rt := os.Getenv("XDG_RUNTIME_DIR")
@@ -177,11 +166,7 @@ func (c Config) defaults(manager bool) (Config, error) {
 			}
 		}
 		if c.StampDir == "" {
-			base := os.Getenv("XDG_DATA_HOME")
-			if base == "" {
-				base = filepath.Join(home, ".local", "share")
-			}
-			c.StampDir = filepath.Join(base, "systemd", "timers")
+			c.StampDir = filepath.Join(xdg("DATA", ".local", "share"), "systemd", "timers")
 		}
 	default:
 		return c, fmt.Errorf("scope %q is not system or user", c.Scope)
@@ -291,59 +276,25 @@ func parallel(n int, f func(i int)) {
 // returns the set of pipes that failed (their unit steps must be skipped).
 func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *Result) map[string]bool {
 	failed := map[string]bool{}
-	byName := map[string]*prepared{}
-	for i := range preps {
-		byName[preps[i].pipe.Name] = &preps[i]
+	fail := func(name string, err error) {
+		failed[name] = true
+		res.fail(name, err)
 	}
 	root := filepath.Join(dataDir, pipesDir)
-	if err := ensureDir(dataDir, 0o700); err != nil {
-		for _, p := range preps {
-			failed[p.pipe.Name] = true
-			res.fail(p.pipe.Name, err)
+	for _, d := range []struct {
+		path string
+		perm fs.FileMode
+	}{{dataDir, 0o700}, {root, 0o755}} {
+		if err := ensureDir(d.path, d.perm); err != nil {
+			for _, p := range preps {
+				fail(p.pipe.Name, err)
+			}
+			return failed
 		}
-		return failed
-	}
-	if err := ensureDir(root, 0o755); err != nil {
-		for _, p := range preps {
-			failed[p.pipe.Name] = true
-			res.fail(p.pipe.Name, err)
-		}
-		return failed
 	}
 	// Fetch payloads in order, build generations on a few goroutines (the
 	// work is file system calls), sync once, then make them live.
-	type build struct {
-		pr     *prepared
-		bundle []byte
-		final  string
-		err    error
-	}
-	var builds []*build
-	for _, s := range steps {
-		if s.File != "pipes/"+s.Pipe || !(s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore) {
-			continue
-		}
-		pr := byName[s.Pipe]
-		if pr == nil {
-			continue
-		}
-		bl := &build{pr: pr}
-		switch {
-		case in.Payloads == nil:
-			bl.err = errors.New("no payload source")
-		default:
-			bundle, err := in.Payloads(&pr.pipe)
-			switch {
-			case err != nil:
-				bl.err = fmt.Errorf("payload: %w", err)
-			case manifest.Digest(bundle) != pr.pipe.Payload.Digest:
-				bl.err = fmt.Errorf("payload digest %s, manifest says %s", manifest.Digest(bundle), pr.pipe.Payload.Digest)
-			default:
-				bl.bundle = bundle
-			}
-		}
-		builds = append(builds, bl)
-	}
+	builds := generationBuilds(preps, steps, in)
 	parallel(len(builds), func(i int) {
 		bl := builds[i]
 		if bl.err == nil {
@@ -365,14 +316,12 @@ func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *
 				if bl.final != "" {
 					os.RemoveAll(bl.final)
 				}
-				failed[bl.pr.pipe.Name] = true
-				res.fail(bl.pr.pipe.Name, fmt.Errorf("pipe directory: %w", err))
+				fail(bl.pr.pipe.Name, fmt.Errorf("pipe directory: %w", err))
 			}
 		}
 		if err := atomicfile.SyncDir(root); err != nil {
 			for _, bl := range builds {
-				failed[bl.pr.pipe.Name] = true
-				res.fail(bl.pr.pipe.Name, err)
+				fail(bl.pr.pipe.Name, err)
 			}
 		}
 	}
@@ -383,12 +332,57 @@ func materialise(dataDir string, preps []prepared, steps []Step, in Input, res *
 			continue
 		}
 		if err := writeSecrets(dataDir, p.pipe.Name, in.Secrets[p.pipe.Name]); err != nil {
-			failed[p.pipe.Name] = true
-			res.fail(p.pipe.Name, fmt.Errorf("secrets: %w", err))
+			fail(p.pipe.Name, fmt.Errorf("secrets: %w", err))
 		}
 	}
 	removeSecretsExcept(dataDir, keep)
 	return failed
+}
+
+// genBuild is a pipe directory generation to build: the pipe, its
+// verified bundle, then the directory built (or why not).
+type genBuild struct {
+	pr     *prepared
+	bundle []byte
+	final  string
+	err    error
+}
+
+// generationBuilds are the generations the plan's steps ask for (pipe
+// directories to create, update or restore), with their bundles fetched in
+// order and checked against the manifest's digest.
+func generationBuilds(preps []prepared, steps []Step, in Input) []*genBuild {
+	byName := map[string]*prepared{}
+	for i := range preps {
+		byName[preps[i].pipe.Name] = &preps[i]
+	}
+	var builds []*genBuild
+	for _, s := range steps {
+		if s.File != "pipes/"+s.Pipe || !(s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore) {
+			continue
+		}
+		pr := byName[s.Pipe]
+		if pr == nil {
+			continue
+		}
+		bl := &genBuild{pr: pr}
+		switch {
+		case in.Payloads == nil:
+			bl.err = errors.New("no payload source")
+		default:
+			bundle, err := in.Payloads(&pr.pipe)
+			switch {
+			case err != nil:
+				bl.err = fmt.Errorf("payload: %w", err)
+			case manifest.Digest(bundle) != pr.pipe.Payload.Digest:
+				bl.err = fmt.Errorf("payload digest %s, manifest says %s", manifest.Digest(bundle), pr.pipe.Payload.Digest)
+			default:
+				bl.bundle = bundle
+			}
+		}
+		builds = append(builds, bl)
+	}
+	return builds
 }
 
 // Ended is the service manager's account of one invocation of a pipe that
@@ -415,7 +409,8 @@ type Ended struct {
 	// ("systemd: 203/EXEC", "oom-kill", "signal SIGKILL", ...); "" for a
 	// success.
 	Reason string
-	// Trigger is "api" (RequestID set), "schedule" or "catchup"
+	// Trigger is "api" (RequestID set), "schedule" or "catchup" (agentpb
+	// Trigger names; see triggerAPI)
 	// (ScheduledAt or TriggeredAt set), or "" when unknown.
 	Trigger     string
 	RequestID   string
@@ -492,4 +487,43 @@ func SystemdReason(result string, code, status int) string {
 		return result
 	}
 	return "systemd: " + result
+}
+
+// The names of the triggers apply starts runs with, as DROVER_TRIGGER and
+// the run accounts spell them: agentpb's, one home for the runner and us.
+var (
+	triggerSchedule = agentpb.Trigger_TRIGGER_SCHEDULE.Name()
+	triggerCatchup  = agentpb.Trigger_TRIGGER_CATCHUP.Name()
+	triggerAPI      = agentpb.Trigger_TRIGGER_API.Name()
+)
+
+// planSteps plans the prepared pipes against the host's units and records
+// in res the steps, the pipes that cannot be applied and the drift found.
+func planSteps(preps []prepared, cur State, res *Result) []Step {
+	desired := make([]Desired, len(preps))
+	for i, p := range preps {
+		desired[i] = p.desired
+	}
+	steps := Plan(desired, cur)
+	res.Steps = steps
+	for _, s := range steps {
+		switch s.Action {
+		case ActionError, ActionConflict:
+			res.fail(s.Pipe, errors.New(s.String()))
+		case ActionRestore:
+			res.Drift = append(res.Drift, s)
+		}
+	}
+	return steps
+}
+
+// changes are the steps of r that changed something (what Check reports).
+func (r *Result) changes() []Step {
+	var out []Step
+	for _, s := range r.Steps {
+		if s.Changes() {
+			out = append(out, s)
+		}
+	}
+	return out
 }

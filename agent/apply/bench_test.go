@@ -58,8 +58,7 @@ func BenchmarkApply1000(b *testing.B) {
 //     timers must make systemd do: the reload now loads 2,000 units, and
 //     the timers are started (one job, as Apply does).
 func BenchmarkFloor1000(b *testing.B) {
-	env := sdtest.Require(b)
-	ctx := context.Background()
+	ub := newUnitBench(b)
 	opts := units.Options{AgentPath: fakeRunner(b), Scope: units.ScopeUser, DataDir: b.TempDir()}
 	var files []units.File
 	var timers []string
@@ -71,34 +70,6 @@ func BenchmarkFloor1000(b *testing.B) {
 		files = append(files, f...)
 		timers = append(timers, units.TimerName(s.Name))
 	}
-	conn, err := sddbus.NewUserConnectionContext(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	runtimeUnitDir := filepath.Join(env.RuntimeDir, "systemd", "user")
-	wait := func(ch chan string) {
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-	}
-	clean := func() {
-		for _, tm := range timers {
-			ch := make(chan string, 1)
-			if _, err := conn.StopUnitContext(ctx, tm, "replace", ch); err == nil {
-				wait(ch)
-			}
-		}
-		for _, f := range files {
-			os.Remove(filepath.Join(env.UnitDir(), f.Name))
-		}
-		os.RemoveAll(filepath.Join(env.UnitDir(), "timers.target.wants"))
-		os.Remove(filepath.Join(runtimeUnitDir, batchTarget))
-		if err := conn.ReloadContext(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
 	for _, full := range []bool{false, true} {
 		name := "write+reload"
 		if full {
@@ -108,32 +79,97 @@ func BenchmarkFloor1000(b *testing.B) {
 			b.StopTimer()
 			for i := 0; i < b.N; i++ {
 				b.StartTimer()
-				for _, f := range files {
-					if err := os.WriteFile(filepath.Join(env.UnitDir(), f.Name), f.Content, 0o644); err != nil {
-						b.Fatal(err)
-					}
-				}
+				ub.write(b, files)
 				if full {
-					if err := enableLinks(env.UnitDir(), timers); err != nil {
-						b.Fatal(err)
-					}
-					if err := writeBatchTarget(runtimeUnitDir, timers); err != nil {
-						b.Fatal(err)
-					}
+					ub.enable(b, timers)
 				}
-				if err := conn.ReloadContext(ctx); err != nil {
-					b.Fatal(err)
-				}
+				ub.reload(b)
 				if full {
-					ch := make(chan string, 1)
-					if _, err := conn.StartUnitContext(ctx, batchTarget, "replace", ch); err != nil {
-						b.Fatal(err)
-					}
-					wait(ch)
+					ub.startBatch(b)
 				}
 				b.StopTimer()
-				clean()
+				ub.clean(b, files, timers)
 			}
 		})
 	}
+}
+
+// unitBench drives the user manager directly, without a backend, for the
+// benchmarks that measure systemd's own share: write rendered units, enable
+// their timers in one batch target, reload, start, clean up.
+type unitBench struct {
+	ctx            context.Context
+	conn           *sddbus.Conn
+	unitDir        string
+	runtimeUnitDir string
+}
+
+func newUnitBench(b *testing.B) *unitBench {
+	env := sdtest.Require(b)
+	ctx := context.Background()
+	conn, err := sddbus.NewUserConnectionContext(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(conn.Close)
+	return &unitBench{ctx: ctx, conn: conn, unitDir: env.UnitDir(), runtimeUnitDir: filepath.Join(env.RuntimeDir, "systemd", "user")}
+}
+
+// write writes the unit files plainly (no sync, no rename).
+func (u *unitBench) write(b *testing.B, files []units.File) {
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join(u.unitDir, f.Name), f.Content, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// enable enables the timers and writes the batch target that starts them.
+func (u *unitBench) enable(b *testing.B, timers []string) {
+	if err := enableLinks(u.unitDir, timers); err != nil {
+		b.Fatal(err)
+	}
+	if err := writeBatchTarget(u.runtimeUnitDir, timers); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func (u *unitBench) reload(b *testing.B) {
+	if err := u.conn.ReloadContext(u.ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// startBatch starts the batch target (every enabled timer, one job) and
+// waits for the job.
+func (u *unitBench) startBatch(b *testing.B) {
+	ch := make(chan string, 1)
+	if _, err := u.conn.StartUnitContext(u.ctx, batchTarget, "replace", ch); err != nil {
+		b.Fatal(err)
+	}
+	u.wait(ch)
+}
+
+func (u *unitBench) wait(ch chan string) {
+	select {
+	case <-ch:
+	case <-u.ctx.Done():
+	}
+}
+
+// clean stops the timers, removes the files, links and batch target, and
+// reloads.
+func (u *unitBench) clean(b *testing.B, files []units.File, timers []string) {
+	for _, tm := range timers {
+		ch := make(chan string, 1)
+		if _, err := u.conn.StopUnitContext(u.ctx, tm, "replace", ch); err == nil {
+			u.wait(ch)
+		}
+	}
+	for _, f := range files {
+		os.Remove(filepath.Join(u.unitDir, f.Name))
+	}
+	os.RemoveAll(filepath.Join(u.unitDir, "timers.target.wants"))
+	os.Remove(filepath.Join(u.runtimeUnitDir, batchTarget))
+	u.reload(b)
 }

@@ -218,13 +218,7 @@ func (b *Cron) Check(ctx context.Context) ([]Step, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Step
-	for _, s := range res.Steps {
-		if s.Changes() {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return res.changes(), nil
 }
 
 func (b *Cron) applyLocked(in Input) (*Result, error) {
@@ -238,23 +232,10 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	desired := make([]Desired, len(preps))
-	for i, p := range preps {
-		desired[i] = p.desired
-	}
-	steps := Plan(desired, State{PipeDirs: dirs})
-	for _, s := range steps {
-		switch s.Action {
-		case ActionError, ActionConflict:
-			res.fail(s.Pipe, errors.New(s.String()))
-		case ActionRestore:
-			res.Drift = append(res.Drift, s)
-		}
-	}
+	steps := planSteps(preps, State{PipeDirs: dirs}, res)
 	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
 
 	now := b.cfg.Now()
-	catchup := !b.started
 	keep := map[string]bool{}
 	var sched []Step
 	for _, pr := range preps {
@@ -263,74 +244,16 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 		if pr.desired.Err != nil || failed[name] {
 			continue
 		}
-		spec := pr.pipe.Spec.Clone()
-		spec.Normalize()
-		key := cronKey(spec)
-		p := b.pipes[name]
-		if p == nil {
-			p = &cronPipe{procs: map[string]*cronProc{}}
-			b.pipes[name] = p
-		}
-		p.pipe, p.timeout, p.enabled = pr.pipe, spec.Timeout.D(), spec.IsEnabled()
-		if p.key == key && (p.entry != 0 || !p.enabled) {
-			continue
-		}
-		s, err := manifest.ParseSchedule(spec.Schedule)
+		step, changed, err := b.schedulePipe(pr.pipe, now)
 		if err != nil {
 			res.fail(name, err)
 			continue
 		}
-		loc, err := manifest.LoadLocation(spec.Timezone)
-		if err != nil {
-			res.fail(name, err)
-			continue
-		}
-		es := evalSchedule{s: s, loc: loc, offset: b.jitterOffset(name, spec.Jitter.D())}
-		action, reason := ActionUpdate, "schedule changed"
-		if p.key == "" {
-			action, reason = ActionCreate, "new pipe"
-		}
-		if p.entry != 0 {
-			b.sched.Remove(p.entry)
-			p.entry = 0
-		}
-		p.key, p.schedule = key, es
-		saved, had := b.state.Pipes[name]
-		if p.enabled {
-			id := b.sched.Schedule(es, cron.FuncJob(func() { b.fire(name) }))
-			p.entry = id
-			// Catch-up only for fire times missed while the agent was down
-			// under the same schedule; a new, edited or re-enabled pipe
-			// counts from now.
-			if catchup && had && saved.Key == key {
-				b.catchUp(p, es.missed(saved.LastFire, now, manifest.MaxCatchup), spec.Catchup)
-				action, reason = ActionStart, "scheduled (agent started)"
-			}
-		} else {
-			action, reason = ActionStop, "pipe disabled"
-		}
-		b.state.Pipes[name] = cronPipeState{Key: key, LastFire: now}
-		if had && saved.Key == key && saved.LastFire.After(now) {
-			b.state.Pipes[name] = saved
-		}
-		sched = append(sched, Step{Action: action, Pipe: name, File: "cron:" + name, Reason: reason})
-	}
-	for name, p := range b.pipes {
-		if keep[name] {
-			continue
-		}
-		if p.entry != 0 {
-			b.sched.Remove(p.entry)
-		}
-		delete(b.pipes, name)
-		delete(b.state.Pipes, name)
-		sched = append(sched, Step{Action: ActionRemove, Pipe: name, File: "cron:" + name, Reason: "pipe no longer in the manifest"})
-	}
-	for name := range b.state.Pipes {
-		if !keep[name] {
-			delete(b.state.Pipes, name)
+		if changed {
+			sched = append(sched, step)
 		}
 	}
+	sched = append(sched, b.unscheduleGone(keep)...)
 	sort.Slice(sched, func(i, j int) bool { return sched[i].Pipe < sched[j].Pipe })
 	res.Steps = append(steps, sched...)
 	if err := b.saveStateLocked(); err != nil {
@@ -348,6 +271,83 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 	return res, nil
 }
 
+// schedulePipe (re)schedules pipe when its schedule key changed, or when it
+// is enabled but not scheduled yet, and returns the step it took (changed
+// false: nothing to do). On the first apply after the agent started, it
+// catches up the fire times missed while the agent was down under the same
+// schedule; a new, edited or re-enabled pipe counts from now.
+func (b *Cron) schedulePipe(pipe manifest.Pipe, now time.Time) (step Step, changed bool, err error) {
+	name := pipe.Name
+	spec := pipe.Spec.Clone()
+	spec.Normalize()
+	key := cronKey(spec)
+	p := b.pipes[name]
+	if p == nil {
+		p = &cronPipe{procs: map[string]*cronProc{}}
+		b.pipes[name] = p
+	}
+	p.pipe, p.timeout, p.enabled = pipe, spec.Timeout.D(), spec.IsEnabled()
+	if p.key == key && (p.entry != 0 || !p.enabled) {
+		return Step{}, false, nil
+	}
+	s, err := manifest.ParseSchedule(spec.Schedule)
+	if err != nil {
+		return Step{}, false, err
+	}
+	loc, err := manifest.LoadLocation(spec.Timezone)
+	if err != nil {
+		return Step{}, false, err
+	}
+	es := evalSchedule{s: s, loc: loc, offset: b.jitterOffset(name, spec.Jitter.D())}
+	action, reason := ActionUpdate, "schedule changed"
+	if p.key == "" {
+		action, reason = ActionCreate, "new pipe"
+	}
+	if p.entry != 0 {
+		b.sched.Remove(p.entry)
+		p.entry = 0
+	}
+	p.key, p.schedule = key, es
+	saved, had := b.state.Pipes[name]
+	if p.enabled {
+		p.entry = b.sched.Schedule(es, cron.FuncJob(func() { b.fire(name) }))
+		if !b.started && had && saved.Key == key {
+			b.catchUp(p, es.missed(saved.LastFire, now, manifest.MaxCatchup), spec.Catchup)
+			action, reason = ActionStart, "scheduled (agent started)"
+		}
+	} else {
+		action, reason = ActionStop, "pipe disabled"
+	}
+	b.state.Pipes[name] = cronPipeState{Key: key, LastFire: now}
+	if had && saved.Key == key && saved.LastFire.After(now) {
+		b.state.Pipes[name] = saved
+	}
+	return Step{Action: action, Pipe: name, File: "cron:" + name, Reason: reason}, true, nil
+}
+
+// unscheduleGone unschedules and forgets the pipes not in keep, and
+// returns their removal steps.
+func (b *Cron) unscheduleGone(keep map[string]bool) []Step {
+	var steps []Step
+	for name, p := range b.pipes {
+		if keep[name] {
+			continue
+		}
+		if p.entry != 0 {
+			b.sched.Remove(p.entry)
+		}
+		delete(b.pipes, name)
+		delete(b.state.Pipes, name)
+		steps = append(steps, Step{Action: ActionRemove, Pipe: name, File: "cron:" + name, Reason: "pipe no longer in the manifest"})
+	}
+	for name := range b.state.Pipes {
+		if !keep[name] {
+			delete(b.state.Pipes, name)
+		}
+	}
+	return steps
+}
+
 // catchUp starts the runs missed while the agent was down: once (the latest
 // missed instant) or all (oldest first, one after the other).
 func (b *Cron) catchUp(p *cronPipe, missed []time.Time, policy string) {
@@ -362,7 +362,7 @@ func (b *Cron) catchUp(p *cronPipe, missed []time.Time, policy string) {
 	go func() {
 		defer b.wg.Done()
 		for _, at := range missed {
-			proc, err := b.spawn(name, "catchup", at, "", true)
+			proc, err := b.spawn(name, triggerCatchup, at, "", true)
 			if err != nil {
 				b.cfg.Logger.Error("catch-up run", "pipe", name, "err", err)
 				return
@@ -387,7 +387,7 @@ func (b *Cron) fire(name string) {
 		b.cfg.Logger.Warn("cron state", "err", err)
 	}
 	b.mu.Unlock()
-	if _, err := b.spawn(name, "schedule", at, "", true); err != nil {
+	if _, err := b.spawn(name, triggerSchedule, at, "", true); err != nil {
 		b.cfg.Logger.Error("start run", "pipe", name, "err", err)
 	}
 }
@@ -439,7 +439,7 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 	cmd.Stdout, cmd.Stderr = b.output, b.output
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	acct := cronRun{Pipe: name, RunID: runID, Trigger: trigger, RequestID: requestID, StartedAt: b.cfg.Now()}
-	if trigger == "schedule" || trigger == "catchup" {
+	if trigger == triggerSchedule || trigger == triggerCatchup {
 		acct.ScheduledAt = scheduled
 	}
 	if err := cmd.Start(); err != nil {
@@ -457,46 +457,57 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 	if !scheduled.IsZero() {
 		p.lastFire = scheduled
 	}
-	timeout := p.timeout
 	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		var timer *time.Timer
-		if timeout > 0 {
-			// As systemd's TimeoutStartSec=: the whole group goes.
-			timer = time.AfterFunc(timeout, func() { killGroup(cmd.Process.Pid, proc.done) })
-		}
-		err := cmd.Wait()
-		if timer != nil {
-			timer.Stop()
-		}
-		close(proc.done)
-		res, code := "success", 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				res, code = "signal", int(ws.Signal())
-			} else {
-				res, code = "exit-code", ee.ExitCode()
-			}
-		} else if err != nil {
-			res = "resources"
-		}
-		acct.Ended, acct.FinishedAt, acct.Result, acct.ExitCode = true, b.cfg.Now(), res, code
-		if res == "signal" {
-			acct.Signal, acct.ExitCode = signalName(code), -1
-		}
-		acct.Reason = cronReason(res, code)
-		b.saveRun(acct)
-		b.mu.Lock()
-		delete(p.procs, runID)
-		p.lastRes, p.lastExit = res, code
-		b.mu.Unlock()
-		if requestID != "" {
-			runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), name), requestID)
-		}
-	}()
+	go b.reap(p, proc, acct, p.timeout)
 	return proc, nil
+}
+
+// reap waits for a spawned runner (killing its process group after
+// timeout, as systemd's TimeoutStartSec= does), records how it ended in its
+// run account, forgets it, and removes its run request.
+func (b *Cron) reap(p *cronPipe, proc *cronProc, acct cronRun, timeout time.Duration) {
+	defer b.wg.Done()
+	cmd := proc.cmd
+	var timer *time.Timer
+	if timeout > 0 {
+		timer = time.AfterFunc(timeout, func() { killGroup(cmd.Process.Pid, proc.done) })
+	}
+	err := cmd.Wait()
+	if timer != nil {
+		timer.Stop()
+	}
+	close(proc.done)
+	res, code := waitResult(err)
+	acct.Ended, acct.FinishedAt, acct.Result, acct.ExitCode = true, b.cfg.Now(), res, code
+	if res == "signal" {
+		acct.Signal, acct.ExitCode = signalName(code), -1
+	}
+	acct.Reason = cronReason(res, code)
+	b.saveRun(acct)
+	b.mu.Lock()
+	delete(p.procs, proc.runID)
+	p.lastRes, p.lastExit = res, code
+	b.mu.Unlock()
+	if acct.RequestID != "" {
+		runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), acct.Pipe), acct.RequestID)
+	}
+}
+
+// waitResult is how a runner ended, in systemd's words (Result=): success,
+// exit-code (code: the exit status), signal (code: the signal) or
+// resources (it could not be waited for).
+func waitResult(err error) (res string, code int) {
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "signal", int(ws.Signal())
+		}
+		return "exit-code", ee.ExitCode()
+	case err != nil:
+		return "resources", 0
+	}
+	return "success", 0
 }
 
 // killGroup sends SIGTERM to the process group, then SIGKILL after 10 s
@@ -529,7 +540,7 @@ func (b *Cron) RunNow(ctx context.Context, pipe, requestID string) error {
 	if _, err := runreq.Write(runreq.Dir(b.cfg.RuntimeDir), pipe, requestID, b.cfg.Now()); err != nil {
 		return err
 	}
-	_, err := b.spawn(pipe, "api", b.cfg.Now(), requestID)
+	_, err := b.spawn(pipe, triggerAPI, b.cfg.Now(), requestID)
 	if err != nil {
 		runreq.Remove(runreq.Path(runreq.Dir(b.cfg.RuntimeDir), pipe), requestID)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 )
 
@@ -53,7 +54,7 @@ func TestCronBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cb.SetOutput(testWriter{t})
+	cb.SetOutput(testkit.LogWriter(t, ""))
 	t.Cleanup(func() { cb.Close(); cb.Wait() })
 	t0 := time.Now()
 	res := mustApply(t, cb, input(t, specs...))

@@ -92,4 +92,6 @@
 // set to the present and a runtime drop-in that makes it Persistent for that
 // start, so systemd computes its next elapse from now; systemd's own timer
 // starts (at boot, or by hand) still catch up from the real stamp.
+//
+// Imported by the daemon (agent) and agent/cli, which picks the backend.
 package apply

@@ -1,16 +1,10 @@
 package apply
 
 import (
-	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	sddbus "github.com/coreos/go-systemd/v22/dbus"
-
-	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -21,14 +15,7 @@ import (
 // daemon-reload and started, rendered without the correction lines and with
 // them (about 6-9 more OnCalendar= lines per timer), in the same run.
 func BenchmarkReload1000Corrections(b *testing.B) {
-	env := sdtest.Require(b)
-	ctx := context.Background()
-	conn, err := sddbus.NewUserConnectionContext(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	runtimeUnitDir := filepath.Join(env.RuntimeDir, "systemd", "user")
+	ub := newUnitBench(b)
 	dataDir := b.TempDir()
 	agent := fakeRunner(b)
 	render := func(noCorr bool) ([]units.File, []string, int) {
@@ -56,59 +43,22 @@ func BenchmarkReload1000Corrections(b *testing.B) {
 		}
 		return files, timers, lines
 	}
-	wait := func(ch chan string) {
-		select {
-		case <-ch:
-		case <-ctx.Done():
-		}
-	}
 	for _, c := range []struct {
 		name   string
 		noCorr bool
 	}{{"without", true}, {"with", false}} {
 		files, timers, lines := render(c.noCorr)
-		clean := func() {
-			for _, tm := range timers {
-				ch := make(chan string, 1)
-				if _, err := conn.StopUnitContext(ctx, tm, "replace", ch); err == nil {
-					wait(ch)
-				}
-			}
-			for _, f := range files {
-				os.Remove(filepath.Join(env.UnitDir(), f.Name))
-			}
-			os.RemoveAll(filepath.Join(env.UnitDir(), "timers.target.wants"))
-			os.Remove(filepath.Join(runtimeUnitDir, batchTarget))
-			if err := conn.ReloadContext(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportMetric(float64(lines)/1000, "OnCalendar/timer")
 			b.StopTimer()
 			for i := 0; i < b.N; i++ {
-				for _, f := range files {
-					if err := os.WriteFile(filepath.Join(env.UnitDir(), f.Name), f.Content, 0o644); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if err := enableLinks(env.UnitDir(), timers); err != nil {
-					b.Fatal(err)
-				}
-				if err := writeBatchTarget(runtimeUnitDir, timers); err != nil {
-					b.Fatal(err)
-				}
+				ub.write(b, files)
+				ub.enable(b, timers)
 				b.StartTimer()
-				if err := conn.ReloadContext(ctx); err != nil {
-					b.Fatal(err)
-				}
-				ch := make(chan string, 1)
-				if _, err := conn.StartUnitContext(ctx, batchTarget, "replace", ch); err != nil {
-					b.Fatal(err)
-				}
-				wait(ch)
+				ub.reload(b)
+				ub.startBatch(b)
 				b.StopTimer()
-				clean()
+				ub.clean(b, files, timers)
 			}
 		})
 	}

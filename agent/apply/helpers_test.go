@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -70,19 +71,8 @@ func input(t testing.TB, specs ...manifest.Spec) Input {
 	}
 }
 
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: testLogLevel}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
-}
-
 func userConfig(t testing.TB, dataDir string) Config {
-	return Config{DataDir: dataDir, Scope: units.ScopeUser, AgentPath: fakeRunner(t), Logger: testLogger(t)}
+	return Config{DataDir: dataDir, Scope: units.ScopeUser, AgentPath: fakeRunner(t), Logger: testkit.Logger(t, slog.LevelWarn)}
 }
 
 // runLine is one line of runs.log written by the fake runner.
@@ -256,10 +246,3 @@ func changedSteps(steps []Step) []Step {
 	}
 	return out
 }
-
-var testLogLevel = func() slog.Level {
-	if os.Getenv("DROVER_TEST_DEBUG") != "" {
-		return slog.LevelDebug
-	}
-	return slog.LevelWarn
-}()

@@ -243,34 +243,45 @@ func planPipe(d Desired, cur State, keep map[string]bool) []Step {
 	}
 
 	if timer != "" {
-		ts, known := cur.Timers[timer]
-		changed := timerNew || timerSchedule
-		var act Action
-		var reason string
-		switch {
-		case d.Enabled && changed:
-			act, reason = ActionRestart, "schedule changed"
-			if timerNew {
-				reason = "new timer"
-			}
-			if !known && timerNew || known && !ts.Active {
-				act = ActionStart
-			}
-		case d.Enabled && known && !ts.Active:
-			act, reason = ActionStart, "timer inactive"
-		case d.Enabled && known && !ts.Enabled:
-			act, reason = ActionStart, "timer not enabled"
-		case !d.Enabled && (known && (ts.Active || ts.Enabled) || !known && timerSchedule):
-			act, reason = ActionStop, "pipe disabled"
-		}
-		if act != "" {
-			steps = append(steps, Step{Action: act, Pipe: d.Pipe, File: timer, Reason: reason})
+		if st, ok := timerStep(d, cur.Timers, timer, timerNew, timerSchedule); ok {
+			steps = append(steps, st)
 		}
 	}
 	if len(steps) == 0 {
 		steps = append(steps, Step{Action: ActionNoop, Pipe: d.Pipe, Reason: "up to date"})
 	}
 	return steps
+}
+
+// timerStep is what the pipe's timer needs beyond its file: a start, a
+// restart (its schedule changed, or it is new) or a stop (pipe disabled),
+// from what the manager reports of it (timers). ok is false when it needs
+// nothing.
+func timerStep(d Desired, timers map[string]TimerState, timer string, timerNew, timerSchedule bool) (step Step, ok bool) {
+	ts, known := timers[timer]
+	changed := timerNew || timerSchedule
+	var act Action
+	var reason string
+	switch {
+	case d.Enabled && changed:
+		act, reason = ActionRestart, "schedule changed"
+		if timerNew {
+			reason = "new timer"
+		}
+		if !known && timerNew || known && !ts.Active {
+			act = ActionStart
+		}
+	case d.Enabled && known && !ts.Active:
+		act, reason = ActionStart, "timer inactive"
+	case d.Enabled && known && !ts.Enabled:
+		act, reason = ActionStart, "timer not enabled"
+	case !d.Enabled && (known && (ts.Active || ts.Enabled) || !known && timerSchedule):
+		act, reason = ActionStop, "pipe disabled"
+	}
+	if act == "" {
+		return Step{}, false
+	}
+	return Step{Action: act, Pipe: d.Pipe, File: timer, Reason: reason}, true
 }
 
 // timingKeys are the [Timer] settings that decide elapse times; a change to

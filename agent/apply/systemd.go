@@ -182,13 +182,7 @@ func (b *Systemd) Check(ctx context.Context) ([]Step, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Step
-	for _, s := range res.Steps {
-		if s.Changes() {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return res.changes(), nil
 }
 
 func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
@@ -211,163 +205,49 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	desired := make([]Desired, len(preps))
-	for i, p := range preps {
-		desired[i] = p.desired
-	}
-	steps := Plan(desired, cur)
-	res.Steps = steps
-	for _, s := range steps {
-		switch s.Action {
-		case ActionError, ActionConflict:
-			res.fail(s.Pipe, errors.New(s.String()))
-		case ActionRestore:
-			res.Drift = append(res.Drift, s)
-		}
-	}
-
+	steps := planSteps(preps, cur, res)
 	lap("read state and plan")
 	// Drop-ins beside managed units change what runs behind the
 	// manifest's back: drift, removed before the reload.
 	dropIns := removeDropIns(b.cfg.UnitDir, preps)
-	for _, d := range dropIns {
-		res.Steps = append(res.Steps, d)
-		res.Drift = append(res.Drift, d)
-	}
+	res.Steps = append(res.Steps, dropIns...)
+	res.Drift = append(res.Drift, dropIns...)
 	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
 	lap("pipe dirs and secrets")
-	wantedRendered := map[string][]byte{}
-	for _, p := range preps {
-		for _, u := range p.desired.Units {
-			wantedRendered[u.Name] = u.Data
-		}
-	}
 
-	var (
-		stopJobs, disable, startJobs, enable []string
-		writes                               []pendingFile
-		removes                              []string
-		guarded                              []string
-		toWrite                              []Step
-	)
 	now := b.cfg.Now()
-	for _, s := range steps {
-		if failed[s.Pipe] && s.Action != ActionRemove {
-			continue
-		}
-		switch {
-		case s.Action == ActionRemove && strings.HasPrefix(s.File, "pipes/"):
-			// gcPipeDirs removes it at the end.
-		case s.Action == ActionRemove:
-			stopJobs = append(stopJobs, s.File)
-			if strings.HasSuffix(s.File, ".timer") {
-				disable = append(disable, s.File)
-			}
-			removes = append(removes, s.File)
-		case s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore:
-			if strings.HasPrefix(s.File, "pipes/") {
-				continue
-			}
-			toWrite = append(toWrite, s)
-		case s.Action == ActionRestart:
-			stopJobs = append(stopJobs, s.File)
-			fallthrough
-		case s.Action == ActionStart:
-			startJobs = append(startJobs, s.File)
-			enable = append(enable, s.File)
-			if loaded[s.File] {
-				guarded = append(guarded, s.File)
-			}
-		case s.Action == ActionStop:
-			stopJobs = append(stopJobs, s.File)
-			disable = append(disable, s.File)
-		}
-	}
-
-	pend := make([]pendingFile, len(toWrite))
-	errs := make([]error, len(toWrite))
-	parallel(len(toWrite), func(i int) {
-		pend[i], errs[i] = writeTemp(filepath.Join(b.cfg.UnitDir, toWrite[i].File), wantedRendered[toWrite[i].File], 0o644)
-	})
-	writeFailed := map[string]bool{}
-	for i, s := range toWrite {
-		if errs[i] != nil {
-			res.fail(s.Pipe, errs[i])
-			writeFailed[s.Pipe] = true
-			continue
-		}
-		writes = append(writes, pend[i])
-	}
-	if len(writeFailed) > 0 {
-		// Its units stay as they were: start nothing of such a pipe.
-		skip := func(unit string) bool { p, _ := pipeOfUnit(unit); return writeFailed[p] }
-		startJobs = slices.DeleteFunc(startJobs, skip)
-		enable = slices.DeleteFunc(enable, skip)
-		guarded = slices.DeleteFunc(guarded, skip)
-	}
+	jobs := sortSteps(steps, failed, loaded)
+	writes := b.writeTempUnits(preps, &jobs, res)
 	lap("write temp units")
 	// Before the reload: stop what must not run on the new files.
-	b.runJobs(ctx, "stop", stopJobs, res)
+	b.runJobs(ctx, "stop", jobs.stop, res)
 	lap("stop jobs")
-	if err := disableLinks(b.cfg.UnitDir, disable); err != nil {
+	if err := disableLinks(b.cfg.UnitDir, jobs.disable); err != nil {
 		b.cfg.Logger.Warn("disable timers", "err", err)
 	}
 	if err := commitFiles(writes); err != nil {
 		return res, fmt.Errorf("write units: %w", err)
 	}
 	lap("write units")
-	for _, f := range removes {
-		if err := os.Remove(filepath.Join(b.cfg.UnitDir, f)); err != nil && !os.IsNotExist(err) {
-			p, _ := pipeOfUnit(f)
-			res.fail(p, err)
-		}
-		if strings.HasSuffix(f, ".timer") {
-			_ = removeStamp(b.cfg.StampDir, f)
-		}
-	}
-	if len(removes) > 0 {
-		_ = atomicfile.SyncDir(b.cfg.UnitDir)
-	}
-	for _, tm := range startJobs {
+	b.removeUnits(jobs.removes, res)
+	for _, tm := range jobs.start {
 		if !loaded[tm] {
 			_ = removeStamp(b.cfg.StampDir, tm)
 		}
 	}
-	for _, tm := range guarded {
+	for _, tm := range jobs.guarded {
 		if err := armGuard(b.runtimeUnitDir, b.cfg.StampDir, tm, now); err != nil {
 			return res, fmt.Errorf("guard %s: %w", tm, err)
 		}
 	}
 	lap("remove units, guard")
-	if err := enableLinks(b.cfg.UnitDir, enable); err != nil {
+	if err := enableLinks(b.cfg.UnitDir, jobs.enable); err != nil {
 		return res, fmt.Errorf("enable timers: %w", err)
 	}
 	lap("enable")
-	batch := len(startJobs) >= batchMin
-	if batch {
-		if err := writeBatchTarget(b.runtimeUnitDir, startJobs); err != nil {
-			return res, fmt.Errorf("batch target: %w", err)
-		}
-		defer os.Remove(filepath.Join(b.runtimeUnitDir, batchTarget))
-	}
-	if len(writes) > 0 || len(removes) > 0 || len(guarded) > 0 || len(enable) > 0 || len(disable) > 0 || batch || len(dropIns) > 0 {
-		if err := b.conn.ReloadContext(ctx); err != nil {
-			return res, fmt.Errorf("daemon-reload: %w", err)
-		}
-		res.Reloads++
-	}
-	lap("reload")
-	if batch {
-		b.startBatch(ctx, startJobs, res)
-	} else {
-		b.runJobs(ctx, "start", startJobs, res)
-	}
-	lap("start jobs")
-	for _, tm := range guarded {
-		disarmGuard(b.runtimeUnitDir, tm)
-	}
-	for _, u := range removes {
-		_ = b.conn.ResetFailedUnitContext(ctx, u)
+	changed := len(writes) > 0 || len(dropIns) > 0
+	if err := b.reloadAndStart(ctx, jobs, changed, res, lap); err != nil {
+		return res, err
 	}
 
 	keep := map[string]bool{}
@@ -380,6 +260,140 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	lap("gc")
 	res.Duration = time.Since(t0)
 	return res, nil
+}
+
+// unitJobs is what one apply does to units, by kind, in the order of the
+// plan's steps.
+type unitJobs struct {
+	stop, disable, start, enable []string // unit names
+	removes                      []string // unit files to delete
+	guarded                      []string // loaded timers started again: guarded against an unplanned run
+	toWrite                      []Step   // unit files to create, update or restore
+}
+
+// sortSteps sorts the plan's steps into unit jobs, leaving out the pipes
+// that failed (except their removals). Pipe directories ("pipes/...") are
+// materialise's and gcPipeDirs' business.
+func sortSteps(steps []Step, failed, loaded map[string]bool) unitJobs {
+	var j unitJobs
+	for _, s := range steps {
+		if failed[s.Pipe] && s.Action != ActionRemove {
+			continue
+		}
+		switch {
+		case s.Action == ActionRemove && strings.HasPrefix(s.File, "pipes/"):
+			// gcPipeDirs removes it at the end.
+		case s.Action == ActionRemove:
+			j.stop = append(j.stop, s.File)
+			if strings.HasSuffix(s.File, ".timer") {
+				j.disable = append(j.disable, s.File)
+			}
+			j.removes = append(j.removes, s.File)
+		case s.Action == ActionCreate || s.Action == ActionUpdate || s.Action == ActionRestore:
+			if strings.HasPrefix(s.File, "pipes/") {
+				continue
+			}
+			j.toWrite = append(j.toWrite, s)
+		case s.Action == ActionRestart:
+			j.stop = append(j.stop, s.File)
+			fallthrough
+		case s.Action == ActionStart:
+			j.start = append(j.start, s.File)
+			j.enable = append(j.enable, s.File)
+			if loaded[s.File] {
+				j.guarded = append(j.guarded, s.File)
+			}
+		case s.Action == ActionStop:
+			j.stop = append(j.stop, s.File)
+			j.disable = append(j.disable, s.File)
+		}
+	}
+	return j
+}
+
+// writeTempUnits writes the units of jobs.toWrite under temporary names,
+// in parallel, for commitFiles. A pipe whose unit cannot be written fails
+// and keeps its units as they were: none of its timers is started.
+func (b *Systemd) writeTempUnits(preps []prepared, jobs *unitJobs, res *Result) []pendingFile {
+	rendered := map[string][]byte{}
+	for _, p := range preps {
+		for _, u := range p.desired.Units {
+			rendered[u.Name] = u.Data
+		}
+	}
+	pend := make([]pendingFile, len(jobs.toWrite))
+	errs := make([]error, len(jobs.toWrite))
+	parallel(len(jobs.toWrite), func(i int) {
+		f := jobs.toWrite[i].File
+		pend[i], errs[i] = writeTemp(filepath.Join(b.cfg.UnitDir, f), rendered[f], 0o644)
+	})
+	var writes []pendingFile
+	writeFailed := map[string]bool{}
+	for i, s := range jobs.toWrite {
+		if errs[i] != nil {
+			res.fail(s.Pipe, errs[i])
+			writeFailed[s.Pipe] = true
+			continue
+		}
+		writes = append(writes, pend[i])
+	}
+	if len(writeFailed) > 0 {
+		skip := func(unit string) bool { p, _ := pipeOfUnit(unit); return writeFailed[p] }
+		jobs.start = slices.DeleteFunc(jobs.start, skip)
+		jobs.enable = slices.DeleteFunc(jobs.enable, skip)
+		jobs.guarded = slices.DeleteFunc(jobs.guarded, skip)
+	}
+	return writes
+}
+
+// removeUnits deletes unit files (and the stamps of removed timers).
+func (b *Systemd) removeUnits(files []string, res *Result) {
+	for _, f := range files {
+		if err := os.Remove(filepath.Join(b.cfg.UnitDir, f)); err != nil && !os.IsNotExist(err) {
+			p, _ := pipeOfUnit(f)
+			res.fail(p, err)
+		}
+		if strings.HasSuffix(f, ".timer") {
+			_ = removeStamp(b.cfg.StampDir, f)
+		}
+	}
+	if len(files) > 0 {
+		_ = atomicfile.SyncDir(b.cfg.UnitDir)
+	}
+}
+
+// reloadAndStart reloads the manager when anything on disk changed (files
+// written, changed says; or jobs touching files), starts the timers (as one
+// batch when there are many), then disarms the guards and resets removed
+// units' failed state.
+func (b *Systemd) reloadAndStart(ctx context.Context, jobs unitJobs, changed bool, res *Result, lap func(string)) error {
+	batch := len(jobs.start) >= batchMin
+	if batch {
+		if err := writeBatchTarget(b.runtimeUnitDir, jobs.start); err != nil {
+			return fmt.Errorf("batch target: %w", err)
+		}
+		defer os.Remove(filepath.Join(b.runtimeUnitDir, batchTarget))
+	}
+	if changed || len(jobs.removes) > 0 || len(jobs.guarded) > 0 || len(jobs.enable) > 0 || len(jobs.disable) > 0 || batch {
+		if err := b.conn.ReloadContext(ctx); err != nil {
+			return fmt.Errorf("daemon-reload: %w", err)
+		}
+		res.Reloads++
+	}
+	lap("reload")
+	if batch {
+		b.startBatch(ctx, jobs.start, res)
+	} else {
+		b.runJobs(ctx, "start", jobs.start, res)
+	}
+	lap("start jobs")
+	for _, tm := range jobs.guarded {
+		disarmGuard(b.runtimeUnitDir, tm)
+	}
+	for _, u := range jobs.removes {
+		_ = b.conn.ResetFailedUnitContext(ctx, u)
+	}
+	return nil
 }
 
 // phaseTimer logs, at debug level, how long each phase took.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/apply"
+	"github.com/drover/drover/internal/testkit"
 )
 
 // idleBackend is a backend with no pipes.
@@ -31,11 +32,7 @@ func (idleBackend) Close() error                                      { return n
 // short temporary directory, and returns that directory.
 func startIdleAgent(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "dcli")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testkit.ShortTempDir(t, "dcli")
 	cfg := agent.DefaultConfig()
 	cfg.DataDir = filepath.Join(dir, "d")
 	cfg.TokenFile = filepath.Join(dir, "token")

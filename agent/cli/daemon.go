@@ -312,9 +312,14 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 		return
 	}
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	printPipes(w, st.Pipes)
+}
+
+// printPipes prints the pipe table of `drover-agent status`.
+func printPipes(w io.Writer, pipes []agent.PipeInfo) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PIPE\tVERSION\tNEXT RUN\tLAST RUN\tNOTE")
-	for _, p := range st.Pipes {
+	for _, p := range pipes {
 		next := "-"
 		if !p.NextRun.IsZero() {
 			next = p.NextRun.Local().Format("2006-01-02 15:04:05 MST")

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/units"
 )
 
@@ -35,7 +35,7 @@ func runsOnce(t *testing.T, srv *serverProc, pipe, agentID, id string, want func
 func waitRun(t *testing.T, srv *serverProc, pipe, agentID, id string, timeout time.Duration, statuses ...string) api.Run {
 	t.Helper()
 	var got api.Run
-	waitFor(t, timeout, "run "+id+" of "+pipe+" to be "+strings.Join(statuses, "|"), func() bool {
+	testkit.WaitFor(t, timeout, "run "+id+" of "+pipe+" to be "+strings.Join(statuses, "|"), func() bool {
 		for _, r := range srv.runs(pipe, agentID) {
 			for _, st := range statuses {
 				if r.ID == id && r.Status == st {
@@ -65,7 +65,7 @@ func lastReason(a *agentProc, pipe string) (string, string) {
 
 func waitReason(t *testing.T, a *agentProc, pipe, runID, reason string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, pipe+"'s last run "+runID+" with reason "+reason, func() bool {
+	testkit.WaitFor(t, 30*time.Second, pipe+"'s last run "+runID+" with reason "+reason, func() bool {
 		id, r := lastReason(a, pipe)
 		return id == runID && r == reason
 	})
@@ -78,15 +78,10 @@ func waitReason(t *testing.T, a *agentProc, pipe, runID, reason string) {
 // server, with systemd's reason in the agent's record; so do both when they
 // happen while the daemon is stopped and it is started later.
 func TestEveryRunAccountedUserScope(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "account"}
+	mgr, srv, tags := userScenario(t, "account")
 
 	// The agent binary lives in a directory of its own, not /usr/bin.
-	binDir := shortDir(t, "bin")
+	binDir := testkit.ShortTempDir(t, "bin")
 	bin := filepath.Join(binDir, "drover-agent")
 	orig, err := os.ReadFile(agentBin())
 	if err != nil {
@@ -106,9 +101,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	// interpreter does not exist (execve fails: 203/EXEC).
 	broken := []byte("#!/nonexistent/interpreter\n")
 
-	a := newAgent(t, srv, agentOpts{name: "agent-account", backend: "systemd", mgr: &mgr, tags: tags, binary: bin, noAgentPath: true, heartbeat: 2 * time.Second})
-	a.start()
-	id := a.waitEnrolled()
+	a, id := enrolledAgent(t, srv, agentOpts{name: "agent-account", backend: "systemd", mgr: &mgr, tags: tags, binary: bin, noAgentPath: true, heartbeat: 2 * time.Second})
 	srv.putPipe("acc-ok", pipeSpec{Schedule: far, Script: "echo accounted\n", Targets: byTags(tags)})
 	srv.putPipe("acc-kill", pipeSpec{Schedule: far, Script: "echo started\nsleep 300\n", Targets: byTags(tags)})
 	a.waitPipes(60*time.Second, "acc-ok", "acc-kill")
@@ -153,7 +146,7 @@ func TestEveryRunAccountedUserScope(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(mgr.StateHome, "drover-runs")); err == nil {
 		spool = filepath.Join(mgr.StateHome, "drover-runs", "acc-kill", "spool")
 	}
-	waitFor(t, 30*time.Second, "the runner to spool its RunStarted", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the runner to spool its RunStarted", func() bool {
 		ents, _ := os.ReadDir(spool)
 		for _, e := range ents {
 			if strings.HasSuffix(e.Name(), ".pb") {
@@ -198,9 +191,7 @@ func TestCronRunnerKilledAccounted(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	tags := map[string]string{"e2e": "cron-account"}
-	a := newAgent(t, srv, agentOpts{name: "agent-cron-account", backend: "cron", tags: tags})
-	a.start()
-	id := a.waitEnrolled()
+	a, id := enrolledAgent(t, srv, agentOpts{name: "agent-cron-account", backend: "cron", tags: tags})
 	srv.putPipe("ck", pipeSpec{Schedule: far, Script: "echo started\nsleep 300\n", Targets: byTags(tags)})
 	a.waitPipes(60*time.Second, "ck")
 	runnerPID := func(runID string) int {

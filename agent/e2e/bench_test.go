@@ -16,7 +16,7 @@ import (
 // and heartbeat intervals) with 100 pipes installed, once it has settled:
 // it samples VmRSS every 2 s for DROVER_E2E_RSS_SETTLE (default 30 s) after
 // the apply and reports the last sample (MB-rss) and the highest
-// (MB-rss-peak). Target: 20 MB. The issue asks for the figure after 10
+// (MB-rss-peak). Target: 20 MB. The README reports the figure after 10
 // minutes; `make test` cannot wait that long, so set
 // DROVER_E2E_RSS_SETTLE=10m to measure it.
 func BenchmarkAgentIdleRSS100(b *testing.B) {

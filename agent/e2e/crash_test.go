@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -40,9 +41,7 @@ func TestCrashDuringSyncAndApply(t *testing.T) {
 	mgr := sdtest.NewManager(t)
 	diagnoseOnFailure(t, mgr)
 	srv := startServer(t)
-	ag := newAgent(t, srv, agentOpts{name: "agent-crash", backend: "systemd", mgr: &mgr, tags: map[string]string{"grp": "a"}})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-crash", backend: "systemd", mgr: &mgr, tags: map[string]string{"grp": "a"}})
 
 	// Two groups selected by the agent's tags, and a few pipes that stay.
 	var groupA []string
@@ -130,7 +129,7 @@ func TestCrashDuringSyncAndApply(t *testing.T) {
 func settle(t *testing.T, ag *agentProc, srv *serverProc, client *http.Client, mgr sdtest.Env) *manifest.Manifest {
 	t.Helper()
 	var m *manifest.Manifest
-	waitFor(t, 120*time.Second, "the agent to apply the server's manifest", func() bool {
+	testkit.WaitFor(t, 120*time.Second, "the agent to apply the server's manifest", func() bool {
 		st := ag.status()
 		if st == nil || st.LastSync.IsZero() {
 			return false

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent"
-	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 )
 
 // TestCronBackendSameFireTimes runs the same pipes on two agents of one
@@ -18,17 +18,8 @@ import (
 // scheduled fire happens on both at the same instant, and the cron
 // backend's runs (scheduled and RunNow) reach the server with their logs.
 func TestCronBackendSameFireTimes(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "fire"}
-	sys := newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: &mgr, tags: tags})
-	crn := newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
-	sys.start()
-	crn.start()
-	sysID, cronID := sys.waitEnrolled(), crn.waitEnrolled()
+	mgr, srv, tags := userScenario(t, "fire")
+	sys, crn, sysID, cronID := systemdAndCronAgents(t, srv, &mgr, tags)
 
 	specs := map[string]pipeSpec{
 		"c-tick":    {Schedule: "* * * * *", Script: "echo cron-tick\n"},
@@ -136,7 +127,7 @@ func TestCronBackendSameFireTimes(t *testing.T) {
 	// A scheduled fire at the same instant on both backends.
 	var common time.Time
 	var cronRun api.Run
-	waitFor(t, 150*time.Second, "a scheduled c-tick run at the same instant on both backends", func() bool {
+	testkit.WaitFor(t, 150*time.Second, "a scheduled c-tick run at the same instant on both backends", func() bool {
 		fired := map[time.Time]bool{}
 		for _, r := range srv.runs("c-tick", sysID) {
 			if r.Trigger == "schedule" && r.Status == "succeeded" && r.ScheduledAt != nil {

@@ -1,4 +1,4 @@
-// Package e2e is the end-to-end proof of the agent (issue 4, "Proof"): real
+// Package e2e is the end-to-end proof of the agent: real
 // drover-server and drover-agent processes, built once by TestMain, driven
 // through their public surfaces only — the admin HTTP API, `drover-server
 // tokens create`, the agent's configuration file, control socket and CLI
@@ -34,11 +34,13 @@
 //     refused and reported, and the installed pipes stay untouched.
 //   - BenchmarkAgentIdleRSS100: the agent's resident memory with 100 pipes
 //     once it has settled (30 s by default; DROVER_E2E_RSS_SETTLE=10m for
-//     the issue's figure). Applying 1,000 pipes on the user manager is
+//     the figure the README reports). Applying 1,000 pipes on the user manager is
 //     agent/apply's BenchmarkApply1000.
 //
 // Each test has its own server, agent(s) and user manager, and they all run
 // at once (TestMain raises -parallel unless it is given). DROVER_TEST_LOG=1
 // streams the processes' logs; a failing test shows their tails and the
 // state of its pipe units.
+//
+// Nothing imports it.
 package e2e

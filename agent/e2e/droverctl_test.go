@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/drover/drover/internal/testkit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,9 +23,7 @@ func TestDroverctlApplyRoundTrip(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	tags := map[string]string{"e2e": "ctl"}
-	ag := newAgent(t, srv, agentOpts{name: "agent-ctl", backend: "cron", tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-ctl", backend: "cron", tags: tags})
 
 	dir := t.TempDir()
 	write := func(rel, body string, mode os.FileMode) {
@@ -113,7 +112,7 @@ func TestDroverctlApplyRoundTrip(t *testing.T) {
 	// Update a bundled file: a new version reaches the host.
 	write("lib/words.sh", "WORD=second\n", 0o644)
 	ctl("apply", "-f", dir)
-	waitFor(t, 60*time.Second, "the updated bundle on the host", func() bool { return payload() == "WORD=second\n" })
+	testkit.WaitFor(t, 60*time.Second, "the updated bundle on the host", func() bool { return payload() == "WORD=second\n" })
 
 	// --prune removes what the files no longer hold, from the server and the host.
 	if err := os.RemoveAll(filepath.Join(dir, "more")); err != nil {

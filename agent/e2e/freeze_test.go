@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/units"
 )
 
@@ -21,15 +21,8 @@ import (
 // drop-in added beside the pipe's service is removed by the next sync and
 // reported.
 func TestTamperingProxyFreeze(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t, "DROVER_SIGNING_MANIFEST_LIFETIME=2m", "DROVER_SIGNING_KEY_LIST_LIFETIME=24h")
-	tags := map[string]string{"e2e": "freeze"}
-	ag := newAgent(t, srv, agentOpts{name: "agent-freeze", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	mgr, srv, tags := userScenario(t, "freeze", "DROVER_SIGNING_MANIFEST_LIFETIME=2m", "DROVER_SIGNING_KEY_LIST_LIFETIME=24h")
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-freeze", backend: "systemd", mgr: &mgr, tags: tags})
 	ag.stop()
 	proxy := newTamperProxy(t, srv, ag.dataDir)
 	ag.writeConfig(proxy.URL())
@@ -52,7 +45,7 @@ func TestTamperingProxyFreeze(t *testing.T) {
 	}
 	sleepUntil(expires.Add(time.Second))
 	ag.syncCLI()
-	waitFor(t, 60*time.Second, "the agent to report the manifest expired", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the agent to report the manifest expired", func() bool {
 		st := ag.status()
 		return st != nil && st.ManifestExpired && st.ManifestExpiresAt.Equal(expires)
 	})
@@ -61,7 +54,7 @@ func TestTamperingProxyFreeze(t *testing.T) {
 	}
 	// Retried hard: more pulls come without being asked.
 	n := proxy.served(notModified)
-	waitFor(t, 40*time.Second, "the agent to pull again by itself", func() bool { return proxy.served(notModified) > n })
+	testkit.WaitFor(t, 40*time.Second, "the agent to pull again by itself", func() bool { return proxy.served(notModified) > n })
 
 	// The pipe keeps running under the expired manifest.
 	ok := srv.runOfRequest(srv.runNow("fz", id).RequestID, 60*time.Second, "succeeded", "failed")

@@ -24,6 +24,7 @@ import (
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server"
 )
@@ -94,18 +95,6 @@ func childEnv(extra ...string) []string {
 	return append(env, extra...)
 }
 
-// shortDir is a temporary directory with a short path: the agent's control
-// socket lives below its data dir and unix socket paths are limited.
-func shortDir(t testing.TB, prefix string) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
-
 // ---- drover-server
 
 // serverProc is drover-server running as a child process on 127.0.0.1.
@@ -116,10 +105,7 @@ type serverProc struct {
 	log     *logSink
 	https   string // host:port
 	grpc    string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc    child
 
 	base   string
 	admin  string
@@ -161,7 +147,6 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
 	ready := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -179,7 +164,7 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 		}
 		io.Copy(io.Discard, stderr)
 	}()
-	go func() { cmd.Wait(); close(done) }()
+	done := s.proc.started(cmd)
 	select {
 	case a := <-ready:
 		s.https, s.grpc = a[0], a[1]
@@ -189,22 +174,15 @@ func (s *serverProc) start(httpAddr, grpcAddr string) {
 		cmd.Process.Kill()
 		t.Fatal("drover-server was not ready within 60 s")
 	}
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
 	s.base = "https://" + s.https
 }
 
 // stop ends the server with SIGTERM (SIGKILL after 30 s); idempotent.
 func (s *serverProc) stop() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
+	cmd := s.proc.terminate(s.t, "drover-server")
 	if cmd == nil {
 		return
 	}
-	terminate(s.t, "drover-server", cmd, done)
 	if st := cmd.ProcessState; st != nil && !st.Success() {
 		s.t.Errorf("drover-server after SIGTERM: %v", st)
 	}
@@ -307,6 +285,23 @@ func (s *serverProc) putPipe(name string, spec pipeSpec) api.PutPipeResponse {
 	return out
 }
 
+// waitSoleAgentOnline waits (60 s, what says for what) until the server
+// knows exactly one agent and it is online, and returns its id.
+func (s *serverProc) waitSoleAgentOnline(what string) string {
+	s.t.Helper()
+	var id string
+	testkit.WaitFor(s.t, 60*time.Second, what, func() bool {
+		var list api.AgentList
+		s.api("GET", "/api/v1/agents", nil, &list)
+		if len(list.Agents) == 1 && list.Agents[0].Online {
+			id = list.Agents[0].ID
+			return true
+		}
+		return false
+	})
+	return id
+}
+
 func (s *serverProc) agentView(id string) api.Agent {
 	s.t.Helper()
 	var ag api.Agent
@@ -382,7 +377,7 @@ func (s *serverProc) runNow(pipe, agentID string) api.RunPipeResponse {
 func (s *serverProc) runOfRequest(requestID string, timeout time.Duration, statuses ...string) api.Run {
 	s.t.Helper()
 	var got api.Run
-	waitFor(s.t, timeout, "the run of request "+requestID+" to be "+strings.Join(statuses, "|"), func() bool {
+	testkit.WaitFor(s.t, timeout, "the run of request "+requestID+" to be "+strings.Join(statuses, "|"), func() bool {
 		var page api.RunList
 		s.api("GET", "/api/v1/runs?request_id="+url.QueryEscape(requestID), nil, &page)
 		for _, r := range page.Runs {
@@ -426,11 +421,10 @@ type agentProc struct {
 	token   string // the token file
 	env     []string
 	log     *logSink
+	proc    child
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	id   string
+	mu sync.Mutex
+	id string
 }
 
 // newAgent prepares an agent of srv: its configuration file and a token
@@ -452,7 +446,7 @@ func newAgent(t testing.TB, srv *serverProc, o agentOpts) *agentProc {
 	if o.name == "" {
 		o.name = "drover-agent-" + o.backend
 	}
-	dir := shortDir(t, "e2e")
+	dir := testkit.ShortTempDir(t, "e2e")
 	a := &agentProc{t: t, srv: srv, opts: o, dir: dir, dataDir: filepath.Join(dir, "data"),
 		cfgPath: filepath.Join(dir, "agent.yaml"), token: filepath.Join(dir, "enroll.token"),
 		log: newLogSink(t, t.TempDir(), o.name)}
@@ -467,6 +461,27 @@ func newAgent(t testing.TB, srv *serverProc, o agentOpts) *agentProc {
 	}
 	t.Cleanup(func() { a.stop() })
 	return a
+}
+
+// enrolledAgent is newAgent started, once it has enrolled (and is online):
+// the agent and its id.
+func enrolledAgent(t testing.TB, srv *serverProc, o agentOpts) (*agentProc, string) {
+	t.Helper()
+	a := newAgent(t, srv, o)
+	a.start()
+	return a, a.waitEnrolled()
+}
+
+// systemdAndCronAgents starts two agents of srv with tags, one on systemd
+// timers (of mgr) and one on the cron backend, and waits for both to
+// enroll.
+func systemdAndCronAgents(t testing.TB, srv *serverProc, mgr *sdtest.Env, tags map[string]string) (sys, crn *agentProc, sysID, cronID string) {
+	t.Helper()
+	sys = newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: mgr, tags: tags})
+	crn = newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
+	sys.start()
+	crn.start()
+	return sys, crn, sys.waitEnrolled(), crn.waitEnrolled()
 }
 
 // writeConfig writes the agent's configuration file (serverURL "" = the
@@ -508,63 +523,23 @@ func (a *agentProc) start() {
 	cmd.Env = a.env
 	w := io.Writer(a.log.f)
 	if os.Getenv("DROVER_TEST_LOG") != "" {
-		w = io.MultiWriter(w, testWriter{a.t, a.opts.name})
+		w = io.MultiWriter(w, testkit.LogWriter(a.t, a.opts.name+": "))
 	}
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		a.t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	a.mu.Lock()
-	a.cmd, a.done = cmd, done
-	a.mu.Unlock()
+	a.proc.started(cmd)
 }
 
-type testWriter struct {
-	t    testing.TB
-	name string
-}
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Logf("%s: %s", w.name, bytes.TrimRight(p, "\n"))
-	return len(p), nil
-}
-
-func (a *agentProc) pid() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil {
-		return 0
-	}
-	return a.cmd.Process.Pid
-}
+func (a *agentProc) pid() int { return a.proc.pid() }
 
 // stop ends the daemon with SIGTERM; idempotent.
-func (a *agentProc) stop() {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.cmd = nil
-	a.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	terminate(a.t, a.opts.name, cmd, done)
-}
+func (a *agentProc) stop() { a.proc.terminate(a.t, a.opts.name) }
 
 // kill ends the daemon with SIGKILL and waits for it.
-func (a *agentProc) kill() {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.cmd = nil
-	a.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(syscall.SIGKILL)
-	<-done
-}
+func (a *agentProc) kill() { a.proc.kill() }
 
 func (a *agentProc) socket() string { return filepath.Join(a.dataDir, "control", "agent.sock") }
 
@@ -637,7 +612,7 @@ func syncOutcome(t testing.TB, stdout, stderr string, err error) string {
 func (a *agentProc) waitEnrolled() string {
 	a.t.Helper()
 	var id string
-	waitFor(a.t, 60*time.Second, a.opts.name+" to enroll", func() bool {
+	testkit.WaitFor(a.t, 60*time.Second, a.opts.name+" to enroll", func() bool {
 		st := a.status()
 		if st == nil || !st.Enrolled {
 			return false
@@ -658,7 +633,7 @@ func (a *agentProc) waitEnrolled() string {
 // waitOnline waits until the server sees the agent's stream.
 func (a *agentProc) waitOnline() {
 	a.t.Helper()
-	waitFor(a.t, 60*time.Second, a.opts.name+" online on the server", func() bool {
+	testkit.WaitFor(a.t, 60*time.Second, a.opts.name+" online on the server", func() bool {
 		st := a.status()
 		return st != nil && st.StreamConnected && a.srv.agentView(st.AgentID).Online
 	})
@@ -673,7 +648,7 @@ func (a *agentProc) waitPipes(timeout time.Duration, names ...string) *agent.Sta
 		want[n] = true
 	}
 	var st *agent.Status
-	waitFor(a.t, timeout, fmt.Sprintf("%s to apply pipes %v", a.opts.name, names), func() bool {
+	testkit.WaitFor(a.t, timeout, fmt.Sprintf("%s to apply pipes %v", a.opts.name, names), func() bool {
 		st = a.status()
 		if st == nil || st.Serial == 0 || st.AppliedSerial != st.Serial {
 			return false
@@ -694,18 +669,6 @@ func (a *agentProc) waitPipes(timeout time.Duration, names ...string) *agent.Sta
 }
 
 // ---- helpers
-
-// waitFor polls cond until it holds, and fails t after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(150 * time.Millisecond)
-	}
-}
 
 // sleepUntil sleeps until at.
 func sleepUntil(at time.Time) {
@@ -792,6 +755,19 @@ func sameStamps(a, b map[string]fileStamp) string {
 	}
 	sort.Strings(diffs)
 	return strings.Join(diffs, "; ")
+}
+
+// userScenario starts a scenario on a private systemd user manager: the
+// test runs in parallel with the others, needs a user manager (sdtest),
+// gets its own (whose units it shows when it fails) and its own server
+// (env: the server's extra settings). tags {"e2e": tag} target its agents.
+func userScenario(t *testing.T, tag string, env ...string) (sdtest.Env, *serverProc, map[string]string) {
+	t.Helper()
+	t.Parallel()
+	sdtest.Require(t)
+	mgr := sdtest.NewManager(t)
+	diagnoseOnFailure(t, mgr)
+	return mgr, startServer(t, env...), map[string]string{"e2e": tag}
 }
 
 // diagnoseOnFailure logs the state of a user manager's pipe units and the
@@ -895,9 +871,51 @@ func decodeEnvelope(t testing.TB, env []byte) *manifest.Manifest {
 	return m
 }
 
-// terminate sends SIGTERM to a child process and waits for done (closed
-// when it exited); after 30 s it fails t and kills the process.
-func terminate(t testing.TB, name string, cmd *exec.Cmd, done <-chan struct{}) {
+// child is the current process of a serverProc or an agentProc (a new one
+// after each restart).
+type child struct {
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// started records cmd, just started, and returns a channel closed when it
+// has exited.
+func (c *child) started(cmd *exec.Cmd) <-chan struct{} {
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	c.mu.Lock()
+	c.cmd, c.done = cmd, done
+	c.mu.Unlock()
+	return done
+}
+
+// take forgets the process and returns it (nil when none runs).
+func (c *child) take() (*exec.Cmd, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmd, done := c.cmd, c.done
+	c.cmd = nil
+	return cmd, done
+}
+
+func (c *child) pid() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
+// terminate sends SIGTERM to the process and waits for it to exit; after
+// 30 s it fails t and kills the process. It returns the process, or nil
+// when none ran (idempotent).
+func (c *child) terminate(t testing.TB, name string) *exec.Cmd {
+	cmd, done := c.take()
+	if cmd == nil {
+		return nil
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-done:
@@ -906,4 +924,15 @@ func terminate(t testing.TB, name string, cmd *exec.Cmd, done <-chan struct{}) {
 		cmd.Process.Kill()
 		<-done
 	}
+	return cmd
+}
+
+// kill ends the process with SIGKILL and waits for it (idempotent).
+func (c *child) kill() {
+	cmd, done := c.take()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-done
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/units"
 )
 
@@ -54,15 +55,8 @@ func mainSpecs(tags map[string]string, slowPIDs, tmoPIDs string) map[string]pipe
 // without the agent's guard); a hand-edited unit restored by the next
 // sync and reported; removing the pipes removes both units.
 func TestUserManagerEndToEnd(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "main"}
-	ag := newAgent(t, srv, agentOpts{name: "agent-main", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	mgr, srv, tags := userScenario(t, "main")
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-main", backend: "systemd", mgr: &mgr, tags: tags})
 
 	work := t.TempDir()
 	h := &pipeHost{
@@ -194,7 +188,7 @@ func proveTimeout(t *testing.T, srv *serverProc, h *pipeHost, id, pidPath string
 func firstScheduledRun(t *testing.T, srv *serverProc, id string) api.Run {
 	t.Helper()
 	var first api.Run
-	waitFor(t, 90*time.Second, "a scheduled run of tick", func() bool {
+	testkit.WaitFor(t, 90*time.Second, "a scheduled run of tick", func() bool {
 		for _, r := range srv.runs("tick", id) {
 			if r.Trigger == "schedule" && r.Status == "succeeded" {
 				first = r
@@ -237,7 +231,7 @@ func proveScheduleEdits(t *testing.T, srv *serverProc, h *pipeHost, id string, s
 		}
 		// Too close to the next fire to edit before it: take that one.
 		n := len(runs)
-		waitFor(t, 90*time.Second, "the next scheduled run of tick", func() bool {
+		testkit.WaitFor(t, 90*time.Second, "the next scheduled run of tick", func() bool {
 			rs := srv.runs("tick", id)
 			return len(rs) > n && rs[len(rs)-1].Status == "succeeded"
 		})
@@ -250,7 +244,7 @@ func proveScheduleEdits(t *testing.T, srv *serverProc, h *pipeHost, id string, s
 	}
 	spec.Schedule = far
 	srv.putPipe("tick", spec)
-	waitFor(t, 30*time.Second, "the tick timer rewritten", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the tick timer rewritten", func() bool {
 		b, err := h.readFile(timerPath)
 		return err == nil && !bytes.Equal(b, oldTimer) && h.timers()[units.TimerName("tick")].Next.Equal(nextFire(t, far, "", time.Now()))
 	})
@@ -263,12 +257,12 @@ func proveScheduleEdits(t *testing.T, srv *serverProc, h *pipeHost, id string, s
 	newTimer, _ := h.readFile(timerPath)
 	spec.Schedule = "* * * * *"
 	srv.putPipe("tick", spec)
-	waitFor(t, 30*time.Second, "the tick timer rewritten back", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the tick timer rewritten back", func() bool {
 		b, err := h.readFile(timerPath)
 		return err == nil && !bytes.Equal(b, newTimer)
 	})
 	var want time.Time
-	waitFor(t, 10*time.Second, "tick's next elapse", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "tick's next elapse", func() bool {
 		want = nextFire(t, "* * * * *", "", time.Now())
 		return h.timers()[units.TimerName("tick")].Next.Equal(want)
 	})
@@ -315,7 +309,7 @@ func proveDrift(t *testing.T, srv *serverProc, h *pipeHost, id string) {
 	if d := h.show(units.ServiceName("api"), "Description"); strings.Contains(d, "edited by hand") {
 		t.Fatalf("systemd still has the hand-edited unit loaded: %q", d)
 	}
-	waitFor(t, 30*time.Second, "the server to see the drift report", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the server to see the drift report", func() bool {
 		for _, p := range srv.agentView(id).Pipes {
 			if p.Name == "api" && p.DriftRestored {
 				return true
@@ -332,7 +326,7 @@ func removePipes(t *testing.T, srv *serverProc, h *pipeHost, specs map[string]pi
 	for name := range specs {
 		srv.api("DELETE", "/api/v1/pipes/"+name, nil, nil)
 	}
-	waitFor(t, 60*time.Second, "every unit to go", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "every unit to go", func() bool {
 		for name := range specs {
 			for _, u := range []string{units.ServiceName(name), units.TimerName(name)} {
 				if _, err := h.readFile(filepath.Join(h.unitDir, u)); err == nil {
@@ -358,7 +352,7 @@ func removePipes(t *testing.T, srv *serverProc, h *pipeHost, specs map[string]pi
 func waitPIDs(t *testing.T, h *pipeHost, path string, n int) []int {
 	t.Helper()
 	var pids []int
-	waitFor(t, 30*time.Second, "the pids in "+path, func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the pids in "+path, func() bool {
 		b, _ := h.readFile(path)
 		pids = pids[:0]
 		for _, f := range strings.Fields(string(b)) {
@@ -374,7 +368,7 @@ func waitPIDs(t *testing.T, h *pipeHost, path string, n int) []int {
 // waitGone waits until none of pids runs.
 func waitGone(t *testing.T, h *pipeHost, pids []int) {
 	t.Helper()
-	waitFor(t, 20*time.Second, "the process tree to be gone", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the process tree to be gone", func() bool {
 		for _, p := range pids {
 			if h.alive(p) {
 				return false

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 )
 
 // Missed-run detection against real agents: scheduled runs of an
@@ -17,17 +17,8 @@ import (
 // missed run for that agent; when the host comes back, its catch-up run for
 // that fire time replaces the missed one, never sits beside it.
 func TestMissedRunsWithRealAgents(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "missed"}
-	sys := newAgent(t, srv, agentOpts{name: "agent-systemd", backend: "systemd", mgr: &mgr, tags: tags})
-	crn := newAgent(t, srv, agentOpts{name: "agent-cron", backend: "cron", tags: tags})
-	sys.start()
-	crn.start()
-	sysID, cronID := sys.waitEnrolled(), crn.waitEnrolled()
+	mgr, srv, tags := userScenario(t, "missed")
+	sys, crn, sysID, cronID := systemdAndCronAgents(t, srv, &mgr, tags)
 	srv.putPipe("m-tick", pipeSpec{Schedule: "* * * * *", Script: "echo tick\n", Grace: "1m", Targets: byTags(tags)})
 	sys.waitPipes(60*time.Second, "m-tick")
 	crn.waitPipes(60*time.Second, "m-tick")
@@ -53,7 +44,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 			}
 		}
 	})
-	waitFor(t, 240*time.Second, "a fire time both agents ran, judged by the server", func() bool {
+	testkit.WaitFor(t, 240*time.Second, "a fire time both agents ran, judged by the server", func() bool {
 		s, c := scheduled(sysID), scheduled(cronID)
 		for at, r := range c {
 			if sr, ok := s[at]; ok && r.Status == "succeeded" && sr.Status == "succeeded" && time.Since(at) > time.Minute+45*time.Second {
@@ -79,7 +70,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 	crn.stop()
 	fire := time.Now().Truncate(time.Minute).Add(time.Minute).UTC()
 	var missed api.Run
-	waitFor(t, 180*time.Second, "a missed run of the silent agent for "+fire.Format(time.RFC3339), func() bool {
+	testkit.WaitFor(t, 180*time.Second, "a missed run of the silent agent for "+fire.Format(time.RFC3339), func() bool {
 		r, ok := scheduled(cronID)[fire]
 		missed = r
 		return ok && r.Status == "missed"
@@ -97,7 +88,7 @@ func TestMissedRunsWithRealAgents(t *testing.T) {
 	// The host comes back: catch-up (once) serves the latest missed fire
 	// time; its record replaces the missed run of that fire time.
 	crn.start()
-	waitFor(t, 120*time.Second, "the returning agent's run for the fire times it missed", func() bool {
+	testkit.WaitFor(t, 120*time.Second, "the returning agent's run for the fire times it missed", func() bool {
 		for at, r := range scheduled(cronID) {
 			if r.Status == "succeeded" && r.Trigger == "catchup" && !at.Before(fire) {
 				return true

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/units"
 )
 
@@ -33,15 +33,8 @@ func offlineLog(n int) string {
 // number (counted by the script itself) exactly once, chunk seqs gap-free,
 // the log byte for byte, and the server's arrival order the runs' order.
 func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "offline"}
-	ag := newAgent(t, srv, agentOpts{name: "agent-offline", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	mgr, srv, tags := userScenario(t, "offline")
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-offline", backend: "systemd", mgr: &mgr, tags: tags})
 
 	counter := filepath.Join(t.TempDir(), "counter")
 	script := fmt.Sprintf("n=$(( $(cat %s 2>/dev/null || echo 0) + 1 ))\necho $n > %s\nseq -f \"run $n line %%04g ................................................\" 1 %d\n",
@@ -62,12 +55,12 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 	for range online {
 		start()
 	}
-	waitFor(t, 60*time.Second, "the online runs on the server", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the online runs on the server", func() bool {
 		return countStatus(srv.runs("off", id), "succeeded") == online
 	})
 
 	srv.stop()
-	waitFor(t, 30*time.Second, "the agent to notice the server is gone", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the agent to notice the server is gone", func() bool {
 		st := ag.status()
 		return st != nil && !st.StreamConnected
 	})
@@ -76,7 +69,7 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 		start()
 	}
 	took := time.Since(t0)
-	waitFor(t, 30*time.Second, "every offline run in the outbox", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every offline run in the outbox", func() bool {
 		// RunStarted, RunFinished and the chunks of each run.
 		st := ag.status()
 		return st != nil && st.OutboxRecords >= 3*offline
@@ -88,11 +81,11 @@ func TestOfflineRunsArriveExactlyOnce(t *testing.T) {
 	srv.start(srv.https, srv.grpc)
 	t1 := time.Now()
 	var runs []api.Run
-	waitFor(t, 120*time.Second, "every run on the server", func() bool {
+	testkit.WaitFor(t, 120*time.Second, "every run on the server", func() bool {
 		runs = srv.runs("off", id)
 		return countStatus(runs, "succeeded") == online+offline
 	})
-	waitFor(t, 30*time.Second, "an empty outbox", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "an empty outbox", func() bool {
 		st := ag.status()
 		return st != nil && st.OutboxRecords == 0
 	})

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/packaging/boottest"
 	"github.com/drover/drover/units"
 )
@@ -81,16 +82,7 @@ func TestSystemScopeBooted(t *testing.T) {
 		},
 	}
 
-	var id string
-	waitFor(t, 60*time.Second, "the agent in the container to enroll and connect", func() bool {
-		var list api.AgentList
-		srv.api("GET", "/api/v1/agents", nil, &list)
-		if len(list.Agents) == 1 && list.Agents[0].Online {
-			id = list.Agents[0].ID
-			return true
-		}
-		return false
-	})
+	id := srv.waitSoleAgentOnline("the agent in the container to enroll and connect")
 	if _, err := h.readFile("/etc/drover/enroll.token"); !os.IsNotExist(err) {
 		t.Fatalf("the token file is still there after enrollment (%v)", err)
 	}
@@ -113,7 +105,7 @@ func TestSystemScopeBooted(t *testing.T) {
 	for _, name := range []string{"tick", "api", "slow", "tmo"} {
 		srv.putPipe(name, specs[name])
 	}
-	waitFor(t, 60*time.Second, "the pipes' timers in the container", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the pipes' timers in the container", func() bool {
 		timers := h.timers()
 		for name := range specs {
 			if timers[units.TimerName(name)].Next.IsZero() {
@@ -195,7 +187,7 @@ func randomHex(n int) string {
 // container's journal of the agent and its pipes.
 func startAgentInContainer(t *testing.T, c *boottest.Container, srv *serverProc, tags map[string]string) {
 	t.Helper()
-	root, err := moduleRoot()
+	root, err := testkit.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/drover/drover/agent/internal/sdtest"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -179,20 +179,13 @@ func (p *tamperProxy) tamper(resp *http.Response) error {
 // alone: unit files (bytes and mtime), pipe directories and timers. With
 // the proxy passing everything through again, the pending change applies.
 func TestTamperingProxy(t *testing.T) {
-	t.Parallel()
-	sdtest.Require(t)
-	mgr := sdtest.NewManager(t)
-	diagnoseOnFailure(t, mgr)
-	srv := startServer(t)
-	tags := map[string]string{"e2e": "tamper"}
-	ag := newAgent(t, srv, agentOpts{name: "agent-tamper", backend: "systemd", mgr: &mgr, tags: tags})
-	ag.start()
-	id := ag.waitEnrolled()
+	mgr, srv, tags := userScenario(t, "tamper")
+	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-tamper", backend: "systemd", mgr: &mgr, tags: tags})
 
 	// Another agent of the same server with the same pipes, enrolled with
 	// `drover-agent enroll` (no daemon): its manifest is what the proxy
 	// serves as "another agent's".
-	other := shortDir(t, "e2e")
+	other := testkit.ShortTempDir(t, "e2e")
 	otherCfg := filepath.Join(other, "agent.yaml")
 	if err := os.WriteFile(otherCfg, fmt.Appendf(nil, "server: %s\ndata_dir: %s\nbackend: cron\nscope: user\nagent_path: %s\n",
 		srv.base, filepath.Join(other, "data"), agentBin()), 0o600); err != nil {
@@ -222,7 +215,7 @@ func TestTamperingProxy(t *testing.T) {
 	oldEnv, oldM := fetchManifest(t, client, srv.base)
 	two.Script = "echo two v2\n"
 	srv.putPipe("t-two", two)
-	waitFor(t, 60*time.Second, "the agent to apply the next serial", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the agent to apply the next serial", func() bool {
 		st := ag.status()
 		return st != nil && st.AppliedSerial > oldM.Serial && st.AppliedSerial == st.Serial
 	})
@@ -271,7 +264,7 @@ func TestTamperingProxy(t *testing.T) {
 			t.Fatalf("%s: the proxy never served a tampered answer", mode)
 		}
 		var reason string
-		waitFor(t, 30*time.Second, mode+": the rejection reported to the server", func() bool {
+		testkit.WaitFor(t, 30*time.Second, mode+": the rejection reported to the server", func() bool {
 			v := srv.agentView(id)
 			reason = v.ManifestError
 			if v.ManifestState == "rejected" && v.StatusAt != nil && v.StatusAt.After(before.Add(-time.Second)) &&
@@ -322,7 +315,7 @@ func TestTamperingProxy(t *testing.T) {
 		t.Fatalf("sync through an honest proxy: %s", got)
 	}
 	_, cur := fetchManifest(t, client, srv.base)
-	waitFor(t, 30*time.Second, "the server to see the manifest applied", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the server to see the manifest applied", func() bool {
 		v := srv.agentView(id)
 		return v.ManifestState == "applied" && v.AppliedSerial == cur.Serial
 	})

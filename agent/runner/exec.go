@@ -76,7 +76,7 @@ func (r *runner) childEnv(p *plannedRun, secrets map[string]string) []string {
 	}
 	env["DROVER_RUN_ID"] = p.runID
 	env["DROVER_PIPE"] = r.opts.Pipe
-	env["DROVER_TRIGGER"] = TriggerName(p.trigger)
+	env["DROVER_TRIGGER"] = p.trigger.Name()
 	if !p.scheduledAt.IsZero() {
 		env["DROVER_SCHEDULED_AT"] = p.scheduledAt.UTC().Format(time.RFC3339)
 	}
@@ -157,28 +157,57 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 		rr.Reason = "secrets"
 		return
 	}
-	values := make([]string, 0, len(secrets))
-	for _, v := range secrets {
-		values = append(values, v)
-	}
 	env := r.childEnv(p, secrets)
 	args, dir, err := r.argv(envMap(env)["PATH"])
 	if err != nil {
 		fail(ExitNotFound, fmt.Errorf("cannot start the payload: %w", err))
 		return
 	}
+	ooms := oomKills()
+	proc, code, err := r.startPayload(args, dir, env, secrets, c)
+	if err != nil {
+		fail(code, err)
+		return
+	}
+	timeout := r.spec.Timeout.D()
+	if timeout <= 0 {
+		timeout = manifest.DefaultTimeout.D()
+	}
+	cause, waitErr := r.waitPayload(ctx, proc, timeout, c)
+	rr.Duration = time.Since(proc.start)
+	proc.finish()
+	settle(ctx, rr, proc.cmd.ProcessState, cause, waitErr, timeout, ooms)
+	return nil // set by the deferred close
+}
 
+// payloadProc is a started payload: its process group and the pumps
+// copying its output into the log.
+type payloadProc struct {
+	cmd        *exec.Cmd
+	outR, errR *os.File
+	pgid       int
+	start      time.Time
+	pumps      sync.WaitGroup
+	waited     chan error
+}
+
+// startPayload starts args in dir with env in a process group of its own,
+// its stdout and stderr pumped (secret values masked) into c and the
+// runner's own output. On error code is the runner's exit code for it.
+func (r *runner) startPayload(args []string, dir string, env []string, secrets map[string]string, c *chunker) (proc *payloadProc, code int, err error) {
+	values := make([]string, 0, len(secrets))
+	for _, v := range secrets {
+		values = append(values, v)
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		fail(ExitRunnerFailed, err)
-		return
+		return nil, ExitRunnerFailed, err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		outR.Close()
 		outW.Close()
-		fail(ExitRunnerFailed, err)
-		return
+		return nil, ExitRunnerFailed, err
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir = dir
@@ -186,7 +215,6 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 	cmd.Stdout = outW
 	cmd.Stderr = errW
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	ooms := oomKills()
 	start := time.Now()
 	err = cmd.Start()
 	outW.Close()
@@ -198,69 +226,71 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, exec.ErrNotFound) {
 			code = ExitNotFound
 		}
-		fail(code, fmt.Errorf("cannot start the payload: %w", err))
-		return
+		return nil, code, fmt.Errorf("cannot start the payload: %w", err)
 	}
-	pgid := cmd.Process.Pid
+	proc = &payloadProc{cmd: cmd, outR: outR, errR: errR, pgid: cmd.Process.Pid, start: start, waited: make(chan error, 1)}
+	proc.pumps.Add(2)
+	go pump(&proc.pumps, outR, agentpb.LogStream_LOG_STREAM_STDOUT, newMasker(values), r.opts.Stdout, c.in)
+	go pump(&proc.pumps, errR, agentpb.LogStream_LOG_STREAM_STDERR, newMasker(values), r.opts.Stderr, c.in)
+	go func() { proc.waited <- cmd.Wait() }()
+	return proc, 0, nil
+}
 
-	var pumps sync.WaitGroup
-	pumps.Add(2)
-	go pump(&pumps, outR, agentpb.LogStream_LOG_STREAM_STDOUT, newMasker(values), r.opts.Stdout, c.in)
-	go pump(&pumps, errR, agentpb.LogStream_LOG_STREAM_STDERR, newMasker(values), r.opts.Stderr, c.in)
-
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
-
-	timeout := r.spec.Timeout.D()
-	if timeout <= 0 {
-		timeout = manifest.DefaultTimeout.D()
-	}
+// waitPayload waits for the payload to exit. When the timeout passes or
+// ctx is canceled first, it stops the process group (SIGTERM, SIGKILL after
+// the kill grace) and returns the cause: TIMED_OUT or CANCELED (else 0).
+func (r *runner) waitPayload(ctx context.Context, proc *payloadProc, timeout time.Duration, c *chunker) (cause agentpb.RunStatus, waitErr error) {
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
-
-	var cause agentpb.RunStatus // TIMED_OUT or CANCELED when the runner killed it
-	var waitErr error
 	select {
-	case waitErr = <-waited:
+	case waitErr = <-proc.waited:
+		return 0, waitErr
 	case <-timer.C:
 		cause = agentpb.RunStatus_RUN_STATUS_TIMED_OUT
 	case <-ctx.Done():
 		cause = agentpb.RunStatus_RUN_STATUS_CANCELED
 	}
-	if cause != 0 {
-		what := "timed out after " + timeout.String()
-		if cause == agentpb.RunStatus_RUN_STATUS_CANCELED {
-			what = "canceled"
-		}
-		r.note(c, "run %s: stopping its processes (SIGTERM, SIGKILL after %s)", what, r.opts.KillGrace)
-		_ = unix.Kill(-pgid, unix.SIGTERM)
-		grace := time.NewTimer(r.opts.KillGrace)
-		select {
-		case waitErr = <-waited:
-			grace.Stop()
-		case <-grace.C:
-			_ = unix.Kill(-pgid, unix.SIGKILL)
-			waitErr = <-waited
-		}
+	what := "timed out after " + timeout.String()
+	if cause == agentpb.RunStatus_RUN_STATUS_CANCELED {
+		what = "canceled"
 	}
-	rr.Duration = time.Since(start)
-	// Whatever is left of the tree (background children) goes with the run,
-	// as systemd does with the rest of a service's cgroup.
-	_ = unix.Kill(-pgid, unix.SIGKILL)
+	r.note(c, "run %s: stopping its processes (SIGTERM, SIGKILL after %s)", what, r.opts.KillGrace)
+	_ = unix.Kill(-proc.pgid, unix.SIGTERM)
+	grace := time.NewTimer(r.opts.KillGrace)
+	select {
+	case waitErr = <-proc.waited:
+		grace.Stop()
+	case <-grace.C:
+		_ = unix.Kill(-proc.pgid, unix.SIGKILL)
+		waitErr = <-proc.waited
+	}
+	return cause, waitErr
+}
+
+// finish kills whatever is left of the process group (background children
+// go with the run, as systemd does with the rest of a service's cgroup) and
+// waits for the pumps to drain the output.
+func (proc *payloadProc) finish() {
+	_ = unix.Kill(-proc.pgid, unix.SIGKILL)
 	pumpsDone := make(chan struct{})
-	go func() { pumps.Wait(); close(pumpsDone) }()
+	go func() { proc.pumps.Wait(); close(pumpsDone) }()
 	select {
 	case <-pumpsDone:
 	case <-time.After(2 * time.Second):
 		// A process that left the group still holds the pipes open.
-		outR.Close()
-		errR.Close()
+		proc.outR.Close()
+		proc.errR.Close()
 		<-pumpsDone
 	}
-	outR.Close()
-	errR.Close()
+	proc.outR.Close()
+	proc.errR.Close()
+}
 
-	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+// settle sets rr's exit code, signal, status and error from how the
+// payload ended: its wait status, the runner's cause for stopping it (0,
+// TIMED_OUT or CANCELED), and the OOM kills in the cgroup since ooms.
+func settle(ctx context.Context, rr *RunResult, ps *os.ProcessState, cause agentpb.RunStatus, waitErr error, timeout time.Duration, ooms int) {
+	ws, _ := ps.Sys().(syscall.WaitStatus)
 	switch {
 	case ws.Signaled():
 		rr.Signal = unix.SignalName(ws.Signal())
@@ -305,7 +335,6 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 			rr.Error = "the kernel's OOM killer ended a process of the run (memory limit)"
 		}
 	}
-	return nil // set by the deferred close
 }
 
 // oomKills returns how many processes the kernel's OOM killer has killed in

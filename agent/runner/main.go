@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	agentpb "github.com/drover/drover/proto"
 	"io"
 	"os"
 	"os/signal"
@@ -51,7 +52,7 @@ func ParseArgs(args []string, env []string) (Options, error) {
 		opts.ScheduledAt = t
 	}
 	if opts.Trigger != "" {
-		if _, err := ParseTrigger(opts.Trigger); err != nil {
+		if _, err := agentpb.ParseTrigger(opts.Trigger); err != nil {
 			return opts, err
 		}
 	}

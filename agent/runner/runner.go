@@ -6,7 +6,7 @@
 // (agent/spool) before anything else, so that the daemon can report it
 // later, exactly once, even when it was down while the run happened.
 //
-// Inputs (DESIGN.md and the issue pin them):
+// Inputs (docs/design.md, "Paths and names" and "Every run accounted for"):
 //
 //   - the pipe: $DROVER_PIPE_DIR (or --pipe-dir) holds pipe.json (a
 //     manifest.Pipe) and payload/ (the unpacked bundle);
@@ -35,6 +35,9 @@
 //
 // With several runs (catchup: all) the code is that of the last run that did
 // not succeed, else 0.
+//
+// Imported by agent/cli (`drover-agent run`), the daemon (agent) and agent/apply
+// (which seals the payloads it unpacks: WritePayloadSum, VerifyPayload).
 package runner
 
 import (
@@ -387,6 +390,24 @@ func (r *runner) lock() (*os.File, bool, error) {
 
 // plan decides the trigger(s) of this invocation and the runs to make.
 func (r *runner) plan(st state, locked bool) []plannedRun {
+	p, elapse, fromTimer := r.pickTrigger(st)
+	if p.runID == "" {
+		p.runID = r.newRunID()
+	}
+	if !locked {
+		p.skip, p.skipReason = "another run of this pipe is still running", "overlap"
+		return []plannedRun{p}
+	}
+	if r.spec == nil || !fromTimer {
+		return []plannedRun{p}
+	}
+	return r.fireRuns(st, p, elapse)
+}
+
+// pickTrigger decides what started this run: the flags, else a fresh run
+// request (api), else the timer that started the unit (schedule; elapse is
+// its elapse), else a person (manual).
+func (r *runner) pickTrigger(st state) (p plannedRun, elapse time.Time, fromTimer bool) {
 	one := func(t agentpb.Trigger, at time.Time, req string) plannedRun {
 		id := r.env["INVOCATION_ID"]
 		if id == "" {
@@ -394,12 +415,9 @@ func (r *runner) plan(st state, locked bool) []plannedRun {
 		}
 		return plannedRun{runID: id, trigger: t, scheduledAt: at, requestID: req}
 	}
-	var p plannedRun
-	var elapse time.Time
-	fromTimer := false
 	switch {
 	case r.opts.Trigger != "":
-		t, err := ParseTrigger(r.opts.Trigger)
+		t, err := agentpb.ParseTrigger(r.opts.Trigger)
 		if err != nil {
 			t = agentpb.Trigger_TRIGGER_MANUAL
 			r.debugf("%v", err)
@@ -420,19 +438,14 @@ func (r *runner) plan(st state, locked bool) []plannedRun {
 			p = one(agentpb.Trigger_TRIGGER_MANUAL, time.Time{}, "")
 		}
 	}
-	if p.runID == "" {
-		p.runID = r.newRunID()
-	}
-	if !locked {
-		p.skip, p.skipReason = "another run of this pipe is still running", "overlap"
-		return []plannedRun{p}
-	}
-	if r.spec == nil || !fromTimer {
-		return []plannedRun{p}
-	}
+	return p, elapse, fromTimer
+}
 
-	// A timer (or the cron backend) fired: which fire time does it stand for,
-	// and is it on time or a catch-up after downtime?
+// fireRuns places a run a timer (or the cron backend) started: which fire
+// time it stands for, whether it is on time or a catch-up after downtime,
+// whether that fire time already ran, and the earlier missed ones
+// catchup: all adds.
+func (r *runner) fireRuns(st state, p plannedRun, elapse time.Time) []plannedRun {
 	next := r.schedule()
 	if next == nil {
 		return []plannedRun{p}

@@ -10,12 +10,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/agent/spool"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/google/uuid"
@@ -29,30 +29,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type fixture struct {
 	t        *testing.T
 	pipeDir  string
 	spoolDir string
 	secrets  string
-	stdout   *syncBuf
-	stderr   *syncBuf
+	stdout   *testkit.Buffer
+	stderr   *testkit.Buffer
 }
 
 // newPipe lays out a pipe directory as the agent does: pipe.json and
@@ -61,7 +44,7 @@ func newPipe(t *testing.T, spec manifest.Spec) *fixture {
 	t.Helper()
 	root := t.TempDir()
 	f := &fixture{t: t, pipeDir: filepath.Join(root, "pipe"), spoolDir: filepath.Join(root, "runs", "spool"),
-		secrets: filepath.Join(root, "secrets"), stdout: &syncBuf{}, stderr: &syncBuf{}}
+		secrets: filepath.Join(root, "secrets"), stdout: &testkit.Buffer{}, stderr: &testkit.Buffer{}}
 	if spec.Name == "" {
 		spec.Name = "demo"
 	}
@@ -748,7 +731,7 @@ func TestCatchupAll(t *testing.T) {
 		if r.started.Trigger != wantTrigger || r.finished.Status != agentpb.RunStatus_RUN_STATUS_SUCCEEDED {
 			t.Fatalf("run %d: %v %v", i, r.started.Trigger, r.finished.Status)
 		}
-		if out := r.text(agentpb.LogStream_LOG_STREAM_STDOUT); out != TriggerName(wantTrigger)+" "+want.UTC().Format(time.RFC3339)+"\n" {
+		if out := r.text(agentpb.LogStream_LOG_STREAM_STDOUT); out != wantTrigger.Name()+" "+want.UTC().Format(time.RFC3339)+"\n" {
 			t.Fatalf("run %d printed %q", i, out)
 		}
 	}
@@ -767,7 +750,7 @@ func TestCatchupAll(t *testing.T) {
 	res = f.run(opts)
 	var triggers []string
 	for _, rr := range res.Runs {
-		triggers = append(triggers, TriggerName(rr.Trigger)+"@"+rr.ScheduledAt.Sub(base).String())
+		triggers = append(triggers, rr.Trigger.Name()+"@"+rr.ScheduledAt.Sub(base).String())
 	}
 	if got := strings.Join(triggers, " "); got != "catchup@-20m0s catchup@-10m0s catchup@0s" {
 		t.Fatalf("runs %s", got)
@@ -872,7 +855,7 @@ func TestSpoolDirFromSystemd(t *testing.T) {
 // drains that spool as root (the daemon).
 func TestRunsAsUnprivilegedUser(t *testing.T) {
 	if os.Geteuid() != 0 {
-		skipOrFailInCI(t, "needs root")
+		testkit.Unavailable(t, "needs root")
 	}
 	const uid = 65534
 	f := newPipe(t, manifest.Spec{Script: "id -u\necho $PW\n", Secrets: []string{"PW"}})
@@ -937,7 +920,7 @@ func TestStopSignalsWholeCgroup(t *testing.T) {
 func TestCronBackendEnvironment(t *testing.T) {
 	data := t.TempDir()
 	f := &fixture{t: t, pipeDir: filepath.Join(data, "pipes", "demo"), secrets: filepath.Join(data, "secrets", "demo"),
-		stdout: &syncBuf{}, stderr: &syncBuf{}}
+		stdout: &testkit.Buffer{}, stderr: &testkit.Buffer{}}
 	// D/pipes/demo is a symlink to the current generation.
 	gen := filepath.Join(data, "pipes", ".demo.0123456789ab")
 	f.pipeDir = gen
@@ -980,16 +963,6 @@ func TestManagerTimeoutIsTimedOut(t *testing.T) {
 	if r := only(t, f); res.ExitCode != ExitTimedOut || r.finished.Status != agentpb.RunStatus_RUN_STATUS_TIMED_OUT {
 		t.Fatalf("exit %d, %v", res.ExitCode, r.finished)
 	}
-}
-
-// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
-// when CI=true: in CI every prerequisite must be there.
-func skipOrFailInCI(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal("prerequisite missing in CI: " + why)
-	}
-	t.Skip(why)
 }
 
 // TestPayloadMismatchRefused: a payload edited after the agent unpacked it

@@ -2,7 +2,6 @@ package runner
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,7 +11,6 @@ import (
 	"github.com/drover/drover/agent/runreq"
 	"github.com/drover/drover/agent/spool"
 	"github.com/drover/drover/manifest"
-	agentpb "github.com/drover/drover/proto"
 )
 
 // StateFile is the runner's own state in the spool directory (ignored by the
@@ -56,26 +54,6 @@ func (st state) lastFireFor(spec *manifest.Spec) time.Time {
 		return time.Time{}
 	}
 	return st.LastFire
-}
-
-// ParseTrigger parses a trigger name as used by --trigger.
-func ParseTrigger(s string) (agentpb.Trigger, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "schedule":
-		return agentpb.Trigger_TRIGGER_SCHEDULE, nil
-	case "catchup":
-		return agentpb.Trigger_TRIGGER_CATCHUP, nil
-	case "manual":
-		return agentpb.Trigger_TRIGGER_MANUAL, nil
-	case "api":
-		return agentpb.Trigger_TRIGGER_API, nil
-	}
-	return 0, fmt.Errorf("unknown trigger %q (use schedule, catchup, manual or api)", s)
-}
-
-// TriggerName is the lower-case name of a trigger ("schedule", ...).
-func TriggerName(t agentpb.Trigger) string {
-	return strings.ToLower(strings.TrimPrefix(t.String(), "TRIGGER_"))
 }
 
 // requestDir is where the daemon leaves run requests for trigger=api.

@@ -9,8 +9,7 @@
 // before expires_at takes it; it may lack the right to remove it, so the
 // backend removes it once the run has ended.
 //
-// Imported by agent/apply and agent/runner; it imports only the module's
-// internal packages.
+// Imported by agent/apply and agent/runner.
 package runreq
 
 import (
@@ -24,6 +23,7 @@ import (
 
 	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/internal/paths"
+	agentpb "github.com/drover/drover/proto"
 )
 
 // TTL bounds how long after RunNow a starting runner honours a request
@@ -37,7 +37,7 @@ const Freshness = time.Minute
 const maxSize = 64 << 10
 
 // Trigger is the trigger a request stands for.
-const Trigger = "api"
+var Trigger = agentpb.Trigger_TRIGGER_API.Name()
 
 // Request is the file's content.
 type Request struct {

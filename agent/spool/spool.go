@@ -24,6 +24,8 @@
 // Drain; the daemon de-duplicates by record name (see store.EnqueueSpooled)
 // and the server upserts runs by run id and chunks by (run id, seq), so a
 // record is reported exactly once.
+//
+// Imported by agent/runner (the writer) and the daemon (agent, the reader).
 package spool
 
 import (

@@ -50,9 +50,6 @@ func NewWriter(dir string) (*Writer, error) {
 	return w, nil
 }
 
-// Dir returns the spool directory.
-func (w *Writer) Dir() string { return w.dir }
-
 // Write stores msg durably: when it returns nil the record survives a crash
 // or power loss. The seq field is always written as 0.
 func (w *Writer) Write(msg *agentpb.AgentMessage) (string, error) {

@@ -11,7 +11,7 @@
 //	manifest  "envelope" -> DSSE envelope bytes as received, "serial" -> uint64,
 //	          "digest" -> "sha256:<hex>", "accepted_at" -> RFC 3339
 //	trust     "root" -> trust root bytes, "keylist" -> key list envelope bytes
-//	applied   <pipe name> -> opaque applied-state bytes (owned by agent/apply)
+//	applied   (empty; kept so that the schema stays version 2)
 //	outbox    <seq uint64> -> kind byte + proto.AgentMessage (seq set)
 //	chunks    <seq uint64> -> uint64 chunk_seq + run id  (index of droppable log chunks)
 //	markers   <run id> -> marker state (see outbox.go)
@@ -23,6 +23,8 @@
 // Schema version 1 had no chunks, markers, spooled or kv buckets, no size
 // counters, and stored outbox values as bare AgentMessage bytes; Open
 // upgrades it (after copying the file to agent.db.bak-v1).
+//
+// Imported only by the daemon (agent, through BoltStore).
 package store
 
 import (
@@ -307,32 +309,6 @@ func (t *Tx) KeyList() []byte { return clone(t.tx.Bucket(bTrust).Get(kKeyList)) 
 // SetKeyList stores the current root-signed key list envelope.
 func (t *Tx) SetKeyList(b []byte) error { return t.tx.Bucket(bTrust).Put(kKeyList, b) }
 
-// ---- applied state ----
-
-// Applied returns the applied state of a pipe, or nil.
-func (t *Tx) Applied(pipe string) []byte { return clone(t.tx.Bucket(bApplied).Get([]byte(pipe))) }
-
-// SetApplied records the applied state of a pipe.
-func (t *Tx) SetApplied(pipe string, state []byte) error {
-	if pipe == "" {
-		return errors.New("store: empty pipe name")
-	}
-	return t.tx.Bucket(bApplied).Put([]byte(pipe), state)
-}
-
-// DeleteApplied forgets a pipe's applied state.
-func (t *Tx) DeleteApplied(pipe string) error { return t.tx.Bucket(bApplied).Delete([]byte(pipe)) }
-
-// AppliedAll returns the applied state of every pipe, by name.
-func (t *Tx) AppliedAll() map[string][]byte {
-	out := map[string][]byte{}
-	_ = t.tx.Bucket(bApplied).ForEach(func(k, v []byte) error {
-		out[string(k)] = clone(v)
-		return nil
-	})
-	return out
-}
-
 // ---- kv ----
 
 // Get returns a value from the free-form kv bucket, or nil.
@@ -368,17 +344,6 @@ func (s *Store) TrustRoot() (b []byte, err error) {
 // SetTrustRoot stores the trust root.
 func (s *Store) SetTrustRoot(b []byte) error {
 	return s.Update(func(t *Tx) error { return t.SetTrustRoot(b) })
-}
-
-// Applied returns a pipe's applied state, or nil.
-func (s *Store) Applied(pipe string) (b []byte, err error) {
-	err = s.View(func(t *Tx) error { b = t.Applied(pipe); return nil })
-	return b, err
-}
-
-// SetApplied records a pipe's applied state.
-func (s *Store) SetApplied(pipe string, state []byte) error {
-	return s.Update(func(t *Tx) error { return t.SetApplied(pipe, state) })
 }
 
 // Scan calls fn for every kv entry whose key starts with prefix, in key

@@ -95,16 +95,16 @@ func TestFreshStoreAndFileMode(t *testing.T) {
 	}
 }
 
-func TestManifestTrustApplied(t *testing.T) {
+func TestManifestTrustKV(t *testing.T) {
 	path := filepath.Join(t.TempDir(), FileName)
 	s := open(t, path, Options{})
 	env := []byte(`{"payloadType":"x","payload":"e30=","signatures":[]}`)
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	// One transaction: manifest, applied state and its status, or nothing.
+	// One transaction: manifest, applied serial (kv) and its status, or nothing.
 	boom := errors.New("boom")
 	err := s.Update(func(tx *Tx) error {
 		tx.SetManifest(AcceptedManifest{Envelope: env, Serial: 7, Digest: "sha256:ab", AcceptedAt: at})
-		tx.SetApplied("backup", []byte("v1"))
+		tx.Put("applied_serial", []byte("v1"))
 		tx.Enqueue(status(7))
 		return boom
 	})
@@ -114,6 +114,12 @@ func TestManifestTrustApplied(t *testing.T) {
 	if m, _ := s.Manifest(); m != nil {
 		t.Fatal("rolled back manifest visible")
 	}
+	s.View(func(tx *Tx) error {
+		if tx.Get("applied_serial") != nil {
+			t.Error("rolled back kv value visible")
+		}
+		return nil
+	})
 	if st, _ := s.OutboxStats(); st.Records != 0 {
 		t.Fatal("rolled back record visible")
 	}
@@ -127,10 +133,10 @@ func TestManifestTrustApplied(t *testing.T) {
 		if err := tx.SetKeyList([]byte("keys")); err != nil {
 			return err
 		}
-		if err := tx.SetApplied("backup", []byte("v1")); err != nil {
+		if err := tx.Put("applied_serial", []byte("v1")); err != nil {
 			return err
 		}
-		if err := tx.SetApplied("other", []byte("v2")); err != nil {
+		if err := tx.Put("applied_digest", []byte("v2")); err != nil {
 			return err
 		}
 		if err := tx.Put("last_sync", []byte("now")); err != nil {
@@ -152,15 +158,18 @@ func TestManifestTrustApplied(t *testing.T) {
 		if string(tx.TrustRoot()) != "root" || string(tx.KeyList()) != "keys" || string(tx.Get("last_sync")) != "now" {
 			t.Error("trust or kv lost")
 		}
-		if all := tx.AppliedAll(); len(all) != 2 || string(all["other"]) != "v2" {
-			t.Errorf("applied %v", all)
+		if string(tx.Get("applied_serial")) != "v1" || string(tx.Get("applied_digest")) != "v2" {
+			t.Errorf("applied %q %q", tx.Get("applied_serial"), tx.Get("applied_digest"))
 		}
 		return nil
 	})
-	s.Update(func(tx *Tx) error { return tx.DeleteApplied("other") })
-	if b, _ := s.Applied("other"); b != nil {
-		t.Fatal("deleted applied state still there")
-	}
+	s.Update(func(tx *Tx) error { return tx.Put("applied_digest", nil) })
+	s.View(func(tx *Tx) error {
+		if tx.Get("applied_digest") != nil {
+			t.Error("deleted kv value still there")
+		}
+		return nil
+	})
 }
 
 func TestOutboxOrderAndAck(t *testing.T) {
@@ -426,9 +435,12 @@ func TestUpgradeFromV1(t *testing.T) {
 	if b, _ := s.TrustRoot(); string(b) != "ROOT" {
 		t.Fatal("trust root lost")
 	}
-	if b, _ := s.Applied("backup"); string(b) != "state" {
-		t.Fatal("applied state lost")
-	}
+	s.View(func(tx *Tx) error {
+		if b := tx.tx.Bucket(bApplied).Get([]byte("backup")); string(b) != "state" {
+			t.Error("the applied bucket lost its content")
+		}
+		return nil
+	})
 	all, _ := s.Pending(9, 0)
 	if got := describeAll(all); got != "start:a chunk:a/0 chunk:a/1 finish:a" || all[0].Seq != 10 {
 		t.Fatalf("pending %s (first seq %d)", got, all[0].GetSeq())

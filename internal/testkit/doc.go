@@ -4,6 +4,8 @@
 // logger, a goroutine-safe buffer, a controllable clock, and building the
 // repository's commands once per test binary.
 //
-// Only tests import it (any package's _test.go files). It imports nothing
-// of this module, so no package's internal tests form a cycle through it.
+// Only tests import it: any package's _test.go files, and the packages that
+// exist for tests (agent/internal/sdtest, packaging/boottest). It imports
+// nothing of this module, so no package's internal tests form a cycle
+// through it.
 package testkit

@@ -73,3 +73,27 @@ func TestShortTempDirAndBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCgroups: the mounted hierarchies are listed, and a cgroup tree
+// (here a plain directory tree: the walk is the same) is removed deepest
+// first.
+func TestCgroups(t *testing.T) {
+	ms, err := CgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.Path == "" || m.Root == "" {
+			t.Errorf("mount %+v", m)
+		}
+	}
+	d := filepath.Join(t.TempDir(), "cg")
+	if err := os.MkdirAll(filepath.Join(d, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	KillCgroups(time.Millisecond, d) // no cgroup.procs: nothing to kill
+	RemoveCgroups(d)
+	if _, err := os.Stat(d); !os.IsNotExist(err) {
+		t.Fatalf("tree left: %v", err)
+	}
+}

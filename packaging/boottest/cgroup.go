@@ -1,14 +1,11 @@
 package boottest
 
 import (
-	"bufio"
 	"errors"
+	"github.com/drover/drover/internal/testkit"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -46,47 +43,10 @@ const joinScript = `for cg in $cgdirs; do
 done`
 
 // killAll SIGKILLs whatever still runs in the cgroups, for up to a few seconds.
-func (c *cgroupSet) killAll() {
-	for i := 0; i < 50; i++ {
-		n := 0
-		for _, d := range c.dirs {
-			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-				if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
-					return nil
-				}
-				b, _ := os.ReadFile(p)
-				for _, f := range strings.Fields(string(b)) {
-					if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-						n++
-					}
-				}
-				return nil
-			})
-		}
-		if n == 0 {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+func (c *cgroupSet) killAll() { testkit.KillCgroups(100*time.Millisecond, c.dirs...) }
 
 // remove deletes the cgroup trees, deepest first.
-func (c *cgroupSet) remove() {
-	for _, d := range c.dirs {
-		var dirs []string
-		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-		for _, p := range dirs {
-			_ = syscall.Rmdir(p)
-		}
-	}
-}
+func (c *cgroupSet) remove() { testkit.RemoveCgroups(c.dirs...) }
 
 type hierarchy struct {
 	mount string // where it is mounted
@@ -98,42 +58,34 @@ func cgroupHierarchies() ([]hierarchy, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := testkit.CgroupMounts()
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	var out []hierarchy
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint opts... - fstype source superopts
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, tailf := strings.Fields(pre), strings.Fields(post)
-		if len(fields) < 5 || len(tailf) < 3 || fields[3] != "/" {
+	for _, m := range ms {
+		if m.Root != "/" {
 			continue
 		}
 		switch {
-		case tailf[0] == "cgroup2":
+		case m.V2:
 			if p, ok := own[""]; ok {
-				out = append(out, hierarchy{fields[4], p})
+				out = append(out, hierarchy{m.Path, p})
 			}
-		case tailf[0] == "cgroup" && strings.Contains(","+tailf[2]+",", ",name=systemd,"):
+		case m.Has("name=systemd"):
 			if p, ok := own["name=systemd"]; ok {
-				out = append(out, hierarchy{fields[4], p})
+				out = append(out, hierarchy{m.Path, p})
 			}
-		case tailf[0] == "cgroup" && strings.Contains(","+tailf[2]+",", ",memory,"):
+		case m.Has("memory"):
 			// A cgroup v1 memory controller: the container gets its own
 			// memory cgroup too, so what its systemd creates there
 			// (Options.MemoryLimits) stays inside it.
 			if p, ok := own["memory"]; ok {
-				out = append(out, hierarchy{fields[4], p})
+				out = append(out, hierarchy{m.Path, p})
 			}
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // ownCgroups maps controller list ("" for cgroup2) to this process's path.

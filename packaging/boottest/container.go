@@ -140,25 +140,9 @@ func Start(ctx context.Context, o Options) (c *Container, err error) {
 	}
 
 	begin := time.Now()
-	root := RootfsPath()
-	merged := filepath.Join(c.work, "root")
-	if err := os.Mkdir(merged, 0o755); err != nil {
+	merged, lower, upper, wdir, err := c.prepareRoot(ctx, o.Copy)
+	if err != nil {
 		return c, err
-	}
-	c.Overlay = !o.Copy && overlayWorks(root, c.work)
-	var lower, upper, wdir string
-	if c.Overlay {
-		lower, upper, wdir = root, filepath.Join(c.work, "upper"), filepath.Join(c.work, "ovl-work")
-		for _, d := range []string{upper, wdir} {
-			if err := os.Mkdir(d, 0o755); err != nil {
-				return c, err
-			}
-		}
-	} else {
-		cp := exec.CommandContext(ctx, "cp", "-a", root+"/.", merged+"/")
-		if out, err := cp.CombinedOutput(); err != nil {
-			return c, fmt.Errorf("copy root: %v: %s", err, out)
-		}
 	}
 	c.Prepare = time.Since(begin)
 
@@ -216,6 +200,33 @@ exec "$@"`
 	}
 	c.BootTime = time.Since(start)
 	return c, nil
+}
+
+// prepareRoot makes the container's root below its work directory: an
+// overlay on the cached root (its lower, upper and work directories, for
+// the launch script to mount) or, with copyRoot or where overlayfs does not
+// work, a copy of it (lower ""). merged is where the root will be.
+func (c *Container) prepareRoot(ctx context.Context, copyRoot bool) (merged, lower, upper, wdir string, err error) {
+	root := RootfsPath()
+	merged = filepath.Join(c.work, "root")
+	if err := os.Mkdir(merged, 0o755); err != nil {
+		return "", "", "", "", err
+	}
+	c.Overlay = !copyRoot && overlayWorks(root, c.work)
+	if !c.Overlay {
+		cp := exec.CommandContext(ctx, "cp", "-a", root+"/.", merged+"/")
+		if out, err := cp.CombinedOutput(); err != nil {
+			return "", "", "", "", fmt.Errorf("copy root: %v: %s", err, out)
+		}
+		return merged, "", "", "", nil
+	}
+	lower, upper, wdir = root, filepath.Join(c.work, "upper"), filepath.Join(c.work, "ovl-work")
+	for _, d := range []string{upper, wdir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", "", "", "", err
+		}
+	}
+	return merged, lower, upper, wdir, nil
 }
 
 // hostHasV1Memory tells whether the host has a cgroup v1 memory controller.

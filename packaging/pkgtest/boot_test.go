@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/packaging/boottest"
 )
 
@@ -27,20 +28,6 @@ func exists(t *testing.T, c *boottest.Container, path string) bool {
 	t.Helper()
 	_, _, err := c.Output(context.Background(), "test", "-e", path)
 	return err == nil
-}
-
-// waitFor polls cond for up to d.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // copyDebs copies the amd64 .debs of an index into dir inside the container
@@ -129,12 +116,12 @@ func TestDebLifecycle(t *testing.T) {
 	}
 	// Started on install (Debian policy), and both run under their sandboxes.
 	for _, u := range []string{"drover-server.service", "drover-agent.service"} {
-		if !waitFor(30*time.Second, func() bool { return show(t, c, u, "ActiveState") == "active" }) {
+		if !testkit.Eventually(30*time.Second, func() bool { return show(t, c, u, "ActiveState") == "active" }) {
 			t.Errorf("%s not active after install: %s\n%s", u, show(t, c, u, "ActiveState"),
 				c.Exec(t, "journalctl", "-u", u, "--no-pager", "-n", "40"))
 		}
 	}
-	if !waitFor(30*time.Second, func() bool { return exists(t, c, "/var/lib/drover-server/admin.token") }) {
+	if !testkit.Eventually(30*time.Second, func() bool { return exists(t, c, "/var/lib/drover-server/admin.token") }) {
 		t.Errorf("the server wrote no admin.token:\n%s", c.Exec(t, "journalctl", "-u", "drover-server", "--no-pager", "-n", "40"))
 	} else {
 		if got := strings.TrimSpace(c.Exec(t, "stat", "-c", "%a %U", "/var/lib/drover-server/admin.token", "/var/lib/drover-server/ca.crt")); !strings.HasPrefix(got, "600 drover\n") {

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/packaging/boottest"
 )
@@ -149,11 +150,11 @@ func status(t *testing.T, c *boottest.Container) (agentStatus, error) {
 	return st, err
 }
 
-// TestBootedEndToEnd is issue 6's proof on a booted Debian bookworm: the
-// server, droverctl and agent .debs installed in the container; a token
-// from droverctl dropped into /etc/drover/enroll.token; the agent enrolls;
-// list-timers shows the pipes with the evaluator's next elapse; a scheduled
-// run's output is in journalctl -u and on the server; an upgrade to a
+// TestBootedEndToEnd is the packages' end-to-end proof on a booted Debian
+// bookworm: the server, droverctl and agent .debs installed in the
+// container; a token from droverctl dropped into /etc/drover/enroll.token;
+// the agent enrolls; list-timers shows the pipes with the evaluator's next
+// elapse; a scheduled run's output is in journalctl -u and on the server; an upgrade to a
 // higher version runs nothing unplanned and keeps the state; purge removes
 // Drover's units and data and leaves an unrelated timer alone.
 func TestBootedEndToEnd(t *testing.T) {
@@ -175,7 +176,7 @@ func TestBootedEndToEnd(t *testing.T) {
 	c.Exec(t, append([]string{"dpkg", "-i"}, v1...)...)
 	step("installed drover-server, droverctl, drover-agent %s", ix.Version)
 
-	if !waitFor(30*time.Second, func() bool {
+	if !testkit.Eventually(30*time.Second, func() bool {
 		return exists(t, c, "/var/lib/drover-server/ca.crt") && exists(t, c, "/var/lib/drover-server/admin.token")
 	}) {
 		t.Fatalf("the server did not start:\n%s", c.Exec(t, "journalctl", "-u", "drover-server", "--no-pager", "-n", "60"))
@@ -189,7 +190,7 @@ func TestBootedEndToEnd(t *testing.T) {
 		DialContext:     netnsDialer(c.PID),
 		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"},
 	}}}
-	if !waitFor(20*time.Second, func() bool {
+	if !testkit.Eventually(20*time.Second, func() bool {
 		req, _ := http.NewRequest("GET", "https://127.0.0.1:8443/healthz", nil)
 		resp, err := srv.c.Do(req)
 		if err == nil {
@@ -208,7 +209,7 @@ func TestBootedEndToEnd(t *testing.T) {
 	step("token created")
 	c.WriteFile(t, "/etc/drover/enroll.token", []byte(token+"\n"), 0o600)
 	var st agentStatus
-	if !waitFor(60*time.Second, func() bool {
+	if !testkit.Eventually(60*time.Second, func() bool {
 		s, err := status(t, c)
 		st = s
 		return err == nil && s.Enrolled && !exists(t, c, "/etc/drover/enroll.token")
@@ -229,7 +230,7 @@ func TestBootedEndToEnd(t *testing.T) {
 	put("e2e-minutely", "* * * * *", "echo hello-from-drover-e2e\necho \"answer $((6*7))\"\n")
 	put("e2e-daily", "30 3 * * *", "echo the daily pipe ran\n")
 	for _, p := range []string{"e2e-minutely", "e2e-daily"} {
-		if !waitFor(60*time.Second, func() bool { return show(t, c, "drover-pipe-"+p+".timer", "ActiveState") == "active" }) {
+		if !testkit.Eventually(60*time.Second, func() bool { return show(t, c, "drover-pipe-"+p+".timer", "ActiveState") == "active" }) {
 			t.Fatalf("drover-pipe-%s.timer never became active:\n%s", p, c.Exec(t, "journalctl", "-u", "drover-agent", "--no-pager", "-n", "60"))
 		}
 	}
@@ -251,7 +252,7 @@ func TestBootedEndToEnd(t *testing.T) {
 
 	// A scheduled run: its output in the journal and on the server.
 	var run runInfo
-	if !waitFor(100*time.Second, func() bool {
+	if !testkit.Eventually(100*time.Second, func() bool {
 		for _, r := range srv.runs("e2e-minutely") {
 			if r.Status == "succeeded" {
 				run = r
@@ -293,7 +294,7 @@ func TestBootedEndToEnd(t *testing.T) {
 	if show(t, c, "drover-agent.service", "InvocationID") == agentInv {
 		t.Error("the upgrade did not restart the agent")
 	}
-	if !waitFor(30*time.Second, func() bool { s, err := status(t, c); return err == nil && s.Enrolled && s.AgentID == st.AgentID }) {
+	if !testkit.Eventually(30*time.Second, func() bool { s, err := status(t, c); return err == nil && s.Enrolled && s.AgentID == st.AgentID }) {
 		t.Errorf("after the upgrade the agent is not the same enrolled agent")
 	}
 	if c.Exec(t, "sha256sum", "/var/lib/drover/agent.pem") != identity {
@@ -339,7 +340,7 @@ func TestBootedEndToEnd(t *testing.T) {
 }
 
 // createToken makes an enrollment token with droverctl (the operator's
-// way, issue 6), falling back to the server's offline command while
+// way), falling back to the server's offline command while
 // droverctl has no `tokens create`.
 func createToken(t *testing.T, c *boottest.Container, adminToken string) string {
 	t.Helper()

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/packaging"
 )
 
@@ -102,7 +103,7 @@ func elfMachine(goarch string) elf.Machine {
 // maintainer scripts, the exact file list with modes and owners, and the
 // binaries' architecture.
 func TestDebs(t *testing.T) {
-	requireTool(t, "dpkg-deb", "dpkg")
+	testkit.RequireCommand(t, "dpkg-deb", "Debian package dpkg; `make deps` installs it")
 	dir, ix := packages(t)
 	for _, arch := range packaging.Arches {
 		for _, pkg := range packaging.Packages {
@@ -252,7 +253,7 @@ func checkELF(t *testing.T, data []byte, arch string) {
 // file list with modes and owners (rpm -qplv), config files marked
 // %config(noreplace), and the scriptlets (rpm -qp --scripts).
 func TestRPMs(t *testing.T) {
-	requireTool(t, "rpm", "rpm")
+	testkit.RequireCommand(t, "rpm", "Debian package rpm; `make deps` installs it")
 	dir, ix := packages(t)
 	for _, arch := range packaging.Arches {
 		for _, pkg := range packaging.Packages {
@@ -322,7 +323,7 @@ func rpmContents(t *testing.T, rpm string) map[string]entry {
 // TestGenerated checks what the build generated: man pages render without
 // warnings and carry each command's help; the completion scripts load.
 func TestGenerated(t *testing.T) {
-	requireTool(t, "dpkg-deb", "dpkg")
+	testkit.RequireCommand(t, "dpkg-deb", "Debian package dpkg; `make deps` installs it")
 	dir, ix := packages(t)
 	root := t.TempDir()
 	for _, pkg := range packaging.Packages {

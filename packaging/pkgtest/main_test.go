@@ -2,18 +2,20 @@
 // its packages.json says it was built from this very tree), inspects them
 // with dpkg-deb and rpm, installs the RPMs into scratch roots, and installs,
 // upgrades, removes and purges the .debs in a booted Debian container.
+//
+// Nothing imports it.
 package pkgtest
 
 import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/packaging"
 )
 
@@ -55,19 +57,6 @@ func repoRoot(t testing.TB) string {
 	return root
 }
 
-// requireTool skips t when cmd is missing, or fails it when CI=true.
-func requireTool(t testing.TB, cmd, pkg string) string {
-	t.Helper()
-	p, err := exec.LookPath(cmd)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s (Debian package %s) is missing; `make deps` installs it (CI=true, so this fails)", cmd, pkg)
-		}
-		t.Skipf("%s (Debian package %s) is missing", cmd, pkg)
-	}
-	return p
-}
-
 // packages returns the directory holding this tree's packages and their
 // index: dist/ when its packages.json carries this tree's source
 // fingerprint and every package is there intact, else a fresh build into a
@@ -103,7 +92,7 @@ func packages(t testing.TB) (string, packaging.Index) {
 	})
 	if built.err != nil {
 		var mp *packaging.MissingPartError
-		if errors.As(built.err, &mp) && os.Getenv("CI") != "true" {
+		if errors.As(built.err, &mp) && !testkit.CI() {
 			t.Skipf("packages cannot be built yet: %v", built.err)
 		}
 		t.Fatalf("build packages: %v", built.err)

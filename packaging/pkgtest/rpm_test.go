@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/packaging/boottest"
 )
 
@@ -33,7 +34,7 @@ import (
 // systemd, droverctl).
 
 func TestRPMInstallEmptyRoot(t *testing.T) {
-	requireTool(t, "rpm", "rpm")
+	testkit.RequireCommand(t, "rpm", "Debian package rpm; `make deps` installs it")
 	dir, ix := packages(t)
 	root := t.TempDir()
 	run(t, "rpm", "--root", root, "--initdb")
@@ -82,17 +83,14 @@ func TestRPMInstallEmptyRoot(t *testing.T) {
 }
 
 func TestRPMScriptletsInDebianRoot(t *testing.T) {
-	requireTool(t, "rpm", "rpm")
+	testkit.RequireCommand(t, "rpm", "Debian package rpm; `make deps` installs it")
 	if os.Geteuid() != 0 {
-		skipOrFailInCI(t, "needs root (chrooted scriptlets)")
+		testkit.Unavailable(t, "needs root (chrooted scriptlets)")
 	}
 	// The cached root of the booted tests is a Debian system with a shell,
 	// systemd-sysusers and systemctl to run the scriptlets with.
 	if err := boottest.Available(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no Debian root for the scriptlets (CI=true, so this fails): %v", err)
-		}
-		t.Skipf("no Debian root for the scriptlets: %v", err)
+		testkit.Unavailable(t, "no Debian root for the scriptlets: %v", err)
 	}
 	lock, _, err := boottest.EnsureRootfs(t.Context(), t.Logf)
 	if err != nil {
@@ -204,13 +202,3 @@ func TestRPMScriptletsInDebianRoot(t *testing.T) {
 }
 
 const managedHeader = "# Managed by drover-agent. Local changes are overwritten.\n"
-
-// skipOrFailInCI skips a test whose prerequisite is missing, but fails it
-// when CI=true: in CI every prerequisite must be there.
-func skipOrFailInCI(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal("prerequisite missing in CI: " + why)
-	}
-	t.Skip(why)
-}

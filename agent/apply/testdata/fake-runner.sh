@@ -1,7 +1,6 @@
 #!/bin/sh
 # Test stand-in for `drover-agent run <name>`, used as AgentPath by this
-# package's tests only: the real runner is agent/runner's (another part of
-# issue 4). It appends one line per run to <data dir>/runs.log, then runs the
+# package's tests only: the real runner is agent/runner's. It appends one line per run to <data dir>/runs.log, then runs the
 # payload's inline script, if any.
 name="$2"
 dir=$(cd "$DROVER_PIPE_DIR" && pwd -P) || exit 90

@@ -1,4 +1,4 @@
-// Package sdtest runs a real systemd user manager for tests (DESIGN.md,
+// Package sdtest runs a real systemd user manager for tests (docs/design.md,
 // "Testing on a real systemd").
 //
 // A test package opts in with
@@ -23,15 +23,17 @@
 // When the machine can't do it (not root, no unshare, no systemd) the tests
 // that call Require are skipped — or fail when CI=true, so CI never passes by
 // skipping.
+//
+// Imported by the tests of agent, agent/apply and agent/e2e.
 package sdtest
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/internal/testkit"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,10 +164,7 @@ func Require(t testing.TB) Env {
 		why = "sdtest.Main was not called from TestMain"
 	}
 	if why != "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("systemd user manager unavailable (CI=true, so this fails): %s", why)
-		}
-		t.Skipf("systemd user manager unavailable: %s", why)
+		testkit.Unavailable(t, "systemd user manager unavailable: %s", why)
 	}
 	return env
 }
@@ -406,32 +405,16 @@ func removeStaleCgroups(mount string) {
 	}
 }
 
+// cgroupMounts are the mount points of the hierarchies systemd uses.
 func cgroupMounts() ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+	ms, err := testkit.CgroupMounts()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, tail := strings.Fields(pre), strings.Fields(post)
-		if len(fields) < 5 || len(tail) < 3 {
-			continue
-		}
-		switch {
-		case tail[0] == "cgroup2":
-			out = append(out, fields[4])
-		case tail[0] == "cgroup" && strings.Contains(","+tail[2]+",", ",name=systemd,"):
-			out = append(out, fields[4])
+	for _, m := range ms {
+		if m.V2 || m.Has("name=systemd") {
+			out = append(out, m.Path)
 		}
 	}
-	return out, sc.Err()
+	return out, err
 }
 
 func (c *cgroups) procsFiles() []string {
@@ -443,47 +426,10 @@ func (c *cgroups) procsFiles() []string {
 }
 
 // killAll SIGKILLs every process left in the cgroups (units' processes).
-func (c *cgroups) killAll() {
-	for i := 0; i < 50; i++ {
-		n := 0
-		for _, r := range c.roots {
-			_ = filepath.WalkDir(r, func(p string, d os.DirEntry, err error) error {
-				if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-					return nil
-				}
-				b, _ := os.ReadFile(p)
-				for _, f := range strings.Fields(string(b)) {
-					var pid int
-					if _, err := fmt.Sscan(f, &pid); err == nil && pid > 0 {
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-						n++
-					}
-				}
-				return nil
-			})
-		}
-		if n == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+func (c *cgroups) killAll() { testkit.KillCgroups(20*time.Millisecond, c.roots...) }
 
 // remove deletes the cgroup trees, deepest first.
-func (c *cgroups) remove() {
-	for _, r := range c.roots {
-		var dirs []string
-		_ = filepath.WalkDir(r, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			_ = os.Remove(dirs[i])
-		}
-	}
-}
+func (c *cgroups) remove() { testkit.RemoveCgroups(c.roots...) }
 
 // Systemctl runs `systemctl --user ARGS...` against the main manager and
 // returns its standard output; it fails t when the command fails.
