@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/drover/drover/api"
 	"mime"
 	"net/http"
 	"path"
@@ -15,6 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
@@ -59,7 +61,7 @@ func createToken(ctx context.Context, store tokenStore, cfg EnrollmentConfig, pi
 	}
 	details = append(details, checkTags("tags", req.Tags)...)
 	if len(details) > 0 {
-		return nil, newError(ErrValidation, "the token request has invalid fields", details...)
+		return nil, errs.New(errs.ErrValidation, "the token request has invalid fields", details...)
 	}
 	token, rec := newToken(pin, req.Name, req.Tags, now, ttl)
 	if err := store.CreateToken(ctx, rec); err != nil {
@@ -111,7 +113,7 @@ func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *PipeVersi
 	var before any
 	if p, err := s.store.GetPipe(r.Context(), pv.Name); err == nil {
 		before = pipeJSON(p)
-	} else if !errors.Is(err, ErrNotFound) {
+	} else if !errors.Is(err, errs.ErrNotFound) {
 		return err
 	}
 	version, created, err := s.store.PutPipe(r.Context(), pv, bundle, s.clock.Now())
@@ -155,7 +157,7 @@ func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (
 			syntax := false
 			for _, p := range ve.Problems {
 				if strings.HasPrefix(p.Field, "[") && !strings.HasPrefix(p.Field, "[0]") {
-					return nil, nil, newError(ErrInvalidRequest, "the YAML holds more than one pipe spec; PUT one per request")
+					return nil, nil, errs.New(errs.ErrInvalidRequest, "the YAML holds more than one pipe spec; PUT one per request")
 				}
 			}
 			for i, p := range ve.Problems {
@@ -164,19 +166,19 @@ func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (
 				details = append(details, api.Detail{Field: ve.Problems[i].Field, Message: p.Message, Line: p.Line})
 			}
 			if syntax { // not YAML, or not one mapping: a 400, like malformed JSON
-				return nil, nil, newError(ErrInvalidRequest, "invalid YAML: "+details[0].Message, details...)
+				return nil, nil, errs.New(errs.ErrInvalidRequest, "invalid YAML: "+details[0].Message, details...)
 			}
 			return nil, nil, ve
 		}
 		if err != nil {
-			return nil, nil, newError(ErrInvalidRequest, "invalid YAML: "+err.Error())
+			return nil, nil, errs.New(errs.ErrInvalidRequest, "invalid YAML: "+err.Error())
 		}
 		switch len(specs) {
 		case 0:
-			return nil, nil, newError(ErrInvalidRequest, "the YAML holds no pipe spec")
+			return nil, nil, errs.New(errs.ErrInvalidRequest, "the YAML holds no pipe spec")
 		case 1:
 		default:
-			return nil, nil, newError(ErrInvalidRequest, fmt.Sprintf("the YAML holds %d pipe specs; PUT one per request", len(specs)))
+			return nil, nil, errs.New(errs.ErrInvalidRequest, fmt.Sprintf("the YAML holds %d pipe specs; PUT one per request", len(specs)))
 		}
 		raw, err := json.Marshal(&specs[0])
 		if err != nil {
@@ -201,7 +203,7 @@ func (s *Server) pipeBodyLimit() int64 {
 // version to store with its bundle; every problem is reported at once.
 func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *string) (*PipeVersion, []byte, error) {
 	if len(rawSpec) == 0 || string(rawSpec) == "null" {
-		return nil, nil, newError(ErrValidation, "spec is required", api.Detail{Field: "spec", Message: "required"})
+		return nil, nil, errs.New(errs.ErrValidation, "spec is required", api.Detail{Field: "spec", Message: "required"})
 	}
 	var spec manifest.Spec
 	if err := decodeStrict(rawSpec, &spec, "spec"); err != nil {
@@ -237,7 +239,7 @@ func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *st
 			break
 		}
 		if int64(len(b)) > s.cfg.Signing.MaxPayloadBytes {
-			return nil, nil, newError(ErrTooLarge, "the bundle is too large", api.Detail{Field: "bundle", Message: fmt.Sprintf("%d bytes, at most %d", len(b), s.cfg.Signing.MaxPayloadBytes)})
+			return nil, nil, errs.New(errs.ErrTooLarge, "the bundle is too large", api.Detail{Field: "bundle", Message: fmt.Sprintf("%d bytes, at most %d", len(b), s.cfg.Signing.MaxPayloadBytes)})
 		}
 		if msg := checkBundle(b, spec.Command); msg != "" {
 			problems = append(problems, manifest.FieldError{Field: "bundle", Message: msg})
@@ -377,10 +379,10 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.Agent != "" && len(req.Tags) > 0 {
-		return newError(ErrInvalidRequest, "use agent or tags, not both", api.Detail{Field: "tags", Message: "not with agent"})
+		return errs.New(errs.ErrInvalidRequest, "use agent or tags, not both", api.Detail{Field: "tags", Message: "not with agent"})
 	}
 	if d := checkTags("tags", req.Tags); len(d) > 0 {
-		return newError(ErrValidation, "invalid tags", d...)
+		return errs.New(errs.ErrValidation, "invalid tags", d...)
 	}
 	p, err := s.store.GetPipe(r.Context(), name)
 	if err != nil {
@@ -406,9 +408,9 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch {
 	case req.Agent != "" && !found:
-		return newError(ErrNotFound, fmt.Sprintf("pipe %s does not run on agent %s", p.Name, req.Agent))
+		return errs.New(errs.ErrNotFound, fmt.Sprintf("pipe %s does not run on agent %s", p.Name, req.Agent))
 	case len(req.Tags) > 0 && !found:
-		return newError(ErrNotFound, fmt.Sprintf("pipe %s runs on no agent with tags %s", p.Name, formatTags(req.Tags)))
+		return errs.New(errs.ErrNotFound, fmt.Sprintf("pipe %s runs on no agent with tags %s", p.Name, formatTags(req.Tags)))
 	}
 	setAudit(r, "pipe/"+p.Name, nil, resp)
 	return writeJSON(w, http.StatusAccepted, resp)
@@ -458,7 +460,7 @@ func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error 
 	switch status {
 	case "", "online", "offline", "revoked":
 	default:
-		return newError(ErrInvalidRequest, "invalid status", api.Detail{Field: "status", Message: fmt.Sprintf("%q is not one of online, offline, revoked", status)})
+		return errs.New(errs.ErrInvalidRequest, "invalid status", api.Detail{Field: "status", Message: fmt.Sprintf("%q is not one of online, offline, revoked", status)})
 	}
 	as, err := s.store.ListAgents(r.Context())
 	if err != nil {
@@ -497,7 +499,7 @@ func (s *Server) getAgentJSON(r *http.Request, id string) (*api.Agent, error) {
 	out := s.agentJSON(a)
 	if m, err := s.store.GetManifest(r.Context(), id); err == nil {
 		out.Manifest = &api.ManifestInfo{Serial: m.Serial, Digest: m.Digest, IssuedAt: m.IssuedAt, ExpiresAt: m.ExpiresAt, KeyListVersion: m.KeyListVersion}
-	} else if !errors.Is(err, ErrNotFound) {
+	} else if !errors.Is(err, errs.ErrNotFound) {
 		return nil, err
 	}
 	return &out, nil
@@ -525,7 +527,7 @@ func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if d := checkTags("tags", req.Tags); len(d) > 0 {
-		return newError(ErrValidation, "invalid tags", d...)
+		return errs.New(errs.ErrValidation, "invalid tags", d...)
 	}
 	if req.Tags == nil {
 		req.Tags = map[string]string{}
@@ -571,7 +573,7 @@ func (s *Server) handleRevokeAgent(w http.ResponseWriter, r *http.Request) error
 }
 
 // errDeleted ends the streams of a deleted agent.
-var errDeleted = newError(ErrAgentRevoked, "the agent was deleted")
+var errDeleted = errs.New(errs.ErrAgentRevoked, "the agent was deleted")
 
 func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error {
 	id, err := agentIDParam(r)
@@ -705,9 +707,9 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch {
 	case req.Value == nil:
-		return newError(ErrValidation, "value is required", api.Detail{Field: "value", Message: "required"})
+		return errs.New(errs.ErrValidation, "value is required", api.Detail{Field: "value", Message: "required"})
 	case len(*req.Value) > maxSecretBytes:
-		return newError(ErrValidation, "value is too long", api.Detail{Field: "value", Message: fmt.Sprintf("at most %d bytes", maxSecretBytes)})
+		return errs.New(errs.ErrValidation, "value is too long", api.Detail{Field: "value", Message: fmt.Sprintf("at most %d bytes", maxSecretBytes)})
 	}
 	before, err := s.secretInfo(r.Context(), name)
 	if err != nil {

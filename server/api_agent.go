@@ -2,13 +2,15 @@ package server
 
 import (
 	"errors"
-	"github.com/drover/drover/api"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 
 	"github.com/drover/drover/manifest"
 )
@@ -33,7 +35,7 @@ func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
 		return s.identityConflict(r.Context(), agentID, "", sourceIP(r))
 	}
 	if !validMachineID(mid) {
-		return newError(ErrInvalidRequest, api.MachineIDHeader+" must be 32 hex digits")
+		return errs.New(errs.ErrInvalidRequest, api.MachineIDHeader+" must be 32 hex digits")
 	}
 	bound, err := s.boundMachine(r.Context(), agentID)
 	if err != nil || bound == "" || bound == strings.ToLower(mid) {
@@ -46,7 +48,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	s.enrollRequests.Add(1)
 	if !s.enrollLimiter.allow(sourceIP(r), s.clock.Now()) {
 		w.Header().Set("Retry-After", "60")
-		return newError(ErrRateLimited, "too many enrollment attempts from this address; retry later")
+		return errs.New(errs.ErrRateLimited, "too many enrollment attempts from this address; retry later")
 	}
 	var req api.EnrollRequest
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
@@ -75,14 +77,14 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		details = append(details, api.Detail{Field: "machine_id", Message: "must be 32 hex digits (/etc/machine-id)"})
 	}
 	if len(details) > 0 {
-		return newError(ErrInvalidRequest, "the enrollment request has invalid fields", details...)
+		return errs.New(errs.ErrInvalidRequest, "the enrollment request has invalid fields", details...)
 	}
 	pt, err := parseToken(req.Token)
 	if err != nil {
 		return err
 	}
 	if pt.pin != s.ca.pin {
-		return newError(ErrInvalidToken, "the enrollment token was made for another server (its CA pin does not match)")
+		return errs.New(errs.ErrInvalidToken, "the enrollment token was made for another server (its CA pin does not match)")
 	}
 	csr, err := parseAgentCSR(req.CSR)
 	if err != nil {
@@ -106,12 +108,12 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		Tags: tok.Tags, CreatedAt: now, CertSerial: serial, CertExpiresAt: notAfter, MachineID: strings.ToLower(req.MachineID)}
 	if err := s.store.EnrollAgent(r.Context(), tok.ID, now, a); err != nil {
 		switch {
-		case errors.Is(err, ErrTokenUsed):
-			return newError(ErrTokenUsed, "the enrollment token was already used")
-		case errors.Is(err, ErrTokenExpired):
-			return newError(ErrTokenExpired, "the enrollment token has expired")
-		case errors.Is(err, ErrInvalidToken):
-			return newError(ErrInvalidToken, "the enrollment token is not valid")
+		case errors.Is(err, errs.ErrTokenUsed):
+			return errs.New(errs.ErrTokenUsed, "the enrollment token was already used")
+		case errors.Is(err, errs.ErrTokenExpired):
+			return errs.New(errs.ErrTokenExpired, "the enrollment token has expired")
+		case errors.Is(err, errs.ErrInvalidToken):
+			return errs.New(errs.ErrInvalidToken, "the enrollment token is not valid")
 		}
 		return err
 	}
@@ -227,14 +229,14 @@ func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agent
 	}
 	digest := r.PathValue("digest")
 	if !manifest.ValidDigest(digest) {
-		return newError(ErrNotFound, "payload not found")
+		return errs.New(errs.ErrNotFound, "payload not found")
 	}
 	m, err := s.store.GetManifest(r.Context(), agentID)
 	if err != nil {
 		return err
 	}
 	if !slices.Contains(m.Payloads, digest) {
-		return newError(ErrNotFound, "payload not found")
+		return errs.New(errs.ErrNotFound, "payload not found")
 	}
 	release, err := s.acquireFetch(agentID)
 	if err != nil {
@@ -279,7 +281,7 @@ func (s *Server) acquireFetch(agentID string) (func(), error) {
 	if am.fetches >= s.cfg.Agents.PayloadFetchesPerAgent {
 		am.mu.Unlock()
 		s.metrics.refused.WithLabelValues("payload_fetches").Inc()
-		return nil, newError(ErrRateLimited, "this agent is already downloading as many payloads as it may; retry shortly")
+		return nil, errs.New(errs.ErrRateLimited, "this agent is already downloading as many payloads as it may; retry shortly")
 	}
 	am.fetches++
 	am.mu.Unlock()
@@ -293,7 +295,7 @@ func (s *Server) acquireFetch(agentID string) (func(), error) {
 	default:
 		undo()
 		s.metrics.refused.WithLabelValues("payload_fetches").Inc()
-		return nil, newError(ErrRateLimited, "the server is serving as many payload downloads as it may; retry shortly")
+		return nil, errs.New(errs.ErrRateLimited, "the server is serving as many payload downloads as it may; retry shortly")
 	}
 	return func() { <-s.payloadSem; undo() }, nil
 }

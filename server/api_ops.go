@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/drover/drover/api"
 	"mime"
 	"net/http"
 	"sort"
@@ -14,6 +13,9 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
@@ -29,7 +31,7 @@ import (
 func pipeName(r *http.Request) (string, error) {
 	name := r.PathValue("name")
 	if !manifest.ValidName(name) {
-		return "", newError(ErrInvalidRequest, "invalid pipe name "+quoteName(name)+" in the path",
+		return "", errs.New(errs.ErrInvalidRequest, "invalid pipe name "+quoteName(name)+" in the path",
 			api.Detail{Field: "name", Message: "use 1-63 lowercase letters, digits and '-', starting with a letter or digit"})
 	}
 	return name, nil
@@ -38,7 +40,7 @@ func pipeName(r *http.Request) (string, error) {
 func secretName(r *http.Request) (string, error) {
 	name := r.PathValue("name")
 	if !secretNameRE.MatchString(name) || strings.HasPrefix(name, "DROVER_") {
-		return "", newError(ErrInvalidRequest, "invalid secret name "+quoteName(name)+" in the path",
+		return "", errs.New(errs.ErrInvalidRequest, "invalid secret name "+quoteName(name)+" in the path",
 			api.Detail{Field: "name", Message: "use 1-128 letters, digits and '_', not starting with a digit or DROVER_"})
 	}
 	return name, nil
@@ -48,7 +50,7 @@ func secretName(r *http.Request) (string, error) {
 func agentIDParam(r *http.Request) (string, error) {
 	id := r.PathValue("id")
 	if !manifest.ValidAgentID(id) {
-		return "", newError(ErrInvalidRequest, "invalid agent id "+quoteName(id)+" in the path",
+		return "", errs.New(errs.ErrInvalidRequest, "invalid agent id "+quoteName(id)+" in the path",
 			api.Detail{Field: "id", Message: "an agent id such as agt-..."})
 	}
 	return id, nil
@@ -60,7 +62,7 @@ func tokenIDParam(r *http.Request, apiToken bool) (string, error) {
 	if tokenIDRE.MatchString(id) || (apiToken && id == bootstrapTokenID) {
 		return id, nil
 	}
-	return "", newError(ErrInvalidRequest, "invalid token id "+quoteName(id)+" in the path",
+	return "", errs.New(errs.ErrInvalidRequest, "invalid token id "+quoteName(id)+" in the path",
 		api.Detail{Field: "id", Message: "16 lowercase letters and digits 2-7, as listed"})
 }
 
@@ -76,7 +78,7 @@ func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, v a
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return newError(ErrUnsupportedMedia, "the body must be application/json")
+			return errs.New(errs.ErrUnsupportedMedia, "the body must be application/json")
 		}
 	}
 	return decodeStrict(body, v, "")
@@ -101,7 +103,7 @@ func queryTags(r *http.Request) (map[string]string, error) {
 	for _, kv := range vals {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || !manifest.ValidTagKey(k) || !manifest.ValidTagValue(v) {
-			return nil, newError(ErrInvalidRequest, "invalid tag filter", api.Detail{Field: "tag", Message: fmt.Sprintf("%s is not key=value with a valid key and value", quoteName(kv))})
+			return nil, errs.New(errs.ErrInvalidRequest, "invalid tag filter", api.Detail{Field: "tag", Message: fmt.Sprintf("%s is not key=value with a valid key and value", quoteName(kv))})
 		}
 		sel[k] = v
 	}
@@ -239,7 +241,7 @@ func checkAPITokenRequest(req api.APITokenRequest) (role, time.Duration, error) 
 		}
 	}
 	if len(details) > 0 {
-		return 0, 0, newError(ErrValidation, "the token request has invalid fields", details...)
+		return 0, 0, errs.New(errs.ErrValidation, "the token request has invalid fields", details...)
 	}
 	return rl, ttl, nil
 }
@@ -344,7 +346,7 @@ func (s *Server) pipeVersion(r *http.Request) (*PipeVersion, uint64, bool, error
 	}
 	n, err := strconv.ParseUint(r.PathValue("version"), 10, 64)
 	if err != nil || n == 0 {
-		return nil, 0, false, newError(ErrInvalidRequest, "invalid version "+quoteName(r.PathValue("version"))+" in the path",
+		return nil, 0, false, errs.New(errs.ErrInvalidRequest, "invalid version "+quoteName(r.PathValue("version"))+" in the path",
 			api.Detail{Field: "version", Message: "a version number: 1, 2, ..."})
 	}
 	cur, deleted, err := s.store.PipeState(r.Context(), name)
@@ -396,7 +398,7 @@ func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) erro
 	if c := r.URL.Query().Get("count"); c != "" {
 		n, err := strconv.Atoi(c)
 		if err != nil || n < 1 || n > 100 {
-			return newError(ErrInvalidRequest, "invalid count", api.Detail{Field: "count", Message: "must be 1-100"})
+			return errs.New(errs.ErrInvalidRequest, "invalid count", api.Detail{Field: "count", Message: "must be 1-100"})
 		}
 		count = n
 	}
@@ -452,7 +454,7 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 	var cur *Pipe
 	if p, err := s.store.GetPipe(r.Context(), name); err == nil {
 		cur = p
-	} else if !errors.Is(err, ErrNotFound) {
+	} else if !errors.Is(err, errs.ErrNotFound) {
 		return err
 	}
 	out := api.DryRunResponse{Name: name, Agents: []api.AgentChange{}}
@@ -460,10 +462,10 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case req.Delete:
 		if req.Spec != nil || req.Bundle != nil {
-			return newError(ErrInvalidRequest, "delete takes no spec or bundle", api.Detail{Field: "delete", Message: "not with spec or bundle"})
+			return errs.New(errs.ErrInvalidRequest, "delete takes no spec or bundle", api.Detail{Field: "delete", Message: "not with spec or bundle"})
 		}
 		if cur == nil {
-			return newError(ErrNotFound, "pipe not found")
+			return errs.New(errs.ErrNotFound, "pipe not found")
 		}
 		out.Action = "delete"
 	default:
@@ -495,7 +497,7 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 			out.Action, next.Version = "create", 1
 			if v, _, err := s.store.PipeState(r.Context(), name); err == nil {
 				next.Version = v + 1 // a deleted pipe's versions go on
-			} else if !errors.Is(err, ErrNotFound) {
+			} else if !errors.Is(err, errs.ErrNotFound) {
 				return err
 			}
 		}
@@ -613,11 +615,11 @@ func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
 		if run.Reason != "" {
 			why += ", reason " + run.Reason
 		}
-		return newError(ErrConflict, fmt.Sprintf("run %s has ended (%s): there is nothing to cancel", run.ID, why))
+		return errs.New(errs.ErrConflict, fmt.Sprintf("run %s has ended (%s): there is nothing to cancel", run.ID, why))
 	}
 	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_CancelRun{CancelRun: &agentpb.CancelRun{RunId: run.ID}}}
 	if !s.hub.send(run.AgentID, msg) {
-		return newError(ErrConflict, fmt.Sprintf("agent %s, which runs %s, is not connected; retry when it is online", run.AgentID, run.ID))
+		return errs.New(errs.ErrConflict, fmt.Sprintf("agent %s, which runs %s, is not connected; retry when it is online", run.AgentID, run.ID))
 	}
 	s.log.Info("run cancel requested", "run", run.ID, "agent", run.AgentID)
 	out := api.CancelResponse{RunID: run.ID, AgentID: run.AgentID, Sent: true}

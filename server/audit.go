@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 )
 
 // The audit log: every successful mutation through the API (the routes
@@ -139,10 +140,10 @@ func newRefusalAuditor() *refusalAuditor {
 // auditRefusal writes the audit entry of a refused request, if the limits
 // allow. actor may be nil (not authenticated).
 func (s *Server) auditRefusal(r *http.Request, err error, actor *principal) {
-	k := kindOf(err)
+	k := errs.KindOf(err)
 	switch {
-	case k.http == http.StatusUnauthorized || k.http == http.StatusForbidden:
-	case (r.URL.Path == "/api/v1/agents/enroll" || r.URL.Path == "/api/v1/agents/self/renew") && k.http >= 400 && k.http < 500:
+	case k.HTTP == http.StatusUnauthorized || k.HTTP == http.StatusForbidden:
+	case (r.URL.Path == "/api/v1/agents/enroll" || r.URL.Path == "/api/v1/agents/self/renew") && k.HTTP >= 400 && k.HTTP < 500:
 	default:
 		return
 	}
@@ -159,7 +160,7 @@ func (s *Server) auditRefusal(r *http.Request, err error, actor *principal) {
 	if len(target) > 200 {
 		target = target[:200]
 	}
-	e := &AuditEntry{At: now, Action: "refused." + k.code, Target: target, Source: src, ActorID: "", ActorName: "anonymous", Role: rolePublic.String()}
+	e := &AuditEntry{At: now, Action: "refused." + k.Code, Target: target, Source: src, ActorID: "", ActorName: "anonymous", Role: rolePublic.String()}
 	if actor != nil {
 		e.ActorID, e.ActorName, e.Role = actor.ID, actor.Name, actor.Role.String()
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/server/errs"
 )
 
 // Roles of API tokens, in increasing power. A route names the least role
@@ -111,7 +113,7 @@ func newAuthenticator(st authStore, clock Clock) *authenticator {
 	return &authenticator{store: st, clock: clock, touched: map[string]time.Time{}}
 }
 
-var errNoBearer = newError(ErrUnauthenticated, "an Authorization: Bearer token is required")
+var errNoBearer = errs.New(errs.ErrUnauthenticated, "an Authorization: Bearer token is required")
 
 // authenticate checks the request's bearer token.
 func (a *authenticator) authenticate(r *http.Request) (*principal, error) {
@@ -124,7 +126,7 @@ func (a *authenticator) authenticate(r *http.Request) (*principal, error) {
 	if !ok || tok == "" {
 		return nil, errNoBearer
 	}
-	invalid := newError(ErrUnauthenticated, "the bearer token is not valid")
+	invalid := errs.New(errs.ErrUnauthenticated, "the bearer token is not valid")
 	var id, secret string
 	if parts := strings.Split(tok, "."); len(parts) == 3 && parts[0] == apiTokenPrefix && apiTokenIDRE.MatchString(parts[1]) {
 		id, secret = parts[1], parts[2]
@@ -134,7 +136,7 @@ func (a *authenticator) authenticate(r *http.Request) (*principal, error) {
 		return nil, invalid
 	}
 	t, err := a.store.GetAPIToken(r.Context(), id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, errs.ErrNotFound) {
 		return nil, invalid
 	}
 	if err != nil {
@@ -146,10 +148,10 @@ func (a *authenticator) authenticate(r *http.Request) (*principal, error) {
 	}
 	now := a.clock.Now()
 	if !t.RevokedAt.IsZero() {
-		return nil, newError(ErrTokenRevoked, "the API token "+t.ID+" was revoked")
+		return nil, errs.New(errs.ErrTokenRevoked, "the API token "+t.ID+" was revoked")
 	}
 	if !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt) {
-		return nil, newError(ErrTokenExpired, "the API token "+t.ID+" expired at "+t.ExpiresAt.UTC().Format(time.RFC3339))
+		return nil, errs.New(errs.ErrTokenExpired, "the API token "+t.ID+" expired at "+t.ExpiresAt.UTC().Format(time.RFC3339))
 	}
 	rl, ok := parseRole(t.Role)
 	if !ok {
@@ -185,7 +187,7 @@ func (s *Server) authorize(r *http.Request, need role) (*principal, error) {
 		return nil, err
 	}
 	if p.Role < need {
-		return p, newError(ErrPermissionDenied, "this needs the "+need.String()+" role; token "+p.ID+" ("+p.Name+") has "+p.Role.String())
+		return p, errs.New(errs.ErrPermissionDenied, "this needs the "+need.String()+" role; token "+p.ID+" ("+p.Name+") has "+p.Role.String())
 	}
 	return p, nil
 }

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"log/slog"
 	"net"
@@ -21,6 +20,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 
 	"github.com/drover/drover/signing"
 )
@@ -150,8 +152,8 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 
 // describe renders an error with its details for the terminal.
 func describe(err error) string {
-	k, body := publicError(err)
-	if k.err == ErrInternal {
+	k, body := errs.Public(err)
+	if k.Err == errs.ErrInternal {
 		return err.Error()
 	}
 	msg := body.Error.Message

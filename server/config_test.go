@@ -3,12 +3,13 @@ package server
 import (
 	"bytes"
 	"errors"
-	"github.com/drover/drover/api"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 )

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 )
 
 func TestEnrollSuccess(t *testing.T) {
@@ -222,7 +223,7 @@ func TestRenewalRetiresOldCertificate(t *testing.T) {
 	}
 	// The stale renewal's serial is neither current nor next.
 	stale, _ := parseCertPEM(stalePEM)
-	if _, err := ts.s.checkAgentCert(t.Context(), stale); !errors.Is(err, ErrCertRefused) {
+	if _, err := ts.s.checkAgentCert(t.Context(), stale); !errors.Is(err, errs.ErrCertRefused) {
 		t.Errorf("stale renewal: %v, want certificate refused", err)
 	}
 	if _, _, err := a.renew(); err != nil {

@@ -2,13 +2,14 @@ package server
 
 import (
 	"context"
-	"errors"
-	"github.com/drover/drover/api"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 
 	"github.com/drover/drover/manifest"
 )
@@ -154,13 +155,10 @@ func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error 
 		details = append(details, api.Detail{Field: "agent", Message: "at most 128 printable characters"})
 	}
 	if f.Since, err = queryTime(r, "since"); err != nil {
-		var ae *apiError
-		if errors.As(err, &ae) {
-			details = append(details, ae.details...)
-		}
+		details = append(details, errs.Details(err)...)
 	}
 	if len(details) > 0 {
-		return newError(ErrInvalidRequest, "invalid event filter", details...)
+		return errs.New(errs.ErrInvalidRequest, "invalid event filter", details...)
 	}
 	if pg.cursor != "" {
 		n, err := strconv.ParseInt(pg.cursor, 10, 64)

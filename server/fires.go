@@ -2,12 +2,14 @@ package server
 
 import (
 	"fmt"
-	"github.com/drover/drover/api"
 	"net/http"
 	"slices"
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 
 	"github.com/drover/drover/manifest"
 )
@@ -50,9 +52,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	since, err1 := queryTime(r, "since")
 	until, err2 := queryTime(r, "until")
 	for _, err := range []error{err1, err2} {
-		if ae, ok := err.(*apiError); ok {
-			details = append(details, ae.details...)
-		}
+		details = append(details, errs.Details(err)...)
 	}
 	now := s.clock.Now()
 	if until.IsZero() {
@@ -69,7 +69,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if len(details) > 0 {
-		return newError(ErrInvalidRequest, "invalid fire-time query", details...)
+		return errs.New(errs.ErrInvalidRequest, "invalid fire-time query", details...)
 	}
 	pipes, agents, err := s.store.MonitorInputs(r.Context(), false)
 	if err != nil {
@@ -85,7 +85,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 		if _, err := s.store.GetPipe(r.Context(), name); err != nil {
 			return err
 		}
-		return notFound("pipe")
+		return errs.NotFound("pipe")
 	}
 	sc, err := manifest.ParseSchedule(p.Spec.Schedule)
 	if err != nil {

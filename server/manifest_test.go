@@ -3,11 +3,12 @@ package server
 import (
 	"encoding/base64"
 	"encoding/json"
-	"github.com/drover/drover/api"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/signing"

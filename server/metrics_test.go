@@ -1,10 +1,11 @@
 package server
 
 import (
-	"github.com/drover/drover/api"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	agentpb "github.com/drover/drover/proto"
 )

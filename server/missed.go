@@ -3,10 +3,11 @@ package server
 import (
 	"context"
 	"fmt"
-	"github.com/drover/drover/api"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 )

@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/drover/drover/api"
 	"net/http"
 	"os"
 	"reflect"
@@ -14,6 +13,8 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 )

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 )
 
 // Lists are paginated: ?limit=N (1-1000, default 100) and ?cursor=C, where
@@ -28,7 +29,7 @@ type page struct {
 	cursor string // decoded sort key, "" for the first page
 }
 
-var errBadCursor = newError(ErrInvalidRequest, "invalid cursor", api.Detail{Field: "cursor", Message: "not a next_cursor of this list"})
+var errBadCursor = errs.New(errs.ErrInvalidRequest, "invalid cursor", api.Detail{Field: "cursor", Message: "not a next_cursor of this list"})
 
 func parsePage(r *http.Request) (page, error) {
 	q := r.URL.Query()
@@ -36,7 +37,7 @@ func parsePage(r *http.Request) (page, error) {
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 || n > maxPageSize {
-			return pg, newError(ErrInvalidRequest, "invalid limit", api.Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxPageSize)})
+			return pg, errs.New(errs.ErrInvalidRequest, "invalid limit", api.Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxPageSize)})
 		}
 		pg.limit = n
 	}
@@ -82,7 +83,7 @@ func queryTime(r *http.Request, name string) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
-		return time.Time{}, newError(ErrInvalidRequest, "invalid "+name, api.Detail{Field: name, Message: fmt.Sprintf("%q is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z)", v)})
+		return time.Time{}, errs.New(errs.ErrInvalidRequest, "invalid "+name, api.Detail{Field: name, Message: fmt.Sprintf("%q is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z)", v)})
 	}
 	return t, nil
 }

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 )
 
 // Certificate lifetimes of the server's own PKI.
@@ -235,10 +236,10 @@ func splitSANs(sans []string) (dns []string, ips []net.IP) {
 // ignored: the identity comes from the server.
 func parseAgentCSR(csrPEM string) (*x509.CertificateRequest, error) {
 	if len(csrPEM) > maxCSRBytes {
-		return nil, newError(ErrInvalidRequest, "csr is too large", api.Detail{Field: "csr", Message: "too large"})
+		return nil, errs.New(errs.ErrInvalidRequest, "csr is too large", api.Detail{Field: "csr", Message: "too large"})
 	}
 	bad := func(msg string) error {
-		return newError(ErrInvalidRequest, "invalid csr: "+msg, api.Detail{Field: "csr", Message: msg})
+		return errs.New(errs.ErrInvalidRequest, "invalid csr: "+msg, api.Detail{Field: "csr", Message: msg})
 	}
 	block, rest := pem.Decode([]byte(csrPEM))
 	if block == nil || block.Type != "CERTIFICATE REQUEST" {
@@ -334,12 +335,12 @@ func (c *ca) issueAgentCertWith(agentID string, csr *x509.CertificateRequest, no
 // the CommonName and the single drover://agent/<id> URI SAN must agree.
 func agentIdentity(cert *x509.Certificate) (id, serial string, err error) {
 	if len(cert.URIs) != 1 {
-		return "", "", newError(ErrCertRefused, "the client certificate does not name an agent")
+		return "", "", errs.New(errs.ErrCertRefused, "the client certificate does not name an agent")
 	}
 	uri := cert.URIs[0].String()
 	id, ok := strings.CutPrefix(uri, AgentURIPrefix)
 	if !ok || id == "" || id != cert.Subject.CommonName {
-		return "", "", newError(ErrCertRefused, "the client certificate does not name an agent")
+		return "", "", errs.New(errs.ErrCertRefused, "the client certificate does not name an agent")
 	}
 	return id, serialHex(cert.SerialNumber), nil
 }
@@ -408,15 +409,15 @@ func (s *Server) checkRenewal(r *http.Request, _ string, csr *x509.CertificateRe
 	}
 	newHash, err := spkiHash(csr.PublicKey)
 	if err != nil {
-		return nil, newError(ErrInvalidRequest, "the CSR's key cannot be read", api.Detail{Field: "csr", Message: "unreadable public key"})
+		return nil, errs.New(errs.ErrInvalidRequest, "the CSR's key cannot be read", api.Detail{Field: "csr", Message: "unreadable public key"})
 	}
 	if bytes.Equal(curHash, newHash) {
-		return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is the one of the current certificate"})
+		return nil, errs.New(errs.ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is the one of the current certificate"})
 	}
 	prev := keyHistory(cur)
 	for _, h := range prev {
 		if bytes.Equal(h, newHash) {
-			return nil, newError(ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is one this agent held before (a retired certificate's)"})
+			return nil, errs.New(errs.ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is one this agent held before (a retired certificate's)"})
 		}
 	}
 	history := append([][]byte{curHash}, prev...)
@@ -430,7 +431,7 @@ func (s *Server) checkRenewal(r *http.Request, _ string, csr *x509.CertificateRe
 func (s *Server) allowRenewal(w http.ResponseWriter, agentID string) error {
 	if !s.guard.renew.allow(agentID, s.clock.Now()) {
 		w.Header().Set("Retry-After", strconv.Itoa(int(s.cfg.Enrollment.RenewInterval.Seconds())))
-		return newError(ErrRateLimited, "too many certificate renewals for this agent; retry later")
+		return errs.New(errs.ErrRateLimited, "too many certificate renewals for this agent; retry later")
 	}
 	return nil
 }

@@ -3,12 +3,14 @@ package server
 import (
 	"context"
 	"fmt"
-	"github.com/drover/drover/api"
 	"net/http"
 	"path"
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 
 	"github.com/drover/drover/manifest"
 )
@@ -133,5 +135,5 @@ func privilegedRefusal(p *principal, reasons []api.Detail) error {
 	if p != nil {
 		who = "token " + p.ID + " (" + p.Name + ", " + p.Role.String() + ")"
 	}
-	return newError(ErrPermissionDenied, "this spec is privileged and needs the admin role (or privileged.allow_tokens); "+who+" may not write it", reasons...)
+	return errs.New(errs.ErrPermissionDenied, "this spec is privileged and needs the admin role (or privileged.allow_tokens); "+who+" may not write it", reasons...)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 )
 
 // route is one endpoint of the HTTPS API. The router, the role check, the
@@ -248,7 +249,7 @@ func (s *Server) classify(next http.Handler) http.Handler {
 func refuseBusy(w http.ResponseWriter, msg string) {
 	w.Header().Set("Retry-After", "1")
 	w.Header().Set("Connection", "close")
-	writeError(w, newError(ErrUnavailable, msg))
+	errs.Write(w, errs.New(errs.ErrUnavailable, msg))
 }
 
 // minBodyRate is the slowest upload (bytes per second) an authenticated
@@ -298,10 +299,10 @@ func (s *Server) wrap(rt route) http.Handler {
 		err := s.call(rt, out, r, rec)
 		if err != nil {
 			s.auditRefusal(r, err, rec.actor)
-			if k := kindOf(err); k.err == ErrInternal || k.err == ErrUnavailable {
+			if k := errs.KindOf(err); k.Err == errs.ErrInternal || k.Err == errs.ErrUnavailable {
 				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
-			writeError(out, err)
+			errs.Write(out, err)
 		} else if rt.action != "" && (bw == nil || bw.status() < 400) {
 			s.writeAudit(r, rt.action, rec)
 		}
@@ -328,7 +329,7 @@ func (s *Server) call(rt route, w http.ResponseWriter, r *http.Request, rec *aud
 	p, err := s.authorize(r, rt.role)
 	if err != nil {
 		rec.actor = p // nil unless the token is known but below the role
-		if kindOf(err).http == http.StatusUnauthorized {
+		if errs.KindOf(err).HTTP == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="drover"`)
 		}
 		return err

@@ -1,13 +1,13 @@
 package server
 
 import (
-	"errors"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 )
 
 // checkRunFilter validates the query parameters of GET /api/v1/runs that
@@ -29,9 +29,8 @@ func checkRunFilter(r *http.Request, f *RunFilter) error {
 	}{{"since", &f.Since}, {"until", &f.Until}, {"scheduled_since", &f.ScheduledSince}, {"scheduled_until", &f.ScheduledUntil}}
 	for _, t := range times {
 		v, err := queryTime(r, t.name)
-		var ae *apiError
-		if errors.As(err, &ae) {
-			details = append(details, ae.details...)
+		if err != nil {
+			details = append(details, errs.Details(err)...)
 			continue
 		}
 		*t.dst = v
@@ -43,7 +42,7 @@ func checkRunFilter(r *http.Request, f *RunFilter) error {
 		details = append(details, api.Detail{Field: "scheduled_until", Message: "must be after scheduled_since"})
 	}
 	if len(details) > 0 {
-		return newError(ErrInvalidRequest, "invalid run filter", details...)
+		return errs.New(errs.ErrInvalidRequest, "invalid run filter", details...)
 	}
 	return nil
 }

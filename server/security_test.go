@@ -12,7 +12,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"net"
 	"net/http"
@@ -24,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	agentpb "github.com/drover/drover/proto"
 )

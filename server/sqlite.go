@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/drover/drover/manifest"
@@ -148,8 +149,6 @@ func jsonText(v any) string {
 	return string(b)
 }
 
-func notFound(what string) error { return newError(ErrNotFound, what+" not found") }
-
 // ---- enrollment tokens
 
 func (s *SQLiteStore) CreateToken(ctx context.Context, t *EnrollmentToken) error {
@@ -168,7 +167,7 @@ func (s *SQLiteStore) GetToken(ctx context.Context, id string) (*EnrollmentToken
 	err := s.r.QueryRowContext(ctx, `SELECT id, secret_hash, name, tags, created_at, expires_at, used_at, agent_id FROM enrollment_tokens WHERE id=?`, id).
 		Scan(&t.ID, &t.SecretHash, &t.Name, &tags, &created, &expires, &used, &t.AgentID)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("token")
+		return nil, errs.NotFound("token")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get token: %w", err)
@@ -192,13 +191,13 @@ func (s *SQLiteStore) EnrollAgent(ctx context.Context, tokenID string, now time.
 			err := tx.QueryRowContext(ctx, `SELECT used_at FROM enrollment_tokens WHERE id=?`, tokenID).Scan(&used)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
-				return ErrInvalidToken
+				return errs.ErrInvalidToken
 			case err != nil:
 				return fmt.Errorf("enroll: %w", err)
 			case used != 0:
-				return ErrTokenUsed
+				return errs.ErrTokenUsed
 			}
-			return ErrTokenExpired
+			return errs.ErrTokenExpired
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
 			VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -262,7 +261,7 @@ func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row
 func (s *SQLiteStore) GetAgent(ctx context.Context, id string) (*Agent, error) {
 	a, err := scanAgent(s.r.QueryRowContext(ctx, `SELECT `+agentColumns+` FROM agents WHERE id=?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("agent")
+		return nil, errs.NotFound("agent")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get agent: %w", err)
@@ -279,7 +278,7 @@ func (s *SQLiteStore) AgentCert(ctx context.Context, id string) (*AgentCert, err
 	var revoked int64
 	err := s.r.QueryRowContext(ctx, `SELECT cert_serial, next_cert_serial, revoked_at FROM agents WHERE id=?`, id).Scan(&c.Serial, &c.NextSerial, &revoked)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("agent")
+		return nil, errs.NotFound("agent")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("agent cert: %w", err)
@@ -294,7 +293,7 @@ func (s *SQLiteStore) SetNextCert(ctx context.Context, id, serial string, expire
 		return fmt.Errorf("set next cert: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return notFound("agent")
+		return errs.NotFound("agent")
 	}
 	return nil
 }
@@ -314,7 +313,7 @@ func (s *SQLiteStore) SetAgentTags(ctx context.Context, id string, tags map[stri
 		return fmt.Errorf("set tags: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return notFound("agent")
+		return errs.NotFound("agent")
 	}
 	return nil
 }
@@ -326,7 +325,7 @@ func (s *SQLiteStore) RevokeAgent(ctx context.Context, id string, now time.Time)
 		return fmt.Errorf("revoke agent: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return notFound("agent")
+		return errs.NotFound("agent")
 	}
 	return nil
 }
@@ -338,7 +337,7 @@ func (s *SQLiteStore) BindMachine(ctx context.Context, id, machineID string, now
 	var bound string
 	err := s.w.QueryRowContext(ctx, `SELECT machine_id FROM agents WHERE id=?`, id).Scan(&bound)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", notFound("agent")
+		return "", errs.NotFound("agent")
 	}
 	if err != nil {
 		return "", fmt.Errorf("bind machine: %w", err)
@@ -426,7 +425,7 @@ func scanPipe(row interface{ Scan(...any) error }) (*Pipe, error) {
 func (s *SQLiteStore) GetPipe(ctx context.Context, name string) (*Pipe, error) {
 	p, err := scanPipe(s.r.QueryRowContext(ctx, pipeQuery+` AND p.name=?`, name))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("pipe")
+		return nil, errs.NotFound("pipe")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get pipe: %w", err)
@@ -448,7 +447,7 @@ func (s *SQLiteStore) DeletePipe(ctx context.Context, name string, now time.Time
 		return fmt.Errorf("delete pipe: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return notFound("pipe")
+		return errs.NotFound("pipe")
 	}
 	return nil
 }
@@ -457,7 +456,7 @@ func (s *SQLiteStore) PayloadSize(ctx context.Context, digest string) (int64, er
 	var n int64
 	err := s.r.QueryRowContext(ctx, `SELECT size FROM payloads WHERE digest=?`, digest).Scan(&n)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, notFound("payload")
+		return 0, errs.NotFound("payload")
 	}
 	if err != nil {
 		return 0, fmt.Errorf("payload size: %w", err)
@@ -471,7 +470,7 @@ func (s *SQLiteStore) ReadPayload(ctx context.Context, digest string, offset int
 	var b []byte
 	err := s.r.QueryRowContext(ctx, `SELECT substr(data, ?, ?) FROM payloads WHERE digest=?`, offset+1, len(buf), digest).Scan(&b)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, notFound("payload")
+		return 0, errs.NotFound("payload")
 	}
 	if err != nil {
 		return 0, fmt.Errorf("read payload: %w", err)
@@ -483,7 +482,7 @@ func (s *SQLiteStore) GetPayload(ctx context.Context, digest string) ([]byte, er
 	var b []byte
 	err := s.r.QueryRowContext(ctx, `SELECT data FROM payloads WHERE digest=?`, digest).Scan(&b)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("payload")
+		return nil, errs.NotFound("payload")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get payload: %w", err)
@@ -603,7 +602,7 @@ func (s *SQLiteStore) GetManifest(ctx context.Context, agentID string) (*StoredM
 		m.payloads, m.secrets FROM manifests m JOIN manifest_envelopes e ON e.agent_id=m.agent_id WHERE m.agent_id=?`, agentID).
 		Scan(&m.AgentID, &m.Serial, &m.ContentHash, &m.Digest, &m.Envelope, &issued, &expires, &m.KeyListVersion, &payloads, &secrets)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("manifest")
+		return nil, errs.NotFound("manifest")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get manifest: %w", err)
@@ -689,7 +688,7 @@ func (s *SQLiteStore) DeleteSecret(ctx context.Context, name string) error {
 		return fmt.Errorf("delete secret: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return notFound("secret")
+		return errs.NotFound("secret")
 	}
 	return nil
 }
@@ -740,7 +739,7 @@ func (s *SQLiteStore) ListRuns(ctx context.Context, f RunFilter) ([]*Run, error)
 func (s *SQLiteStore) GetRun(ctx context.Context, id string) (*Run, error) {
 	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE id=?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("run")
+		return nil, errs.NotFound("run")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get run: %w", err)

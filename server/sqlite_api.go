@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/drover/drover/server/errs"
 )
 
 // The parts of SQLiteStore the operator API added (migration 0003): token
@@ -44,7 +46,7 @@ func (s *SQLiteStore) DeleteToken(ctx context.Context, id string) error {
 		return fmt.Errorf("delete token: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return notFound("enrollment token")
+		return errs.NotFound("enrollment token")
 	}
 	return nil
 }
@@ -58,7 +60,7 @@ func (s *SQLiteStore) DeleteAgent(ctx context.Context, id string) error {
 			return fmt.Errorf("delete agent: %w", err)
 		}
 		if n, _ := res.RowsAffected(); n != 1 {
-			return notFound("agent")
+			return errs.NotFound("agent")
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM manifests WHERE agent_id=?`, id); err != nil {
 			return fmt.Errorf("delete agent: %w", err)
@@ -76,7 +78,7 @@ func (s *SQLiteStore) GetPipeVersion(ctx context.Context, name string, version u
 	v, err := scanPipeVersion(s.r.QueryRowContext(ctx, `SELECT name, version, spec, payload_digest, payload_size, created_at
 		FROM pipe_versions WHERE name=? AND version=?`, name, version))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("pipe version")
+		return nil, errs.NotFound("pipe version")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get pipe version: %w", err)
@@ -89,7 +91,7 @@ func (s *SQLiteStore) PipeState(ctx context.Context, name string) (uint64, bool,
 	var deleted int64
 	err := s.r.QueryRowContext(ctx, `SELECT current_version, deleted_at FROM pipes WHERE name=?`, name).Scan(&cur, &deleted)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, notFound("pipe")
+		return 0, false, errs.NotFound("pipe")
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("pipe state: %w", err)
@@ -209,7 +211,7 @@ func (s *SQLiteStore) EnsureAPIToken(ctx context.Context, t *APIToken) error {
 func (s *SQLiteStore) GetAPIToken(ctx context.Context, id string) (*APIToken, error) {
 	t, err := scanAPIToken(s.r.QueryRowContext(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id=?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, notFound("API token")
+		return nil, errs.NotFound("API token")
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get api token: %w", err)
@@ -227,7 +229,7 @@ func (s *SQLiteStore) RevokeAPIToken(ctx context.Context, id string, now time.Ti
 		return fmt.Errorf("revoke api token: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
-		return notFound("API token")
+		return errs.NotFound("API token")
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 )
 
 // Live logs: GET /api/v1/runs/{id}/logs/stream answers text/event-stream.
@@ -121,7 +122,7 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 	if le := strings.TrimSpace(r.Header.Get("Last-Event-ID")); le != "" {
 		n, err := strconv.ParseInt(le, 10, 64)
 		if err != nil || n < 0 {
-			return newError(ErrInvalidRequest, "invalid Last-Event-ID", api.Detail{Field: "Last-Event-ID", Message: "a chunk seq from an earlier event"})
+			return errs.New(errs.ErrInvalidRequest, "invalid Last-Event-ID", api.Detail{Field: "Last-Event-ID", Message: "a chunk seq from an earlier event"})
 		}
 		after = n
 	}
@@ -134,7 +135,7 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 	release, ok := s.guard.follow(tokenID)
 	if !ok {
 		w.Header().Set("Retry-After", "5")
-		return newError(ErrRateLimited, fmt.Sprintf("this token already follows %d live logs (live_logs.max_per_token)", s.cfg.LiveLogs.MaxPerToken))
+		return errs.New(errs.ErrRateLimited, fmt.Sprintf("this token already follows %d live logs (live_logs.max_per_token)", s.cfg.LiveLogs.MaxPerToken))
 	}
 	defer release()
 	select {
@@ -142,7 +143,7 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 		defer func() { <-s.logStreams }()
 	default:
 		w.Header().Set("Retry-After", "5")
-		return newError(ErrUnavailable, "too many live log streams; retry shortly")
+		return errs.New(errs.ErrUnavailable, "too many live log streams; retry shortly")
 	}
 	wake, stop := s.logWatch.watch(id) // before the first read: no commit is missed
 	defer stop()
@@ -164,11 +165,11 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 	_ = rc.Flush()
 
 	fail := func(err error) error {
-		_, body := publicError(err)
+		_, body := errs.Public(err)
 		b, _ := json.Marshal(body)
 		fmt.Fprintf(w, "event: error\ndata: %s\n\n", b)
 		_ = rc.Flush()
-		if kindOf(err).err == ErrInternal {
+		if errs.KindOf(err).Err == errs.ErrInternal {
 			s.log.Error("live log stream failed", "run", id, "err", err)
 		}
 		return nil

@@ -2,9 +2,10 @@ package server
 
 import (
 	"context"
-	"github.com/drover/drover/api"
 	"strconv"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 )

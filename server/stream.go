@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -25,10 +26,10 @@ import (
 
 // Causes with which the server ends a stream.
 var (
-	errDraining = newError(ErrUnavailable, "the server is shutting down")
-	errRevoked  = newError(ErrAgentRevoked, "the agent was revoked")
-	errReplaced = newError(ErrUnavailable, "a newer stream of this agent replaced this one")
-	errRetired  = newError(ErrCertRefused, "the certificate was superseded by a renewal")
+	errDraining = errs.New(errs.ErrUnavailable, "the server is shutting down")
+	errRevoked  = errs.New(errs.ErrAgentRevoked, "the agent was revoked")
+	errReplaced = errs.New(errs.ErrUnavailable, "a newer stream of this agent replaced this one")
+	errRetired  = errs.New(errs.ErrCertRefused, "the certificate was superseded by a renewal")
 )
 
 // drainWait bounds how long a draining stream waits for its records in
@@ -120,7 +121,7 @@ func (g *ingester) commit(items []ingestItem) {
 	}
 	for _, it := range items {
 		if err != nil {
-			it.conn.cancel(newError(ErrUnavailable, "the server could not store records; reconnect and resend"))
+			it.conn.cancel(errs.New(errs.ErrUnavailable, "the server could not store records; reconnect and resend"))
 		} else if it.seq > 0 {
 			it.conn.acked(it.seq)
 		}
@@ -143,12 +144,12 @@ type streamService struct {
 func (g *streamService) AgentStream(stream agentpb.Agent_AgentStreamServer) error {
 	s := g.s
 	if s.stopping.Load() {
-		return grpcError(errDraining)
+		return errs.GRPC(errDraining)
 	}
 	ctx := stream.Context()
 	agentID, serial, err := s.authPeer(ctx)
 	if err != nil {
-		return grpcError(err)
+		return errs.GRPC(err)
 	}
 	if n := g.streams.Add(1); n > int64(s.cfg.GRPC.MaxStreams) {
 		g.streams.Add(-1)
@@ -175,11 +176,11 @@ func (g *streamService) AgentStream(stream agentpb.Agent_AgentStreamServer) erro
 	// The certificate may have been revoked or retired while the Hello
 	// was on its way.
 	if _, err := s.checkAgentCertSerial(ctx, agentID, serial); err != nil {
-		return grpcError(err)
+		return errs.GRPC(err)
 	}
 	if err := s.checkMachine(ctx, agentID, first.GetHello().GetMachineId(), peerAddr(ctx)); err != nil {
 		log.Warn("stream refused", "err", err)
-		return grpcError(err)
+		return errs.GRPC(err)
 	}
 
 	cctx, cancel := context.WithCancelCause(ctx)
@@ -281,11 +282,11 @@ func (g *streamService) ended(cctx context.Context, finish func(error) error) er
 	cause := context.Cause(cctx)
 	switch {
 	case errors.Is(cause, errDraining), errors.Is(cause, errReplaced):
-		return finish(grpcError(cause))
+		return finish(errs.GRPC(cause))
 	case errors.Is(cause, context.Canceled), errors.Is(cause, context.DeadlineExceeded):
 		return nil
 	}
-	return grpcError(cause)
+	return errs.GRPC(cause)
 }
 
 // recvLoop hands the Hello and then every message the agent sends to the
@@ -423,7 +424,7 @@ func (s *Server) audit(e *AuditEntry) {
 // counted on the agent and in metrics, audited.
 func (s *Server) checkMachine(ctx context.Context, agentID, machineID, source string) error {
 	if machineID != "" && !validMachineID(machineID) {
-		return newError(ErrInvalidRequest, "hello.machine_id must be 32 hex digits")
+		return errs.New(errs.ErrInvalidRequest, "hello.machine_id must be 32 hex digits")
 	}
 	machineID = strings.ToLower(machineID)
 	bound, err := s.boundMachine(ctx, agentID)
@@ -489,7 +490,7 @@ func (s *Server) identityConflict(ctx context.Context, agentID, machineID, sourc
 		s.audit(&AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: "machine " + shown, Role: roleAgent.String(),
 			Action: "agent.identity_conflict", Target: "agent/" + agentID, Source: source})
 	}
-	return newError(ErrIdentityConflict, fmt.Sprintf("identity_conflict: agent %s is bound to another machine; machine %s presented its certificate", agentID, shown))
+	return errs.New(errs.ErrIdentityConflict, fmt.Sprintf("identity_conflict: agent %s is bound to another machine; machine %s presented its certificate", agentID, shown))
 }
 
 // validMachineID: 32 hex digits, as /etc/machine-id holds.
@@ -533,11 +534,11 @@ func (s *Server) syncIfBehind(conn *streamConn, accepted uint64) {
 func (s *Server) authPeer(ctx context.Context) (string, string, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", "", newError(ErrUnauthenticated, "no peer")
+		return "", "", errs.New(errs.ErrUnauthenticated, "no peer")
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.PeerCertificates) == 0 {
-		return "", "", newError(ErrUnauthenticated, "a client certificate is required")
+		return "", "", errs.New(errs.ErrUnauthenticated, "a client certificate is required")
 	}
 	cert := ti.State.PeerCertificates[0]
 	id, err := s.checkAgentCert(ctx, cert)
@@ -551,8 +552,8 @@ func (s *Server) authPeer(ctx context.Context) (string, string, error) {
 // is still the agent's current certificate and the agent not revoked.
 func (s *Server) checkAgentCertSerial(ctx context.Context, id, serial string) (string, error) {
 	ac, err := s.store.AgentCert(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		return "", newError(ErrCertRefused, "the certificate names an unknown agent")
+	if errors.Is(err, errs.ErrNotFound) {
+		return "", errs.New(errs.ErrCertRefused, "the certificate names an unknown agent")
 	}
 	if err != nil {
 		return "", err

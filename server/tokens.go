@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/server/errs"
 )
 
 // Enrollment tokens are "drv1.<id>.<secret>.<ca-pin>" (docs/design.md,
@@ -64,7 +66,7 @@ type parsedToken struct {
 func parseToken(s string) (*parsedToken, error) {
 	parts := strings.Split(strings.TrimSpace(s), ".")
 	if len(parts) != 4 || parts[0] != tokenPrefix || !tokenIDRE.MatchString(parts[1]) || !tokenSecretRE.MatchString(parts[2]) || !pinRE.MatchString(parts[3]) {
-		return nil, newError(ErrInvalidToken, "the enrollment token is malformed")
+		return nil, errs.New(errs.ErrInvalidToken, "the enrollment token is malformed")
 	}
 	return &parsedToken{id: parts[1], secret: parts[2], pin: parts[3]}, nil
 }
@@ -72,9 +74,9 @@ func parseToken(s string) (*parsedToken, error) {
 // checkToken verifies a presented token against its stored record. Unknown
 // ids and wrong secrets are indistinguishable to the caller.
 func checkToken(ctx context.Context, store tokenStore, p *parsedToken, now time.Time) (*EnrollmentToken, error) {
-	invalid := newError(ErrInvalidToken, "the enrollment token is not valid")
+	invalid := errs.New(errs.ErrInvalidToken, "the enrollment token is not valid")
 	t, err := store.GetToken(ctx, p.id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, errs.ErrNotFound) {
 		return nil, invalid
 	}
 	if err != nil {
@@ -85,10 +87,10 @@ func checkToken(ctx context.Context, store tokenStore, p *parsedToken, now time.
 		return nil, invalid
 	}
 	if !t.UsedAt.IsZero() {
-		return nil, newError(ErrTokenUsed, "the enrollment token was already used")
+		return nil, errs.New(errs.ErrTokenUsed, "the enrollment token was already used")
 	}
 	if !now.Before(t.ExpiresAt) {
-		return nil, newError(ErrTokenExpired, "the enrollment token has expired")
+		return nil, errs.New(errs.ErrTokenExpired, "the enrollment token has expired")
 	}
 	return t, nil
 }

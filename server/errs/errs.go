@@ -1,4 +1,9 @@
-package server
+// Package errs holds the server's error kinds and THE table from each kind to
+// its JSON error code (api.Code*), HTTP status and gRPC code.
+// Every error a store, handler or stream returns wraps one of the kinds (or
+// is a *manifest.ValidationError); anything else is internal. Any server
+// package may import it; it imports only the wire contract.
+package errs
 
 import (
 	"encoding/json"
@@ -6,15 +11,12 @@ import (
 	"net/http"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/manifest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/drover/drover/manifest"
 )
 
-// Sentinel error kinds. Every error a handler returns wraps one of them (or
-// is a *manifest.ValidationError); errorKinds maps each to its JSON code, its
-// HTTP status and its gRPC code. They are declared here and nowhere else.
+// The error kinds, declared here and nowhere else.
 var (
 	ErrInvalidRequest   = errors.New("invalid request")
 	ErrValidation       = errors.New("validation failed")
@@ -37,17 +39,17 @@ var (
 	ErrInternal         = errors.New("internal error")
 )
 
-// errorKind is one row of the error table.
-type errorKind struct {
-	err  error
-	code string // snake_case, the "code" of a JSON error
-	http int
-	grpc codes.Code
+// Kind is one row of the error table.
+type Kind struct {
+	Err  error
+	Code string // snake_case, the "code" of a JSON error
+	HTTP int
+	GRPC codes.Code
 }
 
-// errorKinds is THE table from error kinds to wire codes. Order matters only
+// kinds is THE table from error kinds to wire codes. Order matters only
 // for errors wrapping several kinds: the first match wins.
-var errorKinds = []errorKind{
+var kinds = []Kind{
 	{ErrValidation, api.CodeValidationFailed, http.StatusUnprocessableEntity, codes.InvalidArgument},
 	{ErrInvalidRequest, api.CodeInvalidRequest, http.StatusBadRequest, codes.InvalidArgument},
 	{ErrUnauthenticated, api.CodeUnauthenticated, http.StatusUnauthorized, codes.Unauthenticated},
@@ -69,47 +71,59 @@ var errorKinds = []errorKind{
 	{ErrInternal, api.CodeInternal, http.StatusInternalServerError, codes.Internal},
 }
 
-// kindOf finds the table row for err; unknown errors are internal.
-func kindOf(err error) errorKind {
+// KindOf finds the table row for err; unknown errors are internal.
+func KindOf(err error) Kind {
 	var ve *manifest.ValidationError
 	if errors.As(err, &ve) {
-		return errorKinds[0]
+		return kinds[0]
 	}
-	for _, k := range errorKinds {
-		if errors.Is(err, k.err) {
+	for _, k := range kinds {
+		if errors.Is(err, k.Err) {
 			return k
 		}
 	}
-	return errorKinds[len(errorKinds)-1]
+	return kinds[len(kinds)-1]
 }
 
-// apiError is an error with a public message and details. Its message is
+// Error is an error with a public message and details. Its message is
 // shown to clients as is, so it must never hold a secret.
-type apiError struct {
+type Error struct {
 	kind    error
 	msg     string
 	details []api.Detail
 }
 
-func (e *apiError) Error() string { return e.msg }
-func (e *apiError) Unwrap() error { return e.kind }
+func (e *Error) Error() string { return e.msg }
+func (e *Error) Unwrap() error { return e.kind }
 
-// newError returns an error of the given kind with a public message.
-func newError(kind error, msg string, details ...api.Detail) error {
-	return &apiError{kind: kind, msg: msg, details: details}
+// New returns an error of the given kind with a public message.
+func New(kind error, msg string, details ...api.Detail) error {
+	return &Error{kind: kind, msg: msg, details: details}
 }
 
-// publicError returns what a client may see of err: its kind, message and
+// NotFound is the ErrNotFound error "<what> not found".
+func NotFound(what string) error { return New(ErrNotFound, what+" not found") }
+
+// Details returns the details of an *Error that err wraps, if any.
+func Details(err error) []api.Detail {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.details
+	}
+	return nil
+}
+
+// Public returns what a client may see of err: its kind, message and
 // details. Internal errors get a generic message; their text (which may
 // name paths or SQL) stays in the server log.
-func publicError(err error) (errorKind, api.ErrorBody) {
-	k := kindOf(err)
+func Public(err error) (Kind, api.ErrorBody) {
+	k := KindOf(err)
 	var b api.ErrorBody
-	b.Error.Code = k.code
-	var ae *apiError
+	b.Error.Code = k.Code
+	var ae *Error
 	var ve *manifest.ValidationError
 	switch {
-	case k.err == ErrInternal:
+	case k.Err == ErrInternal:
 		b.Error.Message = "internal error"
 	case errors.As(err, &ve):
 		b.Error.Message = "the request has invalid fields"
@@ -120,22 +134,22 @@ func publicError(err error) (errorKind, api.ErrorBody) {
 		b.Error.Message = ae.msg
 		b.Error.Details = ae.details
 	default:
-		b.Error.Message = k.err.Error()
+		b.Error.Message = k.Err.Error()
 	}
 	return k, b
 }
 
-// writeError writes err as a JSON error response.
-func writeError(w http.ResponseWriter, err error) {
-	k, body := publicError(err)
+// Write writes err as a JSON error response.
+func Write(w http.ResponseWriter, err error) {
+	k, body := Public(err)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(k.http)
+	w.WriteHeader(k.HTTP)
 	_ = json.NewEncoder(w).Encode(body)
 }
 
-// grpcError converts err to a gRPC status with the table's code.
-func grpcError(err error) error {
-	k, body := publicError(err)
-	return status.Error(k.grpc, body.Error.Message)
+// GRPC converts err to a gRPC status with the table's code.
+func GRPC(err error) error {
+	k, body := Public(err)
+	return status.Error(k.GRPC, body.Error.Message)
 }
