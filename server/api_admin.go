@@ -17,6 +17,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
@@ -42,7 +43,7 @@ func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) error
 var agentNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // createToken validates req and stores a new enrollment token.
-func createToken(ctx context.Context, store tokenStore, cfg EnrollmentConfig, pin string, now time.Time, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
+func createToken(ctx context.Context, st store.TokenStore, cfg EnrollmentConfig, pin string, now time.Time, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
 	var details []api.Detail
 	ttl := cfg.DefaultTTL
 	if req.TTL != "" {
@@ -64,7 +65,7 @@ func createToken(ctx context.Context, store tokenStore, cfg EnrollmentConfig, pi
 		return nil, errs.New(errs.ErrValidation, "the token request has invalid fields", details...)
 	}
 	token, rec := newToken(pin, req.Name, req.Tags, now, ttl)
-	if err := store.CreateToken(ctx, rec); err != nil {
+	if err := st.CreateToken(ctx, rec); err != nil {
 		return nil, err
 	}
 	return &api.EnrollmentTokenCreated{ID: rec.ID, Token: token, ExpiresAt: rec.ExpiresAt, Name: rec.Name, Tags: rec.Tags}, nil
@@ -87,7 +88,7 @@ func checkTags(field string, tags map[string]string) []api.Detail {
 
 // ---- pipes
 
-func pipeJSON(p *Pipe) api.Pipe {
+func pipeJSON(p *store.Pipe) api.Pipe {
 	return api.Pipe{Name: p.Name, Version: p.Version, Spec: p.Spec, Payload: manifest.Payload{Digest: p.PayloadDigest, Size: p.PayloadSize},
 		CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt}
 }
@@ -109,7 +110,7 @@ func (s *Server) handlePutPipe(w http.ResponseWriter, r *http.Request) error {
 
 // storePipe stores a validated pipe version, recompiles the manifests and
 // answers with the version in force (201 when it was created).
-func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *PipeVersion, bundle []byte) error {
+func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *store.PipeVersion, bundle []byte) error {
 	var before any
 	if p, err := s.store.GetPipe(r.Context(), pv.Name); err == nil {
 		before = pipeJSON(p)
@@ -143,7 +144,7 @@ var yamlTypes = map[string]bool{"application/yaml": true, "application/x-yaml": 
 
 // readPipe reads the body of a pipe PUT: JSON {spec, bundle}, or one YAML
 // spec document (then without a bundle: script pipes only).
-func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (*PipeVersion, []byte, error) {
+func (s *Server) readPipe(w http.ResponseWriter, r *http.Request, name string) (*store.PipeVersion, []byte, error) {
 	limit := s.pipeBodyLimit()
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && yamlTypes[mt] {
 		body, err := readBody(w, r, limit)
@@ -201,7 +202,7 @@ func (s *Server) pipeBodyLimit() int64 {
 
 // preparePipe validates a spec and bundle for the pipe name and returns the
 // version to store with its bundle; every problem is reported at once.
-func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *string) (*PipeVersion, []byte, error) {
+func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *string) (*store.PipeVersion, []byte, error) {
 	if len(rawSpec) == 0 || string(rawSpec) == "null" {
 		return nil, nil, errs.New(errs.ErrValidation, "spec is required", api.Detail{Field: "spec", Message: "required"})
 	}
@@ -256,11 +257,11 @@ func (s *Server) preparePipe(name string, rawSpec json.RawMessage, rawBundle *st
 		}
 		bundle = b
 	}
-	sj, err := specJSON(&spec)
+	sj, err := store.SpecJSON(&spec)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &PipeVersion{Name: name, Spec: spec, SpecJSON: sj, PayloadDigest: manifest.Digest(bundle), PayloadSize: int64(len(bundle))}, bundle, nil
+	return &store.PipeVersion{Name: name, Spec: spec, SpecJSON: sj, PayloadDigest: manifest.Digest(bundle), PayloadSize: int64(len(bundle))}, bundle, nil
 }
 
 // Bundle limits checked on upload; the agent unpacks with the same defaults.
@@ -300,7 +301,7 @@ func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var agent *Agent
+	var agent *store.Agent
 	if id := r.URL.Query().Get("agent"); id != "" {
 		if agent, err = s.store.GetAgent(r.Context(), id); err != nil {
 			return err
@@ -320,7 +321,7 @@ func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 		}
 		kept = append(kept, p)
 	}
-	items, next := paginate(kept, func(p *Pipe) string { return p.Name }, pg)
+	items, next := paginate(kept, func(p *store.Pipe) string { return p.Name }, pg)
 	out := api.PipeList{Pipes: make([]api.Pipe, 0, len(items)), NextCursor: next}
 	for _, p := range items {
 		out.Pipes = append(out.Pipes, pipeJSON(p))
@@ -425,7 +426,7 @@ func optTime(t time.Time) *time.Time {
 	return &t
 }
 
-func (s *Server) agentJSON(a *Agent) api.Agent {
+func (s *Server) agentJSON(a *store.Agent) api.Agent {
 	pipes := a.Pipes
 	if pipes == nil {
 		pipes = []api.PipeStatus{}
@@ -443,7 +444,7 @@ func (s *Server) agentJSON(a *Agent) api.Agent {
 }
 
 // isOnline: the agent has a live stream and was heard from recently.
-func (s *Server) isOnline(a *Agent) bool {
+func (s *Server) isOnline(a *store.Agent) bool {
 	return a.RevokedAt.IsZero() && s.hub.online(a.ID) && s.clock.Now().Sub(a.LastSeenAt) < s.cfg.GRPC.OfflineAfter
 }
 
@@ -597,7 +598,7 @@ func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error
 
 // ---- runs
 
-func runJSON(r *Run) api.Run {
+func runJSON(r *store.Run) api.Run {
 	return api.Run{ID: r.ID, AgentID: r.AgentID, Pipe: r.Pipe, PipeVersion: r.PipeVersion, Trigger: r.Trigger, Status: r.Status,
 		ExitCode: r.ExitCode, Signal: r.Signal, Error: r.Error, RequestID: r.RequestID, Reason: r.Reason, Attempts: r.Attempts, WrittenBy: r.WrittenBy,
 		ScheduledAt: optTime(r.ScheduledAt),
@@ -611,7 +612,7 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	f := RunFilter{Pipe: q.Get("pipe"), Agent: q.Get("agent"), Status: q.Get("status"), RequestID: q.Get("request_id"), Reason: q.Get("reason"), Limit: pg.limit + 1}
+	f := store.RunFilter{Pipe: q.Get("pipe"), Agent: q.Get("agent"), Status: q.Get("status"), RequestID: q.Get("request_id"), Reason: q.Get("reason"), Limit: pg.limit + 1}
 	if err := checkRunFilter(r, &f); err != nil {
 		return err
 	}
@@ -647,7 +648,7 @@ func (s *Server) handleGetRun(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, runJSON(run))
 }
 
-func chunkJSON(c *LogChunk) api.LogChunk {
+func chunkJSON(c *store.LogChunk) api.LogChunk {
 	return api.LogChunk{Seq: c.Seq, Stream: c.Stream, At: c.At, Data: c.Data}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
 )
@@ -104,7 +105,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	if name == "" {
 		name = req.Hostname
 	}
-	a := &Agent{ID: id, Name: name, Hostname: req.Hostname, OS: req.OS, Arch: req.Arch, AgentVersion: req.AgentVersion,
+	a := &store.Agent{ID: id, Name: name, Hostname: req.Hostname, OS: req.OS, Arch: req.Arch, AgentVersion: req.AgentVersion,
 		Tags: tok.Tags, CreatedAt: now, CertSerial: serial, CertExpiresAt: notAfter, MachineID: strings.ToLower(req.MachineID)}
 	if err := s.store.EnrollAgent(r.Context(), tok.ID, now, a); err != nil {
 		switch {

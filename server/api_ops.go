@@ -16,6 +16,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
@@ -156,7 +157,7 @@ func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 
 // ---- enrollment tokens
 
-func tokenJSON(t *EnrollmentToken, now time.Time) api.EnrollmentToken {
+func tokenJSON(t *store.EnrollmentToken, now time.Time) api.EnrollmentToken {
 	out := api.EnrollmentToken{ID: t.ID, Name: t.Name, Tags: t.Tags, CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, UsedAt: optTime(t.UsedAt), AgentID: t.AgentID, State: "valid"}
 	if out.Tags == nil {
 		out.Tags = map[string]string{}
@@ -179,7 +180,7 @@ func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	items, next := paginate(list, func(t *EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID }, pg)
+	items, next := paginate(list, func(t *store.EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID }, pg)
 	out := api.EnrollmentTokenList{Tokens: make([]api.EnrollmentToken, 0, len(items)), NextCursor: next}
 	for _, t := range items {
 		out.Tokens = append(out.Tokens, tokenJSON(t, s.clock.Now()))
@@ -206,7 +207,7 @@ func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error
 
 // ---- API tokens
 
-func apiTokenJSON(t *APIToken) api.APIToken {
+func apiTokenJSON(t *store.APIToken) api.APIToken {
 	out := api.APIToken{ID: t.ID, Name: t.Name, Role: t.Role, CreatedAt: t.CreatedAt, CreatedBy: t.CreatedBy,
 		ExpiresAt: optTime(t.ExpiresAt), LastUsedAt: optTime(t.LastUsedAt), RevokedAt: optTime(t.RevokedAt)}
 	return out
@@ -275,7 +276,7 @@ func (s *Server) handleListAPITokens(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	items, next := paginate(list, func(t *APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID }, pg)
+	items, next := paginate(list, func(t *store.APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID }, pg)
 	out := api.APITokenList{Tokens: make([]api.APIToken, 0, len(items)), NextCursor: next}
 	for _, t := range items {
 		out.Tokens = append(out.Tokens, apiTokenJSON(t))
@@ -307,7 +308,7 @@ func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) er
 
 // ---- pipe history
 
-func pipeVersionJSON(v *PipeVersion, current uint64, deleted bool) api.PipeVersion {
+func pipeVersionJSON(v *store.PipeVersion, current uint64, deleted bool) api.PipeVersion {
 	return api.PipeVersion{Name: v.Name, Version: v.Version, Spec: v.Spec, Payload: manifest.Payload{Digest: v.PayloadDigest, Size: v.PayloadSize},
 		CreatedAt: v.CreatedAt, Current: !deleted && v.Version == current}
 }
@@ -330,7 +331,7 @@ func (s *Server) handleListPipeVersions(w http.ResponseWriter, r *http.Request) 
 		return err
 	}
 	// Newest first: the key sorts descending versions ascending.
-	items, next := paginate(vs, func(v *PipeVersion) string { return fmt.Sprintf("%020d", ^v.Version) }, pg)
+	items, next := paginate(vs, func(v *store.PipeVersion) string { return fmt.Sprintf("%020d", ^v.Version) }, pg)
 	out := api.PipeVersionList{Name: name, Deleted: deleted, Versions: make([]api.PipeVersion, 0, len(items)), NextCursor: next}
 	for _, v := range items {
 		out.Versions = append(out.Versions, pipeVersionJSON(v, cur, deleted))
@@ -339,7 +340,7 @@ func (s *Server) handleListPipeVersions(w http.ResponseWriter, r *http.Request) 
 }
 
 // pipeVersion reads the {name} and {version} of a route and the version.
-func (s *Server) pipeVersion(r *http.Request) (*PipeVersion, uint64, bool, error) {
+func (s *Server) pipeVersion(r *http.Request) (*store.PipeVersion, uint64, bool, error) {
 	name, err := pipeName(r)
 	if err != nil {
 		return nil, 0, false, err
@@ -379,7 +380,7 @@ func (s *Server) handleRestorePipeVersion(w http.ResponseWriter, r *http.Request
 	if err != nil {
 		return err
 	}
-	pv := &PipeVersion{Name: v.Name, Spec: v.Spec, SpecJSON: v.SpecJSON, PayloadDigest: v.PayloadDigest, PayloadSize: v.PayloadSize}
+	pv := &store.PipeVersion{Name: v.Name, Spec: v.Spec, SpecJSON: v.SpecJSON, PayloadDigest: v.PayloadDigest, PayloadSize: v.PayloadSize}
 	if err := s.checkPrivileged(r.Context(), r, &pv.Spec); err != nil {
 		return err // an admin's old version stays an admin's to restore
 	}
@@ -451,14 +452,14 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, s.pipeBodyLimit(), &req); err != nil {
 		return err
 	}
-	var cur *Pipe
+	var cur *store.Pipe
 	if p, err := s.store.GetPipe(r.Context(), name); err == nil {
 		cur = p
 	} else if !errors.Is(err, errs.ErrNotFound) {
 		return err
 	}
 	out := api.DryRunResponse{Name: name, Agents: []api.AgentChange{}}
-	var next *PipeVersion
+	var next *store.PipeVersion
 	switch {
 	case req.Delete:
 		if req.Spec != nil || req.Bundle != nil {

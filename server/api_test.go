@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -70,7 +71,7 @@ func sha(b []byte) string {
 // refused requests, "refused.*", are not counted: TestRefusalsAudited).
 func (ts *testServer) auditCount() int {
 	ts.t.Helper()
-	list, err := ts.db().ListAudit(ts.t.Context(), AuditFilter{Limit: 1 << 30})
+	list, err := ts.db().ListAudit(ts.t.Context(), store.AuditFilter{Limit: 1 << 30})
 	if err != nil {
 		ts.t.Fatal(err)
 	}
@@ -636,7 +637,7 @@ func TestAPIEndpoints(t *testing.T) {
 			break
 		}
 	}
-	if all, err := ts.db().ListAudit(t.Context(), AuditFilter{Limit: 1 << 30}); err != nil || len(seen) != len(all) {
+	if all, err := ts.db().ListAudit(t.Context(), store.AuditFilter{Limit: 1 << 30}); err != nil || len(seen) != len(all) {
 		t.Fatalf("paged through %d audit entries of %d (%v)", len(seen), len(all), err)
 	}
 	r = ts.as(ts.admin, 200, "GET", "/api/v1/audit?limit=1000", nil, nil)

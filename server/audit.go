@@ -12,6 +12,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 )
 
 // The audit log: every successful mutation through the API (the routes
@@ -63,7 +64,7 @@ func digestOf(v any) string {
 }
 
 func (s *Server) writeAudit(r *http.Request, action string, rec *auditRec) {
-	e := &AuditEntry{At: s.clock.Now(), Action: action, Target: rec.target, Source: sourceIP(r),
+	e := &store.AuditEntry{At: s.clock.Now(), Action: action, Target: rec.target, Source: sourceIP(r),
 		BeforeDigest: digestOf(rec.before), AfterDigest: digestOf(rec.after)}
 	if p := rec.actor; p != nil {
 		e.ActorID, e.ActorName, e.Role = p.ID, p.Name, p.Role.String()
@@ -83,7 +84,7 @@ func (s *Server) handleListAudit(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	f := AuditFilter{Actor: q.Get("actor"), Action: q.Get("action"), Target: q.Get("target"), Limit: pg.limit + 1}
+	f := store.AuditFilter{Actor: q.Get("actor"), Action: q.Get("action"), Target: q.Get("target"), Limit: pg.limit + 1}
 	if f.Since, err = queryTime(r, "since"); err != nil {
 		return err
 	}
@@ -160,7 +161,7 @@ func (s *Server) auditRefusal(r *http.Request, err error, actor *principal) {
 	if len(target) > 200 {
 		target = target[:200]
 	}
-	e := &AuditEntry{At: now, Action: "refused." + k.Code, Target: target, Source: src, ActorID: "", ActorName: "anonymous", Role: rolePublic.String()}
+	e := &store.AuditEntry{At: now, Action: "refused." + k.Code, Target: target, Source: src, ActorID: "", ActorName: "anonymous", Role: rolePublic.String()}
 	if actor != nil {
 		e.ActorID, e.ActorName, e.Role = actor.ID, actor.Name, actor.Role.String()
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 )
 
 // Roles of API tokens, in increasing power. A route names the least role
@@ -79,11 +80,11 @@ func principalOf(r *http.Request) *principal {
 }
 
 // newAPIToken makes a token and the record to store for it.
-func newAPIToken(name string, rl role, createdBy string, now time.Time, ttl time.Duration) (string, *APIToken) {
+func newAPIToken(name string, rl role, createdBy string, now time.Time, ttl time.Duration) (string, *store.APIToken) {
 	id := strings.ToLower(b32.EncodeToString(randomBytes(10)))
 	secret := base64.RawURLEncoding.EncodeToString(randomBytes(32))
 	sum := sha256.Sum256([]byte(secret))
-	t := &APIToken{ID: id, Name: name, Role: rl.String(), SecretHash: sum[:], CreatedAt: now, CreatedBy: createdBy}
+	t := &store.APIToken{ID: id, Name: name, Role: rl.String(), SecretHash: sum[:], CreatedAt: now, CreatedBy: createdBy}
 	if ttl > 0 {
 		t.ExpiresAt = now.Add(ttl)
 	}
@@ -92,14 +93,14 @@ func newAPIToken(name string, rl role, createdBy string, now time.Time, ttl time
 
 // ensureBootstrapToken records the admin.token's hash under the id
 // "bootstrap" unless that token was revoked.
-func ensureBootstrapToken(ctx context.Context, st authStore, admin *adminAuth, now time.Time) error {
-	return st.EnsureAPIToken(ctx, &APIToken{ID: bootstrapTokenID, Name: bootstrapName, Role: roleAdmin.String(),
+func ensureBootstrapToken(ctx context.Context, st store.AuthStore, admin *adminAuth, now time.Time) error {
+	return st.EnsureAPIToken(ctx, &store.APIToken{ID: bootstrapTokenID, Name: bootstrapName, Role: roleAdmin.String(),
 		SecretHash: admin.hash[:], CreatedAt: now, CreatedBy: "drover-server"})
 }
 
 // authenticator maps bearer tokens to principals.
 type authenticator struct {
-	store authStore
+	store store.AuthStore
 	clock Clock
 
 	mu      sync.Mutex
@@ -109,7 +110,7 @@ type authenticator struct {
 // touchEvery bounds how often a token's last_used_at is written.
 const touchEvery = time.Minute
 
-func newAuthenticator(st authStore, clock Clock) *authenticator {
+func newAuthenticator(st store.AuthStore, clock Clock) *authenticator {
 	return &authenticator{store: st, clock: clock, touched: map[string]time.Time{}}
 }
 

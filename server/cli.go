@@ -23,6 +23,8 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlite"
 
 	"github.com/drover/drover/signing"
 )
@@ -215,7 +217,7 @@ func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 	if err != nil {
 		return nil, fmt.Errorf("ca.crt: %w", err)
 	}
-	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
 	if err != nil {
 		return nil, err
 	}
@@ -233,8 +235,8 @@ func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 }
 
 // localAudit is the audit entry of a command run on the server's host.
-func localAudit(action, target string, after any) *AuditEntry {
-	return &AuditEntry{At: time.Now(), ActorID: "local", ActorName: "drover-server (command line)", Role: roleAdmin.String(),
+func localAudit(action, target string, after any) *store.AuditEntry {
+	return &store.AuditEntry{At: time.Now(), ActorID: "local", ActorName: "drover-server (command line)", Role: roleAdmin.String(),
 		Action: action, Target: target, AfterDigest: digestOf(after), Source: "local"}
 }
 
@@ -250,7 +252,7 @@ func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 	if _, err := os.Stat(filepath.Join(cfg.DataDir, "server.db")); err != nil {
 		return nil, fmt.Errorf("the data dir has no database (has the server started once?): %w", err)
 	}
-	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/signing"
 )
 
@@ -23,7 +24,7 @@ import (
 // content (pipes, key-list version) changes or when it is re-signed at half
 // its lifetime; the exact signed bytes are stored and served as they are.
 type compiler struct {
-	store    manifestStore
+	store    store.ManifestStore
 	keys     *keyring
 	clock    Clock
 	lifetime time.Duration
@@ -105,7 +106,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 	go func() { wg.Wait(); close(results) }()
 
 	changed := 0
-	batch := make([]*StoredManifest, 0, saveChunk)
+	batch := make([]*store.StoredManifest, 0, saveChunk)
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
@@ -143,7 +144,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 
 // compiled is the outcome of compiling one agent whose manifest changed.
 type compiled struct {
-	m   *StoredManifest
+	m   *store.StoredManifest
 	err error
 }
 
@@ -158,7 +159,7 @@ type pipeEntry struct {
 	secrets []string
 }
 
-func newPipeEntry(p *PipeVersion) (pipeEntry, error) {
+func newPipeEntry(p *store.PipeVersion) (pipeEntry, error) {
 	spec := p.Spec.Clone()
 	spec.Targets = nil
 	spec.Grace = 0 // the server's alone (missed.go); agents that predate the field would refuse it
@@ -224,7 +225,7 @@ func contentHash(agentID string, klv uint64, refs []string) string {
 
 // compileOne returns the new manifest for one agent, or nil when the stored
 // one is still current.
-func (c *compiler) compileOne(a *CompileAgent, entries []pipeEntry, byAgent map[string][]int, signer *signing.Signer, klv uint64, now time.Time, force bool) (*StoredManifest, error) {
+func (c *compiler) compileOne(a *store.CompileAgent, entries []pipeEntry, byAgent map[string][]int, signer *signing.Signer, klv uint64, now time.Time, force bool) (*store.StoredManifest, error) {
 	var idx []int
 	for i := range entries {
 		if t := entries[i].targets; t.SelectsTags(a.Tags) {
@@ -267,7 +268,7 @@ func (c *compiler) compileOne(a *CompileAgent, entries []pipeEntry, byAgent map[
 	}
 	slices.Sort(payloads)
 	slices.Sort(secrets)
-	return &StoredManifest{
+	return &store.StoredManifest{
 		AgentID: a.ID, Serial: serial, ContentHash: hash, Digest: manifest.Digest(env), Envelope: env,
 		IssuedAt: now, ExpiresAt: expires, KeyListVersion: klv,
 		Payloads: slices.Compact(payloads), Secrets: slices.Compact(secrets),

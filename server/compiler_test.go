@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/server/store"
 )
 
 // The compiler assembles manifest bytes from pipes encoded once; they must
@@ -23,7 +24,7 @@ func TestEncodeManifestMatches(t *testing.T) {
 		for i := range n {
 			s := specs[i]
 			s.Normalize()
-			e, err := newPipeEntry(&PipeVersion{Name: s.Name, Version: uint64(i + 1), Spec: s, PayloadDigest: manifest.Digest([]byte{byte(i)}), PayloadSize: 10})
+			e, err := newPipeEntry(&store.PipeVersion{Name: s.Name, Version: uint64(i + 1), Spec: s, PayloadDigest: manifest.Digest([]byte{byte(i)}), PayloadSize: 10})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
 )
@@ -75,7 +76,7 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var p *PipeVersion
+	var p *store.PipeVersion
 	for _, x := range pipes {
 		if x.Name == name {
 			p = x
@@ -138,11 +139,11 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 		keys, out.Truncated = keys[len(keys)-limit:], true
 	}
 
-	var holders []*MonitorAgent
+	var holders []*store.MonitorAgent
 	if p.Spec.IsEnabled() {
 		if t := p.Spec.Targets; t != nil {
 			for _, a := range agents {
-				if err := decodeMonitorAgent(a, false); err != nil {
+				if err := a.Decode(false); err != nil {
 					return err
 				}
 				if t.Selects(a.ID, a.Tags) {

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store/sqlite"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -117,7 +118,7 @@ func startServer(t testing.TB, configure ...func(*Config)) *testServer {
 }
 
 // db is the server's SQLite store, under its cache.
-func (ts *testServer) db() *SQLiteStore { return ts.s.store.(*cachedStore).Store.(*SQLiteStore) }
+func (ts *testServer) db() *sqlite.DB { return ts.s.store.(*cachedStore).Store.(*sqlite.DB) }
 
 func (ts *testServer) stop() {
 	if ts.cancel == nil {

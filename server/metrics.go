@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
 )
 
 // Metrics, served at GET /metrics on the HTTPS port in the Prometheus text
@@ -112,7 +113,7 @@ func (m *metrics) observeAPI(route string, code int, d time.Duration) {
 }
 
 // committed records a committed batch.
-func (m *metrics) committed(recs []*Record, now time.Time) {
+func (m *metrics) committed(recs []*store.Record, now time.Time) {
 	for _, r := range recs {
 		typ := "heartbeat"
 		switch {
@@ -136,7 +137,7 @@ func (m *metrics) committed(recs []*Record, now time.Time) {
 }
 
 // runFinished counts a finished run once, even when its record is replayed.
-func (m *metrics) runFinished(agentID string, run *Run) {
+func (m *metrics) runFinished(agentID string, run *store.Run) {
 	key := agentID + "/" + run.ID
 	m.mu.Lock()
 	_, seen := m.finished[key]

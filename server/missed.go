@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
 )
@@ -65,8 +66,8 @@ func (soleLeader) lead(ctx context.Context, _ string, fn func(context.Context)) 
 type monitor struct {
 	s     *Server
 	store interface {
-		monitorStore
-		GetRun(ctx context.Context, id string) (*Run, error)
+		store.MonitorStore
+		GetRun(ctx context.Context, id string) (*store.Run, error)
 	}
 	interval time.Duration
 
@@ -74,7 +75,7 @@ type monitor struct {
 	scheds map[string]*manifest.Schedule
 	locs   map[string]*time.Location
 
-	decoded map[string]*MonitorAgent // by agent id: tags and pipe status decoded (under passMu)
+	decoded map[string]*store.MonitorAgent // by agent id: tags and pipe status decoded (under passMu)
 
 	stateMu sync.Mutex
 	state   map[string]string // nil until loaded
@@ -84,7 +85,7 @@ type monitor struct {
 
 func newMonitor(s *Server) *monitor {
 	return &monitor{s: s, store: s.store, interval: missedInterval, scheds: map[string]*manifest.Schedule{}, locs: map[string]*time.Location{},
-		decoded: map[string]*MonitorAgent{}}
+		decoded: map[string]*store.MonitorAgent{}}
 }
 
 // run runs a detection pass every interval until ctx ends. The first
@@ -145,7 +146,7 @@ func (m *monitor) swap(key, value string, dirty map[string]string) string {
 	return old
 }
 
-func (m *monitor) schedule(p *PipeVersion) (*manifest.Schedule, *time.Location, error) {
+func (m *monitor) schedule(p *store.PipeVersion) (*manifest.Schedule, *time.Location, error) {
 	sc, ok := m.scheds[p.Spec.Schedule]
 	if !ok {
 		var err error
@@ -176,7 +177,7 @@ type fireKey struct {
 
 // agentOffline: the agent has no live stream and was not heard from
 // within the offline grace (a reconnect blip is not offline).
-func (m *monitor) agentOffline(a *MonitorAgent, now time.Time) bool {
+func (m *monitor) agentOffline(a *store.MonitorAgent, now time.Time) bool {
 	return !m.s.hub.online(a.ID) && now.Sub(a.LastSeenAt) >= m.s.cfg.GRPC.OfflineAfter
 }
 
@@ -212,11 +213,11 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 	}
 	// Tags and pipe status are decoded only when they changed since the
 	// last pass.
-	decoded := make(map[string]*MonitorAgent, len(agents))
+	decoded := make(map[string]*store.MonitorAgent, len(agents))
 	for i, a := range agents {
 		if d := m.decoded[a.ID]; d != nil && d.TagsJSON == a.TagsJSON && d.StatusSeq == a.StatusSeq && d.PipesJSON == a.PipesJSON {
 			a.Tags, a.Pipes = d.Tags, d.Pipes
-		} else if err := decodeMonitorAgent(a, true); err != nil {
+		} else if err := a.Decode(true); err != nil {
 			m.s.log.Error("missed-run detection: skipping an agent", "err", err)
 			agents[i] = nil
 			continue
@@ -224,10 +225,10 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 		decoded[a.ID] = a
 	}
 	m.decoded = decoded
-	agents = slices.DeleteFunc(agents, func(a *MonitorAgent) bool { return a == nil })
+	agents = slices.DeleteFunc(agents, func(a *store.MonitorAgent) bool { return a == nil })
 	offline := make(map[string]bool, len(agents))
-	byID := make(map[string]*MonitorAgent, len(agents))
-	var events []*Event
+	byID := make(map[string]*store.MonitorAgent, len(agents))
+	var events []*store.Event
 	for _, a := range agents {
 		byID[a.ID] = a
 		off := m.agentOffline(a, now)
@@ -236,11 +237,11 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 	}
 
 	type plan struct {
-		p       *PipeVersion
+		p       *store.PipeVersion
 		fires   []time.Time // evaluator fire times in the window
 		lo, hi  time.Time   // the window of fire times: (lo, hi]
 		every   bool
-		holders []*MonitorAgent
+		holders []*store.MonitorAgent
 	}
 	var plans []plan
 	var winLo, winHi time.Time
@@ -295,7 +296,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 		plans = append(plans, pl)
 	}
 
-	var missed []*Run
+	var missed []*store.Run
 	if len(plans) > 0 {
 		runs, err := m.store.ScheduledRuns(ctx, "", winLo, winHi.Add(time.Second))
 		if err != nil {
@@ -331,7 +332,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 					if off {
 						reason = reasonOffline
 					}
-					missed = append(missed, &Run{ID: missedRunID(a.ID, p.Name, f), AgentID: a.ID, Pipe: p.Name, PipeVersion: p.Version,
+					missed = append(missed, &store.Run{ID: store.MissedRunID(a.ID, p.Name, f), AgentID: a.ID, Pipe: p.Name, PipeVersion: p.Version,
 						Trigger: api.TriggerSchedule, Status: api.StatusMissed, Reason: reason, WrittenBy: "server", ScheduledAt: f, CreatedAt: now,
 						Error: fmt.Sprintf("no run started within %s (grace) after this fire time plus its jitter of %s", p.Spec.GraceOrDefault(), p.Spec.Jitter.D())})
 				}
@@ -346,7 +347,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 		stats.Missed = len(stored)
 		for _, r := range stored {
 			m.swap(runStateKey(r.AgentID, r.Pipe), "failing", dirty)
-			events = append(events, &Event{At: now, Kind: EventRunMissed, Pipe: r.Pipe, AgentID: r.AgentID, RunID: r.ID,
+			events = append(events, &store.Event{At: now, Kind: EventRunMissed, Pipe: r.Pipe, AgentID: r.AgentID, RunID: r.ID,
 				Message: "fire time " + r.ScheduledAt.UTC().Format(time.RFC3339) + " missed: " + r.Reason, Dedupe: EventRunMissed + "/" + r.ID})
 		}
 	}
@@ -372,7 +373,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 // expected to serve for pipe p: the evaluator's, except that while the
 // agent is online the next fire times it reported replace the evaluator's
 // over the span they cover.
-func (m *monitor) expected(dst, fires []time.Time, lo, hi time.Time, every bool, p *PipeVersion, a *MonitorAgent, offline bool) []time.Time {
+func (m *monitor) expected(dst, fires []time.Time, lo, hi time.Time, every bool, p *store.PipeVersion, a *store.MonitorAgent, offline bool) []time.Time {
 	var reported []time.Time
 	if !offline {
 		for i := range a.Pipes {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
 )
@@ -56,7 +57,7 @@ func pathOverlaps(a, b string) bool {
 
 // privilegedReasons lists why spec is privileged, as field errors; agents
 // are the enrolled agents (to find internal ones). Empty: not privileged.
-func privilegedReasons(spec *manifest.Spec, agents []*Agent) []api.Detail {
+func privilegedReasons(spec *manifest.Spec, agents []*store.Agent) []api.Detail {
 	var out []api.Detail
 	if t := spec.Targets; t != nil {
 		if _, ok := t.Tags[internalAgentTag]; ok {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 )
 
 // checkRunFilter validates the query parameters of GET /api/v1/runs that
@@ -15,7 +16,7 @@ import (
 // (at most 256 printable characters), since/until and
 // scheduled_since/scheduled_until (RFC 3339, since before until). Every
 // problem is reported with its parameter.
-func checkRunFilter(r *http.Request, f *RunFilter) error {
+func checkRunFilter(r *http.Request, f *store.RunFilter) error {
 	var details []api.Detail
 	if f.Status != "" && !slices.Contains(api.RunStatuses, f.Status) {
 		details = append(details, api.Detail{Field: "status", Message: "not a run status (" + strings.Join(api.RunStatuses, ", ") + ")"})

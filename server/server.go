@@ -16,6 +16,8 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlite"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -50,7 +52,7 @@ type Server struct {
 	admin      *adminAuth
 	auth       *authenticator
 	sealer     *sealer
-	store      Store
+	store      store.Store
 	compiler   *compiler
 	hub        *hub
 	ingest     *ingester
@@ -87,7 +89,25 @@ type Server struct {
 // start), opens the store, compiles manifests and binds both listeners, so
 // that HTTPAddr and GRPCAddr are known before Run. On error everything
 // acquired is released.
-func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) {
+func New(cfg Config, logger *slog.Logger, clock Clock) (*Server, error) {
+	return newServer(cfg, logger, clock, func(ctx context.Context) (store.Store, error) {
+		return sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	})
+}
+
+// NewWithStore is New over a store the caller opened (any store.Store that
+// passes storetest); the server owns it from then on and closes it when it
+// stops or when NewWithStore fails.
+func NewWithStore(cfg Config, st store.Store, logger *slog.Logger, clock Clock) (*Server, error) {
+	taken := false
+	srv, err := newServer(cfg, logger, clock, func(context.Context) (store.Store, error) { taken = true; return st, nil })
+	if err != nil && !taken {
+		st.Close()
+	}
+	return srv, err
+}
+
+func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.Context) (store.Store, error)) (srv *Server, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
@@ -143,7 +163,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 		return nil, err
 	}
 	ctx := context.Background()
-	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := open(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +177,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 		return nil, err
 	}
 	s.compiler = &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
-	s.ingest = newIngester(st, cfg.Store.IngestBatch, IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes}, logger)
+	s.ingest = newIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger)
 	s.ingest.onCommit = s.afterCommit
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	s.streams = &streamService{s: s}
@@ -240,7 +260,7 @@ func (s *Server) CACertPEM() []byte { return s.ca.pem }
 
 // afterCommit runs after a batch of agent records is committed: metrics,
 // and the live log streams of the runs it touched.
-func (s *Server) afterCommit(recs []*Record) {
+func (s *Server) afterCommit(recs []*store.Record) {
 	s.metrics.committed(recs, s.clock.Now())
 	s.logWatch.notify(recs)
 	s.monitor.observe(recs)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 )
 
 // Live logs: GET /api/v1/runs/{id}/logs/stream answers text/event-stream.
@@ -67,7 +68,7 @@ func (l *logWatchers) watch(runID string) (ch chan struct{}, stop func()) {
 }
 
 // notify wakes the streams of the runs touched by committed records.
-func (l *logWatchers) notify(recs []*Record) {
+func (l *logWatchers) notify(recs []*store.Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.m) == 0 {

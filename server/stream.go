@@ -14,6 +14,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -40,7 +41,7 @@ const drainWait = 5 * time.Second
 // record that was refused as invalid: it is acknowledged in order with the
 // others so that the agent does not resend it forever.
 type ingestItem struct {
-	rec  *Record
+	rec  *store.Record
 	conn *streamConn
 	seq  uint64 // 0: nothing to acknowledge
 }
@@ -49,18 +50,18 @@ type ingestItem struct {
 // one transaction commits, the next batch gathers, so the commit rate adapts
 // to the load. Acks are sent only after the commit, in seq order per stream.
 type ingester struct {
-	store ingestStore
+	store store.IngestStore
 	in    chan ingestItem
 	batch int
-	lim   IngestLimits
+	lim   store.IngestLimits
 	log   *slog.Logger
 	quit  chan struct{}
 	done  chan struct{}
 	// onCommit, if set, is called with every committed batch.
-	onCommit func([]*Record)
+	onCommit func([]*store.Record)
 }
 
-func newIngester(store ingestStore, batch int, lim IngestLimits, log *slog.Logger) *ingester {
+func newIngester(store store.IngestStore, batch int, lim store.IngestLimits, log *slog.Logger) *ingester {
 	return &ingester{store: store, in: make(chan ingestItem, 4*batch), batch: batch, lim: lim, log: log,
 		quit: make(chan struct{}), done: make(chan struct{})}
 }
@@ -105,7 +106,7 @@ func (g *ingester) gather(items []ingestItem) []ingestItem {
 }
 
 func (g *ingester) commit(items []ingestItem) {
-	recs := make([]*Record, 0, len(items))
+	recs := make([]*store.Record, 0, len(items))
 	for _, it := range items {
 		if it.rec != nil {
 			recs = append(recs, it.rec)
@@ -357,7 +358,7 @@ func (g *streamService) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStr
 // throttle waits until the agent's quotas allow rec: run records per agent
 // and per pipe, log bytes per agent. Waiting holds the stream (the agent's
 // sends back up); nothing is dropped.
-func (s *Server) throttle(ctx context.Context, ast *agentMem, rec *Record) error {
+func (s *Server) throttle(ctx context.Context, ast *agentMem, rec *store.Record) error {
 	var d time.Duration
 	var reason string
 	take := func(b *tokenBucket, n float64, why string) {
@@ -401,7 +402,7 @@ func (s *Server) refused(agentID, reason, source string, err error) {
 		return
 	}
 	s.log.Warn("refused an agent record (logged and audited at most once a minute per reason)", "agent", agentID, "reason", reason, "err", err)
-	e := &AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: agentID, Role: roleAgent.String(),
+	e := &store.AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: agentID, Role: roleAgent.String(),
 		Action: "agent.record_refused", Target: "agent/" + agentID + "#" + reason, Source: source}
 	if reason == "pending_streams" {
 		e.Action = "agent.stream_refused"
@@ -410,7 +411,7 @@ func (s *Server) refused(agentID, reason, source string, err error) {
 }
 
 // audit writes an entry outside an HTTP request.
-func (s *Server) audit(e *AuditEntry) {
+func (s *Server) audit(e *store.AuditEntry) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.store.AddAudit(ctx, e); err != nil {
@@ -487,7 +488,7 @@ func (s *Server) identityConflict(ctx context.Context, agentID, machineID, sourc
 	}
 	if s.agentMem(agentID).shouldAudit("identity_conflict", now, 10*time.Second) {
 		s.monitor.identityConflict(agentID, shown, now)
-		s.audit(&AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: "machine " + shown, Role: roleAgent.String(),
+		s.audit(&store.AuditEntry{At: now, ActorID: "agent/" + agentID, ActorName: "machine " + shown, Role: roleAgent.String(),
 			Action: "agent.identity_conflict", Target: "agent/" + agentID, Source: source})
 	}
 	return errs.New(errs.ErrIdentityConflict, fmt.Sprintf("identity_conflict: agent %s is bound to another machine; machine %s presented its certificate", agentID, shown))
@@ -718,8 +719,8 @@ const (
 // pipe names) must be valid, and pipes named by the agent's manifest, or
 // the record is refused with a reason; text is bounded and escaped
 // (cleanText); enumerations outside their sets are refused or dropped.
-func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules recordRules) (*Record, string, error) {
-	r := &Record{AgentID: agentID, Received: now, Seq: msg.GetSeq()}
+func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules recordRules) (*store.Record, string, error) {
+	r := &store.Record{AgentID: agentID, Received: now, Seq: msg.GetSeq()}
 	pipe := func(name string) error {
 		if !manifest.ValidName(name) {
 			return fmt.Errorf("pipe %q is not a valid pipe name", cleanText(name, maxPipeInfo, false))
@@ -732,7 +733,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 	switch b := msg.GetBody().(type) {
 	case *agentpb.AgentMessage_Hello:
 		h := b.Hello
-		r.Hello = &HelloRecord{
+		r.Hello = &store.HelloRecord{
 			AgentVersion: cleanText(h.GetAgentVersion(), maxPipeInfo, false), OS: cleanText(h.GetOs(), maxPipeInfo, false), Arch: cleanText(h.GetArch(), maxPipeInfo, false),
 			Hostname: cleanText(h.GetHostname(), 253, false), Backend: cleanText(h.GetBackend(), maxPipeInfo, false), Scope: cleanText(h.GetScope(), maxPipeInfo, false),
 			SystemdVersion: cleanText(h.GetSystemdVersion(), maxPipeInfo, false), ManifestSerial: h.GetManifestSerial(), ManifestDigest: cleanDigest(h.GetManifestDigest()),
@@ -747,7 +748,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if hb.GetOutboxRecords() == 0 {
 			// Every record the agent had is acknowledged, so committed:
 			// its running list is the whole truth.
-			st := &SettleRecord{Running: make(map[string]bool, len(ids)), SentAt: ts(hb.GetSentAt())}
+			st := &store.SettleRecord{Running: make(map[string]bool, len(ids)), SentAt: ts(hb.GetSentAt())}
 			for _, id := range ids {
 				if err := validRunID(id); err != nil {
 					return nil, refusedInvalid, fmt.Errorf("running_run_ids: %w", err)
@@ -761,7 +762,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if len(m.GetPipes()) > maxManifestPipes {
 			return nil, refusedTooLarge, fmt.Errorf("ManifestStatus lists %d pipes, at most %d", len(m.GetPipes()), maxManifestPipes)
 		}
-		st := &StatusRecord{State: api.ManifestStateName(m.GetState()), Error: cleanText(m.GetError(), maxTextLen, true), AppliedSerial: m.GetAppliedSerial(),
+		st := &store.StatusRecord{State: api.ManifestStateName(m.GetState()), Error: cleanText(m.GetError(), maxTextLen, true), AppliedSerial: m.GetAppliedSerial(),
 			At: ts(m.GetAt()), Expired: m.GetManifestExpired(), ExpiresAt: ts(m.GetExpiresAt())}
 		if st.State == "" {
 			return nil, refusedInvalid, fmt.Errorf("ManifestStatus with state %v", m.GetState())
@@ -795,7 +796,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if err := pipe(x.GetPipe()); err != nil {
 			return nil, refusedUnknownPipe, err
 		}
-		r.RunStarted = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: api.TriggerName(x.GetTrigger()),
+		r.RunStarted = &store.Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: api.TriggerName(x.GetTrigger()),
 			StartedAt: ts(x.GetStartedAt()), ScheduledAt: ts(x.GetScheduledAt()), RequestID: cleanRequestID(x.GetRequestId()), Attempts: x.GetAttempt()}
 	case *agentpb.AgentMessage_RunFinished:
 		x := b.RunFinished
@@ -809,7 +810,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if !ok {
 			return nil, refusedInvalid, fmt.Errorf("RunFinished with status %v", x.GetStatus())
 		}
-		r.RunFinished = &Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: api.TriggerName(x.GetTrigger()),
+		r.RunFinished = &store.Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: api.TriggerName(x.GetTrigger()),
 			Status: st, ExitCode: int(x.GetExitCode()), Signal: cleanSignal(x.GetSignal()), StartedAt: ts(x.GetStartedAt()), FinishedAt: ts(x.GetFinishedAt()),
 			DurationMS: max(0, x.GetDurationMs()), Error: cleanText(x.GetError(), maxTextLen, true), LogChunks: x.GetLogChunks(), ScheduledAt: ts(x.GetScheduledAt()),
 			RequestID: cleanRequestID(x.GetRequestId()), Reason: cleanText(x.GetReason(), maxReasonLen, false), Attempts: x.GetAttempts(),
@@ -826,7 +827,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		if stream == "" {
 			stream = "stdout"
 		}
-		r.Chunk = &LogChunk{RunID: x.GetRunId(), Seq: x.GetChunkSeq(), Stream: stream, Data: x.GetData(), At: ts(x.GetAt())}
+		r.Chunk = &store.LogChunk{RunID: x.GetRunId(), Seq: x.GetChunkSeq(), Stream: stream, Data: x.GetData(), At: ts(x.GetAt())}
 	default:
 		return nil, refusedInvalid, errors.New("unknown message")
 	}

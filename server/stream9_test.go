@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -230,7 +231,7 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 		t.Fatalf("live-log follower of the lost run: %+v", ev)
 	}
 	r := status("r-lost")
-	if r.Status != api.StatusFailed || r.Reason != ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
+	if r.Status != api.StatusFailed || r.Reason != store.ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
 		t.Fatalf("not settled lost: %+v", r)
 	}
 	if r := status("r-alive"); r.Status != api.StatusRunning {

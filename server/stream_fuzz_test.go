@@ -11,6 +11,7 @@ import (
 
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/server/store"
 )
 
 // FuzzRecordValidation feeds arbitrary wire bytes, decoded as an agent
@@ -54,7 +55,7 @@ func FuzzRecordValidation(f *testing.F) {
 				t.Fatalf("%s not clean: %q", field, s)
 			}
 		}
-		run := func(r *Run) {
+		run := func(r *store.Run) {
 			if validRunID(r.ID) != nil || r.Pipe != "job" || (r.RequestID != "" && !validToken(r.RequestID, maxIDLen)) || cleanSignal(r.Signal) != r.Signal ||
 				cleanWrittenBy(r.WrittenBy) != r.WrittenBy {
 				t.Fatalf("run accepted with bad identifiers: %+v", r)

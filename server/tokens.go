@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 )
 
 // Enrollment tokens are "drv1.<id>.<secret>.<ca-pin>" (docs/design.md,
@@ -46,14 +47,14 @@ func newAgentID() string {
 }
 
 // newToken makes a token and the record to store for it.
-func newToken(pin, name string, tags map[string]string, now time.Time, ttl time.Duration) (string, *EnrollmentToken) {
+func newToken(pin, name string, tags map[string]string, now time.Time, ttl time.Duration) (string, *store.EnrollmentToken) {
 	id := strings.ToLower(b32.EncodeToString(randomBytes(10)))
 	secret := base64.RawURLEncoding.EncodeToString(randomBytes(32))
 	sum := sha256.Sum256([]byte(secret))
 	if tags == nil {
 		tags = map[string]string{}
 	}
-	t := &EnrollmentToken{ID: id, SecretHash: sum[:], Name: name, Tags: tags, CreatedAt: now, ExpiresAt: now.Add(ttl)}
+	t := &store.EnrollmentToken{ID: id, SecretHash: sum[:], Name: name, Tags: tags, CreatedAt: now, ExpiresAt: now.Add(ttl)}
 	return strings.Join([]string{tokenPrefix, id, secret, pin}, "."), t
 }
 
@@ -73,7 +74,7 @@ func parseToken(s string) (*parsedToken, error) {
 
 // checkToken verifies a presented token against its stored record. Unknown
 // ids and wrong secrets are indistinguishable to the caller.
-func checkToken(ctx context.Context, store tokenStore, p *parsedToken, now time.Time) (*EnrollmentToken, error) {
+func checkToken(ctx context.Context, store store.TokenStore, p *parsedToken, now time.Time) (*store.EnrollmentToken, error) {
 	invalid := errs.New(errs.ErrInvalidToken, "the enrollment token is not valid")
 	t, err := store.GetToken(ctx, p.id)
 	if errors.Is(err, errs.ErrNotFound) {

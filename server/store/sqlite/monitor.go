@@ -1,105 +1,15 @@
-package server
+package sqlite
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"strconv"
 	"time"
 
-	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
 )
 
-// monitorStore is used by fleet monitoring: missed-run detection, the
-// fire-time view and the event log.
-type monitorStore interface {
-	// MonitorInputs returns every live pipe's current version and every
-	// non-revoked agent (with its last pipe status when withStatus), from
-	// one snapshot.
-	MonitorInputs(ctx context.Context, withStatus bool) ([]*PipeVersion, []*MonitorAgent, error)
-	// ScheduledRuns lists the runs serving a fire time in [since, until),
-	// of one pipe or (pipe "") of all.
-	ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]ScheduledRun, error)
-	// InsertMissed stores missed runs, each unless a run of the same
-	// agent, pipe and fire time (to the second) exists; it returns those
-	// it stored.
-	InsertMissed(ctx context.Context, runs []*Run) ([]*Run, error)
-	// AddEvents stores events; an event whose Dedupe key is stored is
-	// dropped.
-	AddEvents(ctx context.Context, evs []*Event) error
-	// ListEvents lists events newest first.
-	ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
-	// MonitorState returns the durable monitoring state; SetMonitorState
-	// writes some keys of it (an empty value deletes the key).
-	// PruneEvents deletes events older than before.
-	PruneEvents(ctx context.Context, before time.Time) (int, error)
-	MonitorState(ctx context.Context) (map[string]string, error)
-	SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error
-}
-
-// MonitorAgent is what missed-run detection needs about one agent. Its
-// tags and pipe status come as stored JSON (TagsJSON, PipesJSON), with the
-// sequence number of the status, so that a caller can keep what it decoded
-// until they change; Tags and Pipes are filled by the caller.
-type MonitorAgent struct {
-	ID         string
-	CreatedAt  time.Time
-	LastSeenAt time.Time
-	StatusAt   time.Time
-	StatusSeq  int64
-	TagsJSON   string
-	PipesJSON  string
-
-	Tags  map[string]string
-	Pipes []api.PipeStatus
-}
-
-// ScheduledRun is a run found by the fire time it serves.
-type ScheduledRun struct {
-	Agent       string
-	Pipe        string
-	ScheduledAt int64 // Unix seconds
-	Status      string
-}
-
-// Event is one thing the server noticed about the fleet (DESIGN.md,
-// "Fleet monitoring").
-type Event struct {
-	ID      int64
-	At      time.Time
-	Kind    string
-	Pipe    string
-	AgentID string
-	RunID   string
-	Message string
-	// Dedupe names the occurrence: the same one recorded twice (a replayed
-	// record, a second detection pass) is stored once.
-	Dedupe string
-}
-
-// EventFilter selects events; empty fields match everything.
-type EventFilter struct {
-	Kind     string
-	Pipe     string
-	Agent    string
-	Since    time.Time
-	BeforeID int64 // cursor: events with a smaller id
-	Limit    int
-}
-
-// missedRunID is the id of the missed run of (agent, pipe, fire time): the
-// same for every detection pass, so that a missed run is stored once, and
-// known to ingestion, which removes it when a real record for that fire
-// time arrives.
-func missedRunID(agent, pipe string, fire time.Time) string {
-	h := sha256.Sum256([]byte(agent + "\x00" + pipe + "\x00" + strconv.FormatInt(fire.Unix(), 10)))
-	return "missed-" + hex.EncodeToString(h[:16])
-}
-
-func (s *SQLiteStore) MonitorInputs(ctx context.Context, withStatus bool) ([]*PipeVersion, []*MonitorAgent, error) {
+func (s *DB) MonitorInputs(ctx context.Context, withStatus bool) ([]*store.PipeVersion, []*store.MonitorAgent, error) {
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
@@ -109,7 +19,7 @@ func (s *SQLiteStore) MonitorInputs(ctx context.Context, withStatus bool) ([]*Pi
 	if err != nil {
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
 	}
-	var pipes []*PipeVersion
+	var pipes []*store.PipeVersion
 	for rows.Next() {
 		p, err := scanPipe(rows)
 		if err != nil {
@@ -131,9 +41,9 @@ func (s *SQLiteStore) MonitorInputs(ctx context.Context, withStatus bool) ([]*Pi
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
 	}
 	defer rows.Close()
-	var agents []*MonitorAgent
+	var agents []*store.MonitorAgent
 	for rows.Next() {
-		var a MonitorAgent
+		var a store.MonitorAgent
 		var created, seen, statusAt int64
 		if err := rows.Scan(&a.ID, &a.TagsJSON, &created, &seen, &statusAt, &a.StatusSeq, &a.PipesJSON); err != nil {
 			return nil, nil, fmt.Errorf("monitor inputs: %w", err)
@@ -144,7 +54,7 @@ func (s *SQLiteStore) MonitorInputs(ctx context.Context, withStatus bool) ([]*Pi
 	return pipes, agents, rows.Err()
 }
 
-func (s *SQLiteStore) ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]ScheduledRun, error) {
+func (s *DB) ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]store.ScheduledRun, error) {
 	q := `SELECT agent_id, pipe, scheduled_at, status FROM runs WHERE scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0`
 	args := []any{ns(since), ns(until)}
 	if pipe != "" {
@@ -156,9 +66,9 @@ func (s *SQLiteStore) ScheduledRuns(ctx context.Context, pipe string, since, unt
 		return nil, fmt.Errorf("scheduled runs: %w", err)
 	}
 	defer rows.Close()
-	var out []ScheduledRun
+	var out []store.ScheduledRun
 	for rows.Next() {
-		var r ScheduledRun
+		var r store.ScheduledRun
 		var at int64
 		if err := rows.Scan(&r.Agent, &r.Pipe, &at, &r.Status); err != nil {
 			return nil, fmt.Errorf("scheduled runs: %w", err)
@@ -176,8 +86,8 @@ const sqlMissed = `INSERT INTO runs(id, agent_id, pipe, pipe_version, trigger, s
 	SELECT ?,?,?,?,'schedule','missed',?,?,?,'server',?,?
 	WHERE NOT EXISTS (SELECT 1 FROM runs WHERE agent_id=? AND pipe=? AND scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0)`
 
-func (s *SQLiteStore) InsertMissed(ctx context.Context, runs []*Run) ([]*Run, error) {
-	var stored []*Run
+func (s *DB) InsertMissed(ctx context.Context, runs []*store.Run) ([]*store.Run, error) {
+	var stored []*store.Run
 	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
 		st, err := tx.PrepareContext(ctx, sqlMissed)
 		if err != nil {
@@ -204,7 +114,7 @@ func (s *SQLiteStore) InsertMissed(ctx context.Context, runs []*Run) ([]*Run, er
 	return stored, nil
 }
 
-func (s *SQLiteStore) AddEvents(ctx context.Context, evs []*Event) error {
+func (s *DB) AddEvents(ctx context.Context, evs []*store.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
@@ -227,7 +137,7 @@ func (s *SQLiteStore) AddEvents(ctx context.Context, evs []*Event) error {
 	return nil
 }
 
-func (s *SQLiteStore) ListEvents(ctx context.Context, f EventFilter) ([]*Event, error) {
+func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Event, error) {
 	q := `SELECT id, at, kind, pipe, agent_id, run_id, message, dedupe FROM events WHERE 1=1`
 	var args []any
 	add := func(cond string, v any) {
@@ -251,8 +161,8 @@ func (s *SQLiteStore) ListEvents(ctx context.Context, f EventFilter) ([]*Event, 
 	}
 	q += ` ORDER BY id DESC LIMIT ?`
 	args = append(args, f.Limit)
-	return queryAll(ctx, s.r, "list events", func(row interface{ Scan(...any) error }) (*Event, error) {
-		var e Event
+	return queryAll(ctx, s.r, "list events", func(row interface{ Scan(...any) error }) (*store.Event, error) {
+		var e store.Event
 		var at int64
 		if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
 			return nil, err
@@ -262,7 +172,7 @@ func (s *SQLiteStore) ListEvents(ctx context.Context, f EventFilter) ([]*Event, 
 	}, q, args...)
 }
 
-func (s *SQLiteStore) MonitorState(ctx context.Context) (map[string]string, error) {
+func (s *DB) MonitorState(ctx context.Context) (map[string]string, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT key, value FROM monitor_state`)
 	if err != nil {
 		return nil, fmt.Errorf("monitor state: %w", err)
@@ -279,7 +189,7 @@ func (s *SQLiteStore) MonitorState(ctx context.Context) (map[string]string, erro
 	return out, rows.Err()
 }
 
-func (s *SQLiteStore) SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error {
+func (s *DB) SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error {
 	if len(kv) == 0 {
 		return nil
 	}
@@ -304,24 +214,11 @@ func (s *SQLiteStore) SetMonitorState(ctx context.Context, kv map[string]string,
 	return nil
 }
 
-func (s *SQLiteStore) PruneEvents(ctx context.Context, before time.Time) (int, error) {
+func (s *DB) PruneEvents(ctx context.Context, before time.Time) (int, error) {
 	res, err := s.w.ExecContext(ctx, `DELETE FROM events WHERE at<?`, ns(before))
 	if err != nil {
 		return 0, fmt.Errorf("prune events: %w", err)
 	}
 	n, _ := res.RowsAffected()
 	return int(n), nil
-}
-
-// decodeMonitorAgent fills a's Tags and Pipes from their JSON.
-func decodeMonitorAgent(a *MonitorAgent, withPipes bool) error {
-	if err := json.Unmarshal([]byte(a.TagsJSON), &a.Tags); err != nil {
-		return fmt.Errorf("agent %s tags: %w", a.ID, err)
-	}
-	if withPipes && a.PipesJSON != "" && a.PipesJSON != "[]" {
-		if err := json.Unmarshal([]byte(a.PipesJSON), &a.Pipes); err != nil {
-			return fmt.Errorf("agent %s pipe status: %w", a.ID, err)
-		}
-	}
-	return nil
 }

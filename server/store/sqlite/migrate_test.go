@@ -1,4 +1,4 @@
-package server
+package sqlite
 
 import (
 	"bytes"
@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
 )
 
 // A database made by an earlier schema version is migrated in place.
 func TestMigrationsUpgradeExistingDatabase(t *testing.T) {
+	const machineA = "0123456789abcdef0123456789abcdef"
 	path := filepath.Join(t.TempDir(), "server.db")
 	db, err := sql.Open("sqlite", path)
 	if err != nil {
@@ -31,7 +33,7 @@ func TestMigrationsUpgradeExistingDatabase(t *testing.T) {
 	}
 	db.Close()
 
-	st, err := OpenSQLite(t.Context(), path, "full")
+	st, err := Open(t.Context(), path, "full")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,7 @@ func TestMigrationsUpgradeExistingDatabase(t *testing.T) {
 		t.Fatalf("old agent after migrating: %+v %v", a, err)
 	}
 	// 0003: API tokens and the audit log work on the migrated database.
-	if err := st.AddAudit(t.Context(), &AuditEntry{ActorID: "a", ActorName: "a", Role: "admin", Action: "x", Target: "y"}); err != nil {
+	if err := st.AddAudit(t.Context(), &store.AuditEntry{ActorID: "a", ActorName: "a", Role: "admin", Action: "x", Target: "y"}); err != nil {
 		t.Fatal(err)
 	}
 }
