@@ -178,4 +178,3 @@ type MonitorStore interface {
 	MonitorState(ctx context.Context) (map[string]string, error)
 	SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error
 }
-

@@ -1,10 +1,10 @@
 package store
 
 import (
-	"encoding/json"
-	"fmt"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -329,7 +329,6 @@ func MissedRunID(agent, pipe string, fire time.Time) string {
 	h := sha256.Sum256([]byte(agent + "\x00" + pipe + "\x00" + strconv.FormatInt(fire.Unix(), 10)))
 	return "missed-" + hex.EncodeToString(h[:16])
 }
-
 
 // Decode fills a's Tags and Pipes from their JSON.
 func (a *MonitorAgent) Decode(withPipes bool) error {
