@@ -27,10 +27,6 @@ func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
 	return &r, nil
 }
 
-func (s *DB) ListRuns(ctx context.Context, f store.RunFilter) ([]*store.Run, error) {
-	return s.listRuns(ctx, f)
-}
-
 func (s *DB) GetRun(ctx context.Context, id string) (*store.Run, error) {
 	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE id=?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -103,8 +99,8 @@ func (s *DB) PruneRuns(ctx context.Context, before time.Time, perPipe int) (int,
 	return total, nil
 }
 
-// listRuns is ListRuns with the filters of RunFilter.
-func (s *DB) listRuns(ctx context.Context, f store.RunFilter) ([]*store.Run, error) {
+// ListRuns lists runs matching f, newest first, at most f.Limit of them.
+func (s *DB) ListRuns(ctx context.Context, f store.RunFilter) ([]*store.Run, error) {
 	q := `SELECT ` + runColumns + ` FROM runs WHERE 1=1`
 	var args []any
 	add := func(cond string, v any) {
