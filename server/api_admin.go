@@ -30,7 +30,7 @@ func (s *Server) handleCreateToken(w http.ResponseWriter, r *http.Request) error
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	resp, err := createToken(r.Context(), s.store, s.cfg.Enrollment, s.ca.pin, s.clock.Now(), req)
+	resp, err := createToken(r.Context(), s.store, s.cfg.Enrollment, s.ca.Pin(), s.clock.Now(), req)
 	if err != nil {
 		return err
 	}
@@ -716,7 +716,7 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.store.PutSecret(r.Context(), name, s.sealer.seal(name, []byte(*req.Value)), s.clock.Now()); err != nil {
+	if err := s.store.PutSecret(r.Context(), name, s.sealer.Seal(name, []byte(*req.Value)), s.clock.Now()); err != nil {
 		return err
 	}
 	s.log.Info("secret set", "secret", name)
@@ -783,7 +783,7 @@ func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) erro
 // ---- keys
 
 func (s *Server) handleRotateKeys(w http.ResponseWriter, r *http.Request) error {
-	signer, v := s.keys.signer()
+	signer, v := s.keys.Signer()
 	before := api.RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}
 	resp, err := s.RotateKeys(r.Context())
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
@@ -84,10 +85,10 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if pt.pin != s.ca.pin {
+	if pt.pin != s.ca.Pin() {
 		return errs.New(errs.ErrInvalidToken, "the enrollment token was made for another server (its CA pin does not match)")
 	}
-	csr, err := parseAgentCSR(req.CSR)
+	csr, err := pki.ParseAgentCSR(req.CSR)
 	if err != nil {
 		return err
 	}
@@ -97,7 +98,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := newAgentID()
-	certPEM, serial, notAfter, err := s.ca.issueAgentCert(id, csr, now, s.cfg.Enrollment.CertLifetime)
+	certPEM, serial, notAfter, err := s.ca.IssueAgentCert(id, csr, now, s.cfg.Enrollment.CertLifetime)
 	if err != nil {
 		return err
 	}
@@ -125,7 +126,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, api.EnrollResponse{
-		AgentID: id, Certificate: string(certPEM), CABundle: string(s.ca.pem), TrustRoot: s.keys.trustRoot(),
+		AgentID: id, Certificate: string(certPEM), CABundle: string(s.ca.PEM()), TrustRoot: s.keys.TrustRoot(),
 		GRPCAddr: s.grpcPublicAddr(r), CertExpiresAt: notAfter,
 	})
 }
@@ -158,7 +159,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
-	csr, err := parseAgentCSR(req.CSR)
+	csr, err := pki.ParseAgentCSR(req.CSR)
 	if err != nil {
 		return err
 	}
@@ -166,7 +167,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	if err != nil {
 		return err
 	}
-	certPEM, serial, notAfter, err := s.ca.issueAgentCertWith(agentID, csr, s.clock.Now(), s.cfg.Enrollment.CertLifetime, history)
+	certPEM, serial, notAfter, err := s.ca.IssueAgentCertWith(agentID, csr, s.clock.Now(), s.cfg.Enrollment.CertLifetime, history)
 	if err != nil {
 		return err
 	}
@@ -174,8 +175,8 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 		return err
 	}
 	s.log.Info("agent certificate renewed", "agent", agentID)
-	setAudit(r, "agent/"+agentID, map[string]any{"cert_serial": serialHex(r.TLS.PeerCertificates[0].SerialNumber)}, map[string]any{"next_cert_serial": serial, "cert_expires_at": notAfter})
-	return writeJSON(w, http.StatusOK, api.RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.pem), CertExpiresAt: notAfter})
+	setAudit(r, "agent/"+agentID, map[string]any{"cert_serial": pki.SerialHex(r.TLS.PeerCertificates[0].SerialNumber)}, map[string]any{"next_cert_serial": serial, "cert_expires_at": notAfter})
+	return writeJSON(w, http.StatusOK, api.RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.PEM()), CertExpiresAt: notAfter})
 }
 
 func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agentID string) error {
@@ -221,7 +222,7 @@ func etagMatch(header, etag string) bool {
 
 func (s *Server) handleSelfTrust(w http.ResponseWriter, r *http.Request, agentID string) error {
 	w.Header().Set("Cache-Control", "no-cache")
-	return writeJSON(w, http.StatusOK, s.keys.trustRoot())
+	return writeJSON(w, http.StatusOK, s.keys.TrustRoot())
 }
 
 func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agentID string) error {
@@ -315,7 +316,7 @@ func (s *Server) handleSelfSecrets(w http.ResponseWriter, r *http.Request, agent
 	}
 	out := api.SecretsResponse{Secrets: make(map[string]string, len(sealed))}
 	for name, v := range sealed {
-		plain, err := s.sealer.open(name, v)
+		plain, err := s.sealer.Open(name, v)
 		if err != nil {
 			return err // names the secret, never its value
 		}

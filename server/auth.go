@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 )
 
@@ -93,9 +94,10 @@ func newAPIToken(name string, rl role, createdBy string, now time.Time, ttl time
 
 // ensureBootstrapToken records the admin.token's hash under the id
 // "bootstrap" unless that token was revoked.
-func ensureBootstrapToken(ctx context.Context, st store.AuthStore, admin *adminAuth, now time.Time) error {
+func ensureBootstrapToken(ctx context.Context, st store.AuthStore, admin *pki.AdminToken, now time.Time) error {
+	hash := admin.Hash()
 	return st.EnsureAPIToken(ctx, &store.APIToken{ID: bootstrapTokenID, Name: bootstrapName, Role: roleAdmin.String(),
-		SecretHash: admin.hash[:], CreatedAt: now, CreatedBy: "drover-server"})
+		SecretHash: hash[:], CreatedAt: now, CreatedBy: "drover-server"})
 }
 
 // authenticator maps bearer tokens to principals.

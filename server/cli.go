@@ -23,6 +23,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/sqlite"
 
@@ -213,7 +214,7 @@ func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 	if err != nil {
 		return nil, fmt.Errorf("read the CA certificate (has the server started once?): %w", err)
 	}
-	cert, err := parseCertPEM(certPEM)
+	cert, err := pki.ParseCertPEM(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("ca.crt: %w", err)
 	}
@@ -222,7 +223,7 @@ func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 		return nil, err
 	}
 	defer st.Close()
-	resp, err := createToken(ctx, st, cfg.Enrollment, CAPin(cert), time.Now(), req)
+	resp, err := createToken(ctx, st, cfg.Enrollment, pki.CAPin(cert), time.Now(), req)
 	if err != nil {
 		return nil, err
 	}
@@ -289,14 +290,14 @@ func RotateKeysOffline(cfg Config) (*api.RotateResponse, error) {
 	}
 	defer lock.release()
 	now := time.Now()
-	k, err := loadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime)
+	k, err := pki.LoadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime)
 	if err != nil {
 		return nil, err
 	}
-	if err := k.rotate(now, cfg.Signing.KeyListLifetime); err != nil {
+	if err := k.Rotate(now, cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}
-	s, v := k.signer()
+	s, v := k.Signer()
 	return &api.RotateResponse{KeyID: s.KeyID(), KeyListVersion: v}, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/signing"
 )
@@ -25,7 +26,7 @@ import (
 // its lifetime; the exact signed bytes are stored and served as they are.
 type compiler struct {
 	store    store.ManifestStore
-	keys     *keyring
+	keys     *pki.Keyring
 	clock    Clock
 	lifetime time.Duration
 	log      *slog.Logger
@@ -67,7 +68,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 	if len(agents) == 0 {
 		return 0, nil
 	}
-	signer, klv := c.keys.signer()
+	signer, klv := c.keys.Signer()
 	now := c.clock.Now().UTC().Truncate(time.Second)
 	entries := make([]pipeEntry, len(pipes))
 	byAgent := map[string][]int{}

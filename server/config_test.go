@@ -197,7 +197,7 @@ func TestManifestResignedBeforeExpiry(t *testing.T) {
 	}
 	// A key-list refresh at half its lifetime re-signs the list with a
 	// higher version; manifests follow, and agents update through /trust.
-	changed, err := ts.s.keys.refresh(time.Now().Add(200*24*time.Hour), ts.cfg.Signing.KeyListLifetime)
+	changed, err := ts.s.keys.Refresh(time.Now().Add(200*24*time.Hour), ts.cfg.Signing.KeyListLifetime)
 	if err != nil || !changed {
 		t.Fatalf("key list refresh: %v %v", changed, err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
 )
 
 func TestEnrollSuccess(t *testing.T) {
@@ -34,7 +35,7 @@ func TestEnrollSuccess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if leaf.Subject.CommonName != a.id || len(leaf.URIs) != 1 || leaf.URIs[0].String() != AgentURIPrefix+a.id {
+	if leaf.Subject.CommonName != a.id || len(leaf.URIs) != 1 || leaf.URIs[0].String() != pki.AgentURIPrefix+a.id {
 		t.Errorf("certificate identity: CN %q URIs %v, want %s", leaf.Subject.CommonName, leaf.URIs, a.id)
 	}
 	if len(leaf.DNSNames) != 0 || len(leaf.ExtKeyUsage) != 1 || leaf.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
@@ -222,7 +223,7 @@ func TestRenewalRetiresOldCertificate(t *testing.T) {
 		st.close()
 	}
 	// The stale renewal's serial is neither current nor next.
-	stale, _ := parseCertPEM(stalePEM)
+	stale, _ := pki.ParseCertPEM(stalePEM)
 	if _, err := ts.s.checkAgentCert(t.Context(), stale); !errors.Is(err, errs.ErrCertRefused) {
 		t.Errorf("stale renewal: %v, want certificate refused", err)
 	}

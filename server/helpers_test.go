@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store/sqlite"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -275,7 +276,7 @@ func pinnedTLS(pin string) *tls.Config {
 		InsecureSkipVerify: true, // replaced by VerifyConnection below
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			for _, c := range cs.PeerCertificates {
-				if c.IsCA && CAPin(c) == pin {
+				if c.IsCA && pki.CAPin(c) == pin {
 					pool := x509.NewCertPool()
 					pool.AddCert(c)
 					_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, DNSName: cs.ServerName})
@@ -344,7 +345,7 @@ func (e *httpError) errorCode() string {
 }
 
 func (a *testAgent) setCert(key *ecdsa.PrivateKey, certPEM []byte) error {
-	keyPEM, err := marshalECKey(key)
+	keyPEM, err := pki.MarshalECKey(key)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
 )
 
 // apiHandler is a handler that returns its error; serve writes it.
@@ -63,7 +64,7 @@ func (s *Server) requestAgent(r *http.Request) (string, error) {
 // is neither the agent's current nor its next one. The first use of the next
 // certificate makes it current, which retires the previous one.
 func (s *Server) checkAgentCert(ctx context.Context, cert *x509.Certificate) (string, error) {
-	id, serial, err := agentIdentity(cert)
+	id, serial, err := pki.AgentIdentity(cert)
 	if err != nil {
 		return "", err
 	}

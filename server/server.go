@@ -16,6 +16,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/sqlite"
 	"google.golang.org/grpc"
@@ -47,11 +48,11 @@ type Server struct {
 	log        *slog.Logger
 	clock      Clock
 	lock       *dirLock
-	ca         *ca
-	keys       *keyring
-	admin      *adminAuth
+	ca         *pki.CA
+	keys       *pki.Keyring
+	admin      *pki.AdminToken
 	auth       *authenticator
-	sealer     *sealer
+	sealer     *pki.Sealer
 	store      store.Store
 	compiler   *compiler
 	hub        *hub
@@ -139,27 +140,27 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		return nil, err
 	}
 	now := clock.Now()
-	if s.ca, err = loadOrCreateCA(cfg.DataDir, now); err != nil {
+	if s.ca, err = pki.LoadOrCreateCA(cfg.DataDir, now); err != nil {
 		return nil, err
 	}
-	tlsCert, err := loadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(&cfg), now)
+	tlsCert, err := pki.LoadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(&cfg), now)
 	if err != nil {
 		return nil, err
 	}
-	if s.keys, err = loadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime); err != nil {
+	if s.keys, err = pki.LoadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}
-	if _, err := s.keys.refresh(now, cfg.Signing.KeyListLifetime); err != nil {
+	if _, err := s.keys.Refresh(now, cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}
-	secretsKey, err := loadOrCreateSecret(cfg.DataDir, "secrets.key")
+	secretsKey, err := pki.LoadOrCreateSecret(cfg.DataDir, "secrets.key")
 	if err != nil {
 		return nil, err
 	}
-	if s.sealer, err = newSealer(secretsKey); err != nil {
+	if s.sealer, err = pki.NewSealer(secretsKey); err != nil {
 		return nil, err
 	}
-	if s.admin, err = loadOrCreateAdminToken(cfg.DataDir); err != nil {
+	if s.admin, err = pki.LoadOrCreateAdminToken(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	ctx := context.Background()
@@ -204,7 +205,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 			CipherSuites: signing.TLSCipherSuites(),
 			Certificates: []tls.Certificate{tlsCert},
 			ClientAuth:   tls.VerifyClientCertIfGiven,
-			ClientCAs:    s.ca.pool,
+			ClientCAs:    s.ca.Pool(),
 		},
 	}
 	grpcTLS := &tls.Config{
@@ -212,7 +213,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		CipherSuites: signing.TLSCipherSuites(),
 		Certificates: []tls.Certificate{tlsCert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    s.ca.pool,
+		ClientCAs:    s.ca.Pool(),
 	}
 	s.grpcSrv = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(grpcTLS)),
@@ -246,6 +247,10 @@ func (s *Server) release() {
 	s.lock.release()
 }
 
+// ReadAdminToken returns the admin token stored in a data dir, for clients
+// on the same host (tests, `drover-server keys rotate`).
+func ReadAdminToken(dataDir string) (string, error) { return pki.ReadAdminToken(dataDir) }
+
 // HTTPAddr is the bound HTTPS address.
 func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 
@@ -253,10 +258,10 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
 // CAPin is the pin that enrollment tokens of this server carry.
-func (s *Server) CAPin() string { return s.ca.pin }
+func (s *Server) CAPin() string { return s.ca.Pin() }
 
 // CACertPEM is the CA certificate clients trust.
-func (s *Server) CACertPEM() []byte { return s.ca.pem }
+func (s *Server) CACertPEM() []byte { return s.ca.PEM() }
 
 // afterCommit runs after a batch of agent records is committed: metrics,
 // and the live log streams of the runs it touched.
@@ -274,10 +279,10 @@ func (s *Server) published(agentID string, serial uint64) {
 // RotateKeys adds a new manifest key through a new root-signed key list and
 // re-signs every manifest with it.
 func (s *Server) RotateKeys(ctx context.Context) (*api.RotateResponse, error) {
-	if err := s.keys.rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
+	if err := s.keys.Rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}
-	signer, v := s.keys.signer()
+	signer, v := s.keys.Signer()
 	s.log.Info("manifest key rotated", "key_id", signer.KeyID(), "key_list_version", v)
 	if _, err := s.compiler.compile(ctx, nil); err != nil {
 		return nil, err
@@ -317,7 +322,7 @@ func (s *Server) Run(ctx context.Context) error {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()
 	}
-	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.pin)
+	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.Pin())
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		s.log.Warn("sd_notify failed", "err", err)
 	}
@@ -368,7 +373,7 @@ func (s *Server) maintain(ctx context.Context) {
 	lastRetention := time.Time{}
 	for {
 		now := s.clock.Now()
-		changed, err := s.keys.refresh(now, s.cfg.Signing.KeyListLifetime)
+		changed, err := s.keys.Refresh(now, s.cfg.Signing.KeyListLifetime)
 		if err != nil {
 			s.log.Error("refreshing the key list", "err", err)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -546,7 +547,7 @@ func (s *Server) authPeer(ctx context.Context) (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	return id, serialHex(cert.SerialNumber), nil
+	return id, pki.SerialHex(cert.SerialNumber), nil
 }
 
 // checkAgentCertSerial re-checks, without promoting anything, that serial

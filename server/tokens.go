@@ -2,15 +2,12 @@ package server
 
 import (
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base32"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -94,38 +91,4 @@ func checkToken(ctx context.Context, store store.TokenStore, p *parsedToken, now
 		return nil, errs.New(errs.ErrTokenExpired, "the enrollment token has expired")
 	}
 	return t, nil
-}
-
-// sealer encrypts secret values at rest with AES-256-GCM. The secret's name
-// is the additional data, so a sealed value cannot be moved to another name.
-type sealer struct{ aead cipher.AEAD }
-
-func newSealer(key []byte) (*sealer, error) {
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, fmt.Errorf("secrets key: %w", err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("secrets key: %w", err)
-	}
-	return &sealer{aead: aead}, nil
-}
-
-// seal returns nonce || ciphertext.
-func (s *sealer) seal(name string, value []byte) []byte {
-	nonce := randomBytes(s.aead.NonceSize())
-	return s.aead.Seal(nonce, nonce, value, []byte(name))
-}
-
-func (s *sealer) open(name string, sealed []byte) ([]byte, error) {
-	n := s.aead.NonceSize()
-	if len(sealed) < n {
-		return nil, errors.New("open secret: sealed value too short")
-	}
-	v, err := s.aead.Open(nil, sealed[:n], sealed[n:], []byte(name))
-	if err != nil {
-		return nil, fmt.Errorf("open secret %s: %w", name, err)
-	}
-	return v, nil
 }

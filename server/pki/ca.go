@@ -1,4 +1,11 @@
-package server
+// Package pki holds the server's key material, all kept as files in the
+// data dir: the certificate authority that signs the server's TLS
+// certificate and every agent's client certificate, the keyring of the
+// root and manifest signing keys with its root-signed key list
+// (docs/design.md, "Manifest"), the AES-GCM sealer of secrets at rest, and
+// the bootstrap admin token. Only the server's wiring, its handlers and its
+// CLI import it.
+package pki
 
 import (
 	"bytes"
@@ -18,12 +25,10 @@ import (
 	"io/fs"
 	"math/big"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -43,15 +48,24 @@ const (
 // AgentURIPrefix starts the URI SAN that names an agent in its certificate.
 const AgentURIPrefix = "drover://agent/"
 
-// ca is the server's certificate authority: it signs the server's TLS
+// CA is the server's certificate authority: it signs the server's TLS
 // certificate and every agent's client certificate.
-type ca struct {
+type CA struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
 	pem  []byte // the CA certificate in PEM, as served in ca_bundle
 	pin  string // lowercase hex sha256 of the CA's SubjectPublicKeyInfo DER
 	pool *x509.CertPool
 }
+
+// PEM is the CA certificate in PEM, as served in ca_bundle.
+func (c *CA) PEM() []byte { return c.pem }
+
+// Pin is the CA's enrollment-token pin (CAPin of its certificate).
+func (c *CA) Pin() string { return c.pin }
+
+// Pool is a pool holding only the CA, to verify client certificates.
+func (c *CA) Pool() *x509.CertPool { return c.pool }
 
 // CAPin returns the enrollment-token pin of a CA certificate: the lowercase
 // hex sha256 of its SubjectPublicKeyInfo DER.
@@ -60,38 +74,38 @@ func CAPin(cert *x509.Certificate) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// loadOrCreateCA reads ca.key/ca.crt from dir, creating them on first start.
-func loadOrCreateCA(dir string, now time.Time) (*ca, error) {
+// LoadOrCreateCA reads ca.key/ca.crt from dir, creating them on first start.
+func LoadOrCreateCA(dir string, now time.Time) (*CA, error) {
 	keyPath, certPath := filepath.Join(dir, "ca.key"), filepath.Join(dir, "ca.crt")
 	keyPEM, err := readPrivateFile(keyPath)
 	if errors.Is(err, fs.ErrNotExist) {
 		return createCA(keyPath, certPath, now)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load ca key: %w", err)
+		return nil, fmt.Errorf("load CA key: %w", err)
 	}
 	key, err := parseECKey(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("load ca key: %w", err)
+		return nil, fmt.Errorf("load CA key: %w", err)
 	}
 	certPEM, err := os.ReadFile(certPath)
 	if err != nil {
-		return nil, fmt.Errorf("load ca certificate: %w", err)
+		return nil, fmt.Errorf("load CA certificate: %w", err)
 	}
-	cert, err := parseCertPEM(certPEM)
+	cert, err := ParseCertPEM(certPEM)
 	if err != nil {
-		return nil, fmt.Errorf("load ca certificate: %w", err)
+		return nil, fmt.Errorf("load CA certificate: %w", err)
 	}
 	if !cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }).Equal(key.Public()) {
-		return nil, errors.New("load ca: ca.crt does not match ca.key")
+		return nil, errors.New("load CA: ca.crt does not match ca.key")
 	}
 	return newCA(cert, key, certPEM), nil
 }
 
-func createCA(keyPath, certPath string, now time.Time) (*ca, error) {
+func createCA(keyPath, certPath string, now time.Time) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("create ca: %w", err)
+		return nil, fmt.Errorf("create CA: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          randomSerial(),
@@ -105,43 +119,43 @@ func createCA(keyPath, certPath string, now time.Time) (*ca, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, fmt.Errorf("create ca: %w", err)
+		return nil, fmt.Errorf("create CA: %w", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("create ca: %w", err)
+		return nil, fmt.Errorf("create CA: %w", err)
 	}
-	keyPEM, err := marshalECKey(key)
+	keyPEM, err := MarshalECKey(key)
 	if err != nil {
 		return nil, err
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 	// The key goes first: a crash between the two writes leaves a key
 	// without a certificate, which the next start replaces.
-	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
+	if err := writeFile(keyPath, keyPEM, 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeFileAtomic(certPath, certPEM, 0o644); err != nil {
+	if err := writeFile(certPath, certPEM, 0o644); err != nil {
 		return nil, err
 	}
 	return newCA(cert, key, certPEM), nil
 }
 
-func newCA(cert *x509.Certificate, key *ecdsa.PrivateKey, certPEM []byte) *ca {
+func newCA(cert *x509.Certificate, key *ecdsa.PrivateKey, certPEM []byte) *CA {
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
-	return &ca{cert: cert, key: key, pem: certPEM, pin: CAPin(cert), pool: pool}
+	return &CA{cert: cert, key: key, pem: certPEM, pin: CAPin(cert), pool: pool}
 }
 
-// loadOrCreateServerCert returns the TLS certificate for both listeners,
+// LoadOrCreateServerCert returns the TLS certificate for both listeners,
 // (re)issuing it when missing, near expiry, not from this CA, or lacking a
 // wanted SAN.
-func loadOrCreateServerCert(dir string, c *ca, sans []string, now time.Time) (tls.Certificate, error) {
+func LoadOrCreateServerCert(dir string, c *CA, sans []string, now time.Time) (tls.Certificate, error) {
 	keyPath, certPath := filepath.Join(dir, "tls.key"), filepath.Join(dir, "tls.crt")
 	dns, ips := splitSANs(sans)
 	if keyPEM, err := readPrivateFile(keyPath); err == nil {
 		if certPEM, err := os.ReadFile(certPath); err == nil {
-			if cert, err := parseCertPEM(certPEM); err == nil && serverCertUsable(cert, c, dns, ips, now) {
+			if cert, err := ParseCertPEM(certPEM); err == nil && serverCertUsable(cert, c, dns, ips, now) {
 				pair, err := tls.X509KeyPair(append(certPEM, c.pem...), keyPEM)
 				if err == nil {
 					return pair, nil
@@ -167,22 +181,22 @@ func loadOrCreateServerCert(dir string, c *ca, sans []string, now time.Time) (tl
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("create server certificate: %w", err)
 	}
-	keyPEM, err := marshalECKey(key)
+	keyPEM, err := MarshalECKey(key)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
+	if err := writeFile(keyPath, keyPEM, 0o600); err != nil {
 		return tls.Certificate{}, err
 	}
-	if err := writeFileAtomic(certPath, certPEM, 0o600); err != nil {
+	if err := writeFile(certPath, certPEM, 0o600); err != nil {
 		return tls.Certificate{}, err
 	}
 	// The chain carries the CA so that an enrolling agent can check its pin.
 	return tls.X509KeyPair(append(certPEM, c.pem...), keyPEM)
 }
 
-func serverCertUsable(cert *x509.Certificate, c *ca, dns []string, ips []net.IP, now time.Time) bool {
+func serverCertUsable(cert *x509.Certificate, c *CA, dns []string, ips []net.IP, now time.Time) bool {
 	if cert.CheckSignatureFrom(c.cert) != nil || cert.NotAfter.Sub(now) < serverCertRenewAt || now.Before(cert.NotBefore) {
 		return false
 	}
@@ -199,27 +213,6 @@ func serverCertUsable(cert *x509.Certificate, c *ca, dns []string, ips []net.IP,
 	return true
 }
 
-// serverSANs lists the names the server certificate must carry.
-func serverSANs(cfg *Config) []string {
-	sans := []string{"localhost", "127.0.0.1", "::1"}
-	if h, err := os.Hostname(); err == nil && h != "" {
-		sans = append(sans, h)
-	}
-	if cfg.PublicURL != "" {
-		if u, err := url.Parse(cfg.PublicURL); err == nil && u.Hostname() != "" {
-			sans = append(sans, u.Hostname())
-		}
-	}
-	if cfg.GRPCPublicAddr != "" {
-		if h, _, err := net.SplitHostPort(cfg.GRPCPublicAddr); err == nil && h != "" {
-			sans = append(sans, h)
-		}
-	}
-	sans = append(sans, cfg.TLSSANs...)
-	slices.Sort(sans)
-	return slices.Compact(sans)
-}
-
 func splitSANs(sans []string) (dns []string, ips []net.IP) {
 	for _, s := range sans {
 		if ip := net.ParseIP(s); ip != nil {
@@ -231,10 +224,10 @@ func splitSANs(sans []string) (dns []string, ips []net.IP) {
 	return dns, ips
 }
 
-// parseAgentCSR checks a CSR from an agent: one PEM "CERTIFICATE REQUEST",
+// ParseAgentCSR checks a CSR from an agent: one PEM "CERTIFICATE REQUEST",
 // a valid self-signature, an ECDSA P-256 key. Its subject and SANs are
 // ignored: the identity comes from the server.
-func parseAgentCSR(csrPEM string) (*x509.CertificateRequest, error) {
+func ParseAgentCSR(csrPEM string) (*x509.CertificateRequest, error) {
 	if len(csrPEM) > maxCSRBytes {
 		return nil, errs.New(errs.ErrInvalidRequest, "csr is too large", api.Detail{Field: "csr", Message: "too large"})
 	}
@@ -262,23 +255,23 @@ func parseAgentCSR(csrPEM string) (*x509.CertificateRequest, error) {
 	return csr, nil
 }
 
-// issueAgentCert signs a client certificate for agentID over the CSR's key.
+// IssueAgentCert signs a client certificate for agentID over the CSR's key.
 // It returns the certificate PEM, its serial (lowercase hex) and its expiry.
-func (c *ca) issueAgentCert(agentID string, csr *x509.CertificateRequest, now time.Time, life time.Duration) (certPEM []byte, serial string, notAfter time.Time, err error) {
-	return c.issueAgentCertWith(agentID, csr, now, life, nil)
+func (c *CA) IssueAgentCert(agentID string, csr *x509.CertificateRequest, now time.Time, life time.Duration) (certPEM []byte, serial string, notAfter time.Time, err error) {
+	return c.IssueAgentCertWith(agentID, csr, now, life, nil)
 }
 
 // oidKeyHistory names the extension in which a renewed agent certificate
 // carries the sha256 of each key the agent held before (newest first, at
-// most maxKeyHistory): the server refuses a renewal on any of them without
+// most MaxKeyHistory): the server refuses a renewal on any of them without
 // keeping state of its own, and the CA's signature keeps the list honest.
 // The arc is 2.25 (an integer UUID), so it cannot clash with anyone's.
 var oidKeyHistory = asn1.ObjectIdentifier{2, 25, 1930117461, 16, 1}
 
-const maxKeyHistory = 16
+const MaxKeyHistory = 16
 
-// spkiHash is the sha256 of a public key's SubjectPublicKeyInfo.
-func spkiHash(pub any) ([]byte, error) {
+// SPKIHash is the sha256 of a public key's SubjectPublicKeyInfo.
+func SPKIHash(pub any) ([]byte, error) {
 	der, err := x509.MarshalPKIXPublicKey(pub)
 	if err != nil {
 		return nil, fmt.Errorf("marshal public key: %w", err)
@@ -287,8 +280,8 @@ func spkiHash(pub any) ([]byte, error) {
 	return sum[:], nil
 }
 
-// keyHistory is the list of earlier keys a certificate carries.
-func keyHistory(cert *x509.Certificate) [][]byte {
+// KeyHistory is the list of earlier keys a certificate carries.
+func KeyHistory(cert *x509.Certificate) [][]byte {
 	for _, e := range cert.Extensions {
 		if e.Id.Equal(oidKeyHistory) {
 			var list [][]byte
@@ -300,8 +293,8 @@ func keyHistory(cert *x509.Certificate) [][]byte {
 	return nil
 }
 
-// issueAgentCertWith is issueAgentCert with a key history extension.
-func (c *ca) issueAgentCertWith(agentID string, csr *x509.CertificateRequest, now time.Time, life time.Duration, history [][]byte) (certPEM []byte, serial string, notAfter time.Time, err error) {
+// IssueAgentCertWith is IssueAgentCert with a key history extension.
+func (c *CA) IssueAgentCertWith(agentID string, csr *x509.CertificateRequest, now time.Time, life time.Duration, history [][]byte) (certPEM []byte, serial string, notAfter time.Time, err error) {
 	u, err := url.Parse(AgentURIPrefix + agentID)
 	if err != nil {
 		return nil, "", time.Time{}, fmt.Errorf("issue agent certificate: %w", err)
@@ -328,12 +321,12 @@ func (c *ca) issueAgentCertWith(agentID string, csr *x509.CertificateRequest, no
 	if err != nil {
 		return nil, "", time.Time{}, fmt.Errorf("issue agent certificate: %w", err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), serialHex(sn), notAfter, nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), SerialHex(sn), notAfter, nil
 }
 
-// agentIdentity extracts the agent id from a verified client certificate:
+// AgentIdentity extracts the agent id from a verified client certificate:
 // the CommonName and the single drover://agent/<id> URI SAN must agree.
-func agentIdentity(cert *x509.Certificate) (id, serial string, err error) {
+func AgentIdentity(cert *x509.Certificate) (id, serial string, err error) {
 	if len(cert.URIs) != 1 {
 		return "", "", errs.New(errs.ErrCertRefused, "the client certificate does not name an agent")
 	}
@@ -342,7 +335,7 @@ func agentIdentity(cert *x509.Certificate) (id, serial string, err error) {
 	if !ok || id == "" || id != cert.Subject.CommonName {
 		return "", "", errs.New(errs.ErrCertRefused, "the client certificate does not name an agent")
 	}
-	return id, serialHex(cert.SerialNumber), nil
+	return id, SerialHex(cert.SerialNumber), nil
 }
 
 func randomSerial() *big.Int {
@@ -355,9 +348,9 @@ func randomSerial() *big.Int {
 	return new(big.Int).SetBytes(b)
 }
 
-func serialHex(n *big.Int) string { return hex.EncodeToString(n.Bytes()) }
+func SerialHex(n *big.Int) string { return hex.EncodeToString(n.Bytes()) }
 
-func marshalECKey(k *ecdsa.PrivateKey) ([]byte, error) {
+func MarshalECKey(k *ecdsa.PrivateKey) ([]byte, error) {
 	der, err := x509.MarshalPKCS8PrivateKey(k)
 	if err != nil {
 		return nil, fmt.Errorf("marshal key: %w", err)
@@ -381,7 +374,7 @@ func parseECKey(b []byte) (*ecdsa.PrivateKey, error) {
 	return ek, nil
 }
 
-func parseCertPEM(b []byte) (*x509.Certificate, error) {
+func ParseCertPEM(b []byte) (*x509.Certificate, error) {
 	block, _ := pem.Decode(b)
 	if block == nil || block.Type != "CERTIFICATE" {
 		return nil, errors.New(`not a PEM "CERTIFICATE" block`)
@@ -394,44 +387,4 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// checkRenewal applies the renewal rules to an agent's request: at most
-// enrollment.renew_burst renewals at once and then one per
-// enrollment.renew_interval per agent, and a fresh key: neither the key of
-// the certificate in use nor any key it lists as held before. It returns the
-// key history for the new certificate.
-func (s *Server) checkRenewal(r *http.Request, _ string, csr *x509.CertificateRequest) ([][]byte, error) {
-	cur := r.TLS.PeerCertificates[0]
-	curHash, err := spkiHash(cur.PublicKey)
-	if err != nil {
-		return nil, err
-	}
-	newHash, err := spkiHash(csr.PublicKey)
-	if err != nil {
-		return nil, errs.New(errs.ErrInvalidRequest, "the CSR's key cannot be read", api.Detail{Field: "csr", Message: "unreadable public key"})
-	}
-	if bytes.Equal(curHash, newHash) {
-		return nil, errs.New(errs.ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is the one of the current certificate"})
-	}
-	prev := keyHistory(cur)
-	for _, h := range prev {
-		if bytes.Equal(h, newHash) {
-			return nil, errs.New(errs.ErrInvalidRequest, "renewal needs a fresh key", api.Detail{Field: "csr", Message: "the key is one this agent held before (a retired certificate's)"})
-		}
-	}
-	history := append([][]byte{curHash}, prev...)
-	if len(history) > maxKeyHistory {
-		history = history[:maxKeyHistory]
-	}
-	return history, nil
-}
-
-// allowRenewal takes a renewal from the agent's budget.
-func (s *Server) allowRenewal(w http.ResponseWriter, agentID string) error {
-	if !s.guard.renew.allow(agentID, s.clock.Now()) {
-		w.Header().Set("Retry-After", strconv.Itoa(int(s.cfg.Enrollment.RenewInterval.Seconds())))
-		return errs.New(errs.ErrRateLimited, "too many certificate renewals for this agent; retry later")
-	}
-	return nil
 }

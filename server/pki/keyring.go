@@ -1,27 +1,23 @@
-package server
+package pki
 
 import (
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/drover/drover/signing"
 )
 
-// keyring holds the root key, the manifest keys and the root-signed key list
+// Keyring holds the root key, the manifest keys and the root-signed key list
 // that names them (docs/design.md, "Manifest"). The newest key in the list signs
 // manifests; the previous one stays listed for one rotation so that agents
 // holding a manifest it signed are not disturbed.
-type keyring struct {
+type Keyring struct {
 	dir string
 	alg signing.Algorithm
 
@@ -36,10 +32,10 @@ const keyListFile = "keylist.dsse"
 
 func manifestKeyFile(id string) string { return "manifest-" + id + ".key" }
 
-// loadOrCreateKeyring loads root.key, keylist.dsse and the active manifest
+// LoadOrCreateKeyring loads root.key, keylist.dsse and the active manifest
 // key from dir, creating them on first start.
-func loadOrCreateKeyring(dir string, alg signing.Algorithm, now time.Time, life time.Duration) (*keyring, error) {
-	k := &keyring{dir: dir, alg: alg}
+func LoadOrCreateKeyring(dir string, alg signing.Algorithm, now time.Time, life time.Duration) (*Keyring, error) {
+	k := &Keyring{dir: dir, alg: alg}
 	rootPath := filepath.Join(dir, "root.key")
 	root, err := signing.LoadSigner(rootPath)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -94,13 +90,13 @@ func verifyKeyList(env []byte, root *signing.Signer) (*signing.KeyList, error) {
 
 // rotate adds a new manifest key: it becomes the active key, listed first in
 // a new key list with a higher version, followed by the previous active key.
-func (k *keyring) rotate(now time.Time, life time.Duration) error {
+func (k *Keyring) Rotate(now time.Time, life time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.rotateLocked(now, life)
 }
 
-func (k *keyring) rotateLocked(now time.Time, life time.Duration) error {
+func (k *Keyring) rotateLocked(now time.Time, life time.Duration) error {
 	s, err := signing.GenerateKey(k.alg)
 	if err != nil {
 		return fmt.Errorf("rotate keys: %w", err)
@@ -122,7 +118,7 @@ func (k *keyring) rotateLocked(now time.Time, life time.Duration) error {
 
 // refresh re-signs the key list with a higher version once half its
 // lifetime has passed. It reports whether the list changed.
-func (k *keyring) refresh(now time.Time, life time.Duration) (bool, error) {
+func (k *Keyring) Refresh(now time.Time, life time.Duration) (bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	issued := k.keyList.ExpiresAt.Add(-life)
@@ -132,7 +128,7 @@ func (k *keyring) refresh(now time.Time, life time.Duration) (bool, error) {
 	return true, k.publishLocked(k.keyList.Keys, now, life)
 }
 
-func (k *keyring) publishLocked(keys []signing.PublicKey, now time.Time, life time.Duration) error {
+func (k *Keyring) publishLocked(keys []signing.PublicKey, now time.Time, life time.Duration) error {
 	kl := signing.KeyList{
 		Version:   k.keyList.Version + 1,
 		ExpiresAt: now.Add(life).UTC().Truncate(time.Second),
@@ -142,7 +138,7 @@ func (k *keyring) publishLocked(keys []signing.PublicKey, now time.Time, life ti
 	if err != nil {
 		return fmt.Errorf("sign key list: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(k.dir, keyListFile), env, 0o600); err != nil {
+	if err := writeFile(filepath.Join(k.dir, keyListFile), env, 0o600); err != nil {
 		return err
 	}
 	k.keyList, k.env = kl, env
@@ -150,7 +146,7 @@ func (k *keyring) publishLocked(keys []signing.PublicKey, now time.Time, life ti
 }
 
 // removeUnlistedKeys deletes manifest key files no longer in the key list.
-func (k *keyring) removeUnlistedKeys() {
+func (k *Keyring) removeUnlistedKeys() {
 	listed := map[string]bool{}
 	for _, pk := range k.keyList.Keys {
 		listed[manifestKeyFile(pk.ID)] = true
@@ -164,7 +160,7 @@ func (k *keyring) removeUnlistedKeys() {
 }
 
 // signer returns the active manifest key and the key-list version it is in.
-func (k *keyring) signer() (*signing.Signer, uint64) {
+func (k *Keyring) Signer() (*signing.Signer, uint64) {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	return k.active, k.keyList.Version
@@ -172,60 +168,11 @@ func (k *keyring) signer() (*signing.Signer, uint64) {
 
 // trustRoot returns what an agent pins and refreshes: the root public key
 // and the current signed key list.
-func (k *keyring) trustRoot() signing.TrustRoot {
+func (k *Keyring) TrustRoot() signing.TrustRoot {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
 	return signing.TrustRoot{
 		RootKeys: []signing.PublicKey{k.root.Public()},
 		KeyList:  json.RawMessage(k.env),
 	}
-}
-
-// loadOrCreateSecret reads a 32-byte random secret stored hex-encoded in
-// dir/name (0600), creating it on first start.
-func loadOrCreateSecret(dir, name string) ([]byte, error) {
-	path := filepath.Join(dir, name)
-	b, err := readPrivateFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		key := make([]byte, 32)
-		if _, err := rand.Read(key); err != nil {
-			return nil, err
-		}
-		if err := writeFileAtomic(path, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
-			return nil, err
-		}
-		return key, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", name, err)
-	}
-	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil || len(key) != 32 {
-		return nil, fmt.Errorf("load %s: not 32 hex-encoded bytes", name)
-	}
-	return key, nil
-}
-
-// adminAuth is the bootstrap admin token's hash (ensureBootstrapToken
-// stores it as the API token "bootstrap"). Only its hash is kept in memory.
-type adminAuth struct{ hash [32]byte }
-
-// loadOrCreateAdminToken reads admin.token, creating it on first start. The
-// token is the file's content: 64 hex digits.
-func loadOrCreateAdminToken(dir string) (*adminAuth, error) {
-	key, err := loadOrCreateSecret(dir, "admin.token")
-	if err != nil {
-		return nil, err
-	}
-	return &adminAuth{hash: sha256.Sum256([]byte(hex.EncodeToString(key)))}, nil
-}
-
-// ReadAdminToken returns the admin token stored in a data dir, for clients
-// on the same host (tests, `drover-server keys rotate`).
-func ReadAdminToken(dataDir string) (string, error) {
-	b, err := readPrivateFile(filepath.Join(dataDir, "admin.token"))
-	if err != nil {
-		return "", fmt.Errorf("read admin token: %w", err)
-	}
-	return strings.TrimSpace(string(b)), nil
 }
