@@ -18,9 +18,9 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 
 	"github.com/drover/drover/manifest"
-	agentpb "github.com/drover/drover/proto"
 )
 
 // ---- enrollment tokens
@@ -394,14 +394,13 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	resp := api.RunPipeResponse{RequestID: "req-" + strings.ToLower(b32.EncodeToString(randomBytes(10))), Sent: []string{}, Offline: []string{}}
-	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: p.Name, RequestId: resp.RequestID}}}
 	found := false
 	for _, a := range agents {
 		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !p.Spec.Targets.Selects(a.ID, a.Tags) || !hasTags(a.Tags, req.Tags) {
 			continue
 		}
 		found = true
-		if s.hub.send(a.ID, msg) {
+		if s.hub.RunNow(a.ID, p.Name, resp.RequestID) {
 			resp.Sent = append(resp.Sent, a.ID)
 		} else {
 			resp.Offline = append(resp.Offline, a.ID)
@@ -445,7 +444,7 @@ func (s *Server) agentJSON(a *store.Agent) api.Agent {
 
 // isOnline: the agent has a live stream and was heard from recently.
 func (s *Server) isOnline(a *store.Agent) bool {
-	return a.RevokedAt.IsZero() && s.hub.online(a.ID) && s.clock.Now().Sub(a.LastSeenAt) < s.cfg.GRPC.OfflineAfter
+	return a.RevokedAt.IsZero() && s.hub.Online(a.ID) && s.clock.Now().Sub(a.LastSeenAt) < s.cfg.GRPC.OfflineAfter
 }
 
 func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error {
@@ -563,7 +562,7 @@ func (s *Server) handleRevokeAgent(w http.ResponseWriter, r *http.Request) error
 	if err := s.store.RevokeAgent(r.Context(), id, s.clock.Now()); err != nil {
 		return err
 	}
-	s.hub.close(id, errRevoked)
+	s.hub.Close(id, stream.ErrRevoked)
 	s.log.Info("agent revoked", "agent", id)
 	after, err := s.getAgentJSON(r, id)
 	if err != nil {
@@ -588,7 +587,7 @@ func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error
 	if err := s.store.DeleteAgent(r.Context(), id); err != nil {
 		return err
 	}
-	s.hub.close(id, errDeleted)
+	s.hub.Close(id, errDeleted)
 	s.forgetAgent(id)
 	s.log.Info("agent deleted", "agent", id)
 	setAudit(r, "agent/"+id, before, nil)

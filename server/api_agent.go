@@ -13,6 +13,7 @@ import (
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 
 	"github.com/drover/drover/manifest"
 )
@@ -36,7 +37,7 @@ func (s *Server) checkRequestMachine(r *http.Request, agentID string) error {
 		}
 		return s.identityConflict(r.Context(), agentID, "", sourceIP(r))
 	}
-	if !validMachineID(mid) {
+	if !stream.ValidMachineID(mid) {
 		return errs.New(errs.ErrInvalidRequest, api.MachineIDHeader+" must be 32 hex digits")
 	}
 	bound, err := s.boundMachine(r.Context(), agentID)
@@ -75,7 +76,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	if req.CSR == "" {
 		details = append(details, api.Detail{Field: "csr", Message: "required"})
 	}
-	if req.MachineID != "" && !validMachineID(req.MachineID) {
+	if req.MachineID != "" && !stream.ValidMachineID(req.MachineID) {
 		details = append(details, api.Detail{Field: "machine_id", Message: "must be 32 hex digits (/etc/machine-id)"})
 	}
 	if len(details) > 0 {

@@ -19,7 +19,6 @@ import (
 	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
-	agentpb "github.com/drover/drover/proto"
 )
 
 // The operator API added on top of the control plane's first admin API:
@@ -618,8 +617,7 @@ func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
 		}
 		return errs.New(errs.ErrConflict, fmt.Sprintf("run %s has ended (%s): there is nothing to cancel", run.ID, why))
 	}
-	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_CancelRun{CancelRun: &agentpb.CancelRun{RunId: run.ID}}}
-	if !s.hub.send(run.AgentID, msg) {
+	if !s.hub.Cancel(run.AgentID, run.ID) {
 		return errs.New(errs.ErrConflict, fmt.Sprintf("agent %s, which runs %s, is not connected; retry when it is online", run.AgentID, run.ID))
 	}
 	s.log.Info("run cancel requested", "run", run.ID, "agent", run.AgentID)

@@ -252,7 +252,7 @@ func TestRevocationClosesLiveStream(t *testing.T) {
 	}
 	defer st.close()
 	// Make sure the stream is registered before revoking.
-	waitFor(t, 5*time.Second, "the stream to be online", func() bool { return ts.s.hub.online(a.id) })
+	waitFor(t, 5*time.Second, "the stream to be online", func() bool { return ts.s.hub.Online(a.id) })
 
 	start := time.Now()
 	ts.adminOK("POST", "/api/v1/agents/"+a.id+"/revoke", nil, nil)

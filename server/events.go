@@ -11,6 +11,7 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 
 	"github.com/drover/drover/manifest"
 )
@@ -81,7 +82,7 @@ func (m *monitor) observe(recs []*store.Record) {
 		case r.Status != nil:
 			st := r.Status
 			if old := m.swap("manifest/"+r.AgentID, st.State, dirty); st.State == "rejected" && old != "rejected" {
-				evs = append(evs, &store.Event{At: at, Kind: EventManifestRejected, AgentID: r.AgentID, Message: cleanText(st.Error, 512, false),
+				evs = append(evs, &store.Event{At: at, Kind: EventManifestRejected, AgentID: r.AgentID, Message: stream.CleanText(st.Error, 512, false),
 					Dedupe: EventManifestRejected + "/" + r.AgentID + "/" + strconv.FormatInt(at.UnixNano(), 10)})
 			}
 			exp := ""
@@ -109,7 +110,7 @@ func (m *monitor) observe(recs []*store.Record) {
 // restart, the state stays). An agent never seen online has no state to
 // leave.
 func (m *monitor) onlineChange(a *store.MonitorAgent, offline bool, now time.Time, dirty map[string]string, evs []*store.Event) []*store.Event {
-	live := m.s.hub.online(a.ID)
+	live := m.s.hub.Online(a.ID)
 	key := "agent/" + a.ID
 	m.stateMu.Lock()
 	old := m.state[key]
@@ -152,7 +153,7 @@ func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error 
 	if f.Pipe != "" && !manifest.ValidName(f.Pipe) {
 		details = append(details, api.Detail{Field: "pipe", Message: "not a pipe name"})
 	}
-	if len(f.Agent) > 128 || cleanText(f.Agent, 128, false) != f.Agent {
+	if len(f.Agent) > 128 || stream.CleanText(f.Agent, 128, false) != f.Agent {
 		details = append(details, api.Detail{Field: "agent", Message: "at most 128 printable characters"})
 	}
 	if f.Since, err = queryTime(r, "since"); err != nil {

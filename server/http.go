@@ -19,6 +19,7 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
+	"github.com/drover/drover/server/stream"
 )
 
 // apiHandler is a handler that returns its error; serve writes it.
@@ -77,7 +78,7 @@ func (s *Server) checkAgentCert(ctx context.Context, cert *x509.Certificate) (st
 	}
 	switch {
 	case ac.Revoked:
-		return "", errRevoked
+		return "", stream.ErrRevoked
 	case serial == ac.Serial:
 		return id, nil
 	case serial == ac.NextSerial:

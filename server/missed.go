@@ -178,7 +178,7 @@ type fireKey struct {
 // agentOffline: the agent has no live stream and was not heard from
 // within the offline grace (a reconnect blip is not offline).
 func (m *monitor) agentOffline(a *store.MonitorAgent, now time.Time) bool {
-	return !m.s.hub.online(a.ID) && now.Sub(a.LastSeenAt) >= m.s.cfg.GRPC.OfflineAfter
+	return !m.s.hub.Online(a.ID) && now.Sub(a.LastSeenAt) >= m.s.cfg.GRPC.OfflineAfter
 }
 
 // pass runs one detection pass at the server's clock.

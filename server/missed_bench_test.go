@@ -13,6 +13,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/store/sqlite"
+	"github.com/drover/drover/server/stream"
 )
 
 // fixedClock is a clock the benchmark sets.
@@ -106,7 +107,7 @@ func BenchmarkMissedDetection(b *testing.B) {
 	fire := time.Date(2026, 6, 1, 2, 30, 0, 0, time.UTC)
 	seedFleet(b, st, agents, pipes, fire)
 	clock := &fixedClock{}
-	s := &Server{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler), clock: clock, hub: newHub(), store: st}
+	s := &Server{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler), clock: clock, hub: stream.NewHub(), store: st}
 	m := newMonitor(s)
 	deadline := fire.Add(10 * time.Minute) // default grace, no jitter
 	ctx := context.Background()

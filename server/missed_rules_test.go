@@ -213,7 +213,7 @@ func TestEventStatesSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.close()
-	waitFor(t, 10*time.Second, "the stream to end", func() bool { return !ts.s.hub.online(a.id) })
+	waitFor(t, 10*time.Second, "the stream to end", func() bool { return !ts.s.hub.Online(a.id) })
 	ts.clock.Advance(3 * time.Minute)
 	if _, err := ts.s.monitor.pass(ctx); err != nil {
 		t.Fatal(err)

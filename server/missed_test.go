@@ -99,7 +99,7 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 
 	silent := agents[2]
 	streams[2].close()
-	waitFor(t, 10*time.Second, "the silent agent's stream to end", func() bool { return !ts.s.hub.online(silent.id) })
+	waitFor(t, 10*time.Second, "the silent agent's stream to end", func() bool { return !ts.s.hub.Online(silent.id) })
 
 	ts.clock.Advance(6 * time.Minute)
 	ts.putMonPipe("late", tags, map[string]any{"schedule": "* * * * *", "grace": "1m"})

@@ -9,6 +9,7 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 )
 
 // checkRunFilter validates the query parameters of GET /api/v1/runs that
@@ -21,7 +22,7 @@ func checkRunFilter(r *http.Request, f *store.RunFilter) error {
 	if f.Status != "" && !slices.Contains(api.RunStatuses, f.Status) {
 		details = append(details, api.Detail{Field: "status", Message: "not a run status (" + strings.Join(api.RunStatuses, ", ") + ")"})
 	}
-	if len(f.Reason) > maxReasonLen || cleanText(f.Reason, maxReasonLen, false) != f.Reason {
+	if len(f.Reason) > stream.MaxReasonLen || stream.CleanText(f.Reason, stream.MaxReasonLen, false) != f.Reason {
 		details = append(details, api.Detail{Field: "reason", Message: "at most 256 printable characters"})
 	}
 	times := []struct {

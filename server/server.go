@@ -19,6 +19,7 @@ import (
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/sqlite"
+	"github.com/drover/drover/server/stream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -55,11 +56,11 @@ type Server struct {
 	sealer     *pki.Sealer
 	store      store.Store
 	compiler   *compiler
-	hub        *hub
-	ingest     *ingester
+	hub        *stream.Hub
+	ingest     *stream.Ingester
 	monitor    *monitor // missed.go, events.go
 	leader     leader
-	streams    *streamService
+	streams    *stream.Service
 	publicHost string
 
 	metrics        *metrics
@@ -118,7 +119,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if clock == nil {
 		clock = SystemClock()
 	}
-	s := &Server{cfg: cfg, log: logger, clock: clock, hub: newHub(),
+	s := &Server{cfg: cfg, log: logger, clock: clock, hub: stream.NewHub(),
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
 		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
@@ -171,17 +172,18 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	cs := newCachedStore(st)
 	// A promoted renewal retires the previous certificate: a stream opened
 	// with it is closed, as revocation closes streams.
-	cs.onPromote = func(id, serial string) { s.hub.retire(id, serial) }
+	cs.onPromote = func(id, serial string) { s.hub.Retire(id, serial) }
 	s.store = cs
 	s.auth = newAuthenticator(s.store, clock)
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err
 	}
 	s.compiler = &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
-	s.ingest = newIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger)
-	s.ingest.onCommit = s.afterCommit
+	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
-	s.streams = &streamService{s: s}
+	s.streams = stream.NewService(stream.Config{MaxStreams: cfg.GRPC.MaxStreams, PendingStreams: cfg.Agents.PendingStreams,
+		HelloTimeout: cfg.Agents.HelloTimeout, MaxChunkBytes: cfg.Runs.MaxChunkBytes, MaxRunningIDs: cfg.Agents.MaxRunningIDs},
+		streamHost{s}, s.hub, s.ingest, clock, logger)
 	s.metrics = newMetrics(s)
 	s.metricsHandler = newMetricsHandler(s.metrics)
 	// Catch up with anything that changed while the server was down (a key
@@ -273,7 +275,7 @@ func (s *Server) afterCommit(recs []*store.Record) {
 
 // published tells an agent's live stream that a new manifest is out.
 func (s *Server) published(agentID string, serial uint64) {
-	s.hub.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_SyncNow{SyncNow: &agentpb.SyncNow{Serial: serial}}})
+	s.hub.SyncNow(agentID, serial)
 }
 
 // RotateKeys adds a new manifest key through a new root-signed key list and
@@ -298,7 +300,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if !s.ran.CompareAndSwap(false, true) {
 		return errors.New("server: Run called twice")
 	}
-	go s.ingest.run()
+	go s.ingest.Run()
 	errc := make(chan error, 2)
 	go func() {
 		if err := s.httpSrv.ServeTLS(s.httpLn, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -350,14 +352,14 @@ func (s *Server) shutdown() {
 	if err := s.httpSrv.Shutdown(tctx); err != nil {
 		s.httpSrv.Close()
 	}
-	s.hub.closeAll(errDraining)
+	s.hub.CloseAll(stream.ErrDraining)
 	select {
 	case <-grpcDone:
 	case <-tctx.Done():
 		s.grpcSrv.Stop()
 		<-grpcDone
 	}
-	s.ingest.stop()
+	s.ingest.Stop()
 	if err := s.store.Close(); err != nil {
 		s.log.Error("closing the store", "err", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -381,11 +382,11 @@ func TestOneStreamPerIdentity(t *testing.T) {
 	for _, st := range streams[:len(streams)-1] {
 		st.ended(t, 10*time.Second)
 	}
-	if n := ts.s.hub.count(); n != 1 {
+	if n := ts.s.hub.Count(); n != 1 {
 		t.Fatalf("%d live streams", n)
 	}
 	b := ts.enrollAgent(nil)
-	waitFor(t, 10*time.Second, "the replaced streams to end", func() bool { return ts.s.streams.streams.Load() == 1 })
+	waitFor(t, 10*time.Second, "the replaced streams to end", func() bool { return ts.s.streams.Streams() == 1 })
 	bs, err := b.openStreamAs(machineB, "b")
 	if err != nil {
 		t.Fatal(err)
@@ -471,7 +472,7 @@ func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 	for i := range 500 {
 		pipes = append(pipes, &agentpb.PipeStatus{Name: fmt.Sprintf("junk-%d", i), ApplyError: strings.Repeat("x", 4000)})
 	}
-	huge := make([]*agentpb.PipeStatus, maxManifestPipes+1)
+	huge := make([]*agentpb.PipeStatus, stream.MaxManifestPipes+1)
 	for i := range huge {
 		huge[i] = &agentpb.PipeStatus{Name: "job"}
 	}
@@ -482,7 +483,7 @@ func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 			AppliedSerial: 2, Pipes: huge}}})
 	var ag api.Agent
 	r := ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
-	if len(ag.Pipes) != 1 || ag.Pipes[0].Name != "job" || len(ag.Pipes[0].ApplyError) != maxPipeError || !ag.ManifestExpired ||
+	if len(ag.Pipes) != 1 || ag.Pipes[0].Name != "job" || len(ag.Pipes[0].ApplyError) != 1024 || !ag.ManifestExpired ||
 		ag.ManifestExpiresAt == nil || !ag.ManifestExpiresAt.Equal(exp) || ag.AppliedSerial != 1 || len(r.body) > 8<<10 ||
 		!strings.Contains(ag.Pipes[0].ElapseMismatch, "evaluator 2027-03-14T07:00:00Z") {
 		t.Fatalf("agent (%d bytes): %+v", len(r.body), ag)

@@ -275,7 +275,7 @@ func TestStreamReportsAgentState(t *testing.T) {
 	})
 
 	st.close()
-	waitFor(t, 5*time.Second, "the agent to go offline", func() bool { return !ts.s.hub.online(a.id) })
+	waitFor(t, 5*time.Second, "the agent to go offline", func() bool { return !ts.s.hub.Online(a.id) })
 }
 
 func TestRetentionPrunesByAgeAndCount(t *testing.T) {

@@ -1,4 +1,4 @@
-package server
+package stream
 
 import (
 	"strings"
@@ -61,7 +61,7 @@ func FuzzRecordValidation(f *testing.F) {
 				t.Fatalf("run accepted with bad identifiers: %+v", r)
 			}
 			text("error", r.Error, maxTextLen, true)
-			text("reason", r.Reason, maxReasonLen, false)
+			text("reason", r.Reason, MaxReasonLen, false)
 		}
 		switch {
 		case rec.RunStarted != nil:
@@ -82,7 +82,7 @@ func FuzzRecordValidation(f *testing.F) {
 					t.Fatalf("status of pipe %q kept", p.Name)
 				}
 				text("apply_error", p.ApplyError, maxPipeError, true)
-				text("elapse_mismatch", p.ElapseMismatch, maxReasonLen, false)
+				text("elapse_mismatch", p.ElapseMismatch, MaxReasonLen, false)
 			}
 			text("status error", rec.Status.Error, maxTextLen, true)
 		case rec.Chunk != nil:
