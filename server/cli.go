@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,131 +25,200 @@ import (
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/sqlite"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/drover/drover/signing"
 )
 
-const usage = `Usage:
-  drover-server [serve] [flags]          run the control plane (the default)
-  drover-server keys rotate [flags]      add a new manifest signing key
-  drover-server tokens create [flags]    print a new enrollment token
-  drover-server api-tokens create --name N --role viewer|operator|admin [--ttl D]
-                                         print a new API token (e.g. to recover
-                                         after admin.token was revoked)
-  drover-server version
-
-Flags shared by every command:
-  --config FILE     YAML configuration (default ` + DefaultConfigFile + `, optional)
-  --data-dir DIR    state directory (default ` + DefaultDataDir + `)
-  --http-addr ADDR  HTTPS listen address (default ` + DefaultHTTPAddr + `)
-  --grpc-addr ADDR  gRPC listen address (default ` + DefaultGRPCAddr + `)
-  --internal-agent  also run a drover-agent for this host (serve only)
-Environment variables DROVER_<SETTING> (e.g. DROVER_DATA_DIR) override the file;
-flags override both.
-`
-
-// Main is drover-server's command line; it returns the exit code.
+// Main is drover-server's command line; it returns the exit code: 0, 1 when
+// a command failed, 2 for a usage or configuration error.
 func Main(version string, args, env []string, stdout, stderr io.Writer) int {
-	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
-		if (cmd == "keys" || cmd == "tokens" || cmd == "api-tokens") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-			cmd, args = cmd+" "+args[0], args[1:]
-		}
-	}
-	fs := flag.NewFlagSet("drover-server "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
-	configFile := fs.String("config", "", "")
-	dataDir := fs.String("data-dir", "", "")
-	httpAddr := fs.String("http-addr", "", "")
-	grpcAddr := fs.String("grpc-addr", "", "")
-	internalAgent := fs.Bool("internal-agent", false, "")
-	var ttl, name, format, roleName string
-	tags := tagFlag{}
-	if cmd == "api-tokens create" {
-		fs.StringVar(&ttl, "ttl", "", "token lifetime, e.g. 720h (default: no expiry)")
-		fs.StringVar(&name, "name", "", "who or what uses the token")
-		fs.StringVar(&roleName, "role", "", "viewer, operator or admin")
-		fs.StringVar(&format, "output", "token", "token (just the token) or json")
-	}
-	if cmd == "tokens create" {
-		fs.StringVar(&ttl, "ttl", "", "token lifetime, e.g. 1h (default from the config)")
-		fs.StringVar(&name, "name", "", "preset agent name")
-		fs.Var(tags, "tag", "preset agent tag key=value (repeatable)")
-		fs.StringVar(&format, "output", "token", "token (just the token) or json")
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "drover-server: unexpected argument %q\n%s", fs.Arg(0), usage)
-		return 2
-	}
-	path, required := DefaultConfigFile, false
-	if *configFile != "" {
-		path, required = *configFile, true
-	}
-	cfg, err := LoadConfig(path, required, env)
-	if err == nil {
-		for _, f := range []struct{ v, to *string }{{dataDir, &cfg.DataDir}, {httpAddr, &cfg.HTTPAddr}, {grpcAddr, &cfg.GRPCAddr}} {
-			if *f.v != "" {
-				*f.to = *f.v
-			}
-		}
-		if *internalAgent {
-			cfg.InternalAgent.Enabled = true
-		}
-		err = cfg.Validate()
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "drover-server: %v\n", err)
-		return 2
-	}
+	var cf cliFlags
+	root := &cobra.Command{
+		Use:   "drover-server [serve] [flags]",
+		Short: "Drover control plane: the HTTPS API and the agents' telemetry stream",
+		Long: `Without a command, drover-server serves (drover-server serve).
 
+Environment variables DROVER_<SETTING> (e.g. DROVER_DATA_DIR) override the
+configuration file; flags override both.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+		Args:          noArgs,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, serve) },
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	cf.register(root.PersistentFlags())
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(
+		&cobra.Command{Use: "serve", Short: "Run the control plane (the default)", Args: noArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, serve) }},
+		&cobra.Command{Use: "version", Short: "Print the version", Args: noArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				fmt.Fprintln(cmd.OutOrStdout(), "drover-server", version)
+				return nil
+			}},
+		group("keys", "Manage the manifest signing keys", newRotateCmd(&cf, env)),
+		group("tokens", "Manage enrollment tokens", newTokensCreateCmd(&cf, env)),
+		group("api-tokens", "Manage API tokens", newAPITokensCreateCmd(&cf, env)),
+	)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	switch cmd {
-	case "serve":
-		err = serve(ctx, cfg, stderr)
-	case "keys rotate":
-		err = rotateCommand(ctx, cfg, stdout)
-	case "tokens create":
-		var resp *api.EnrollmentTokenCreated
-		resp, err = CreateTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
-		if err == nil {
-			if format == "json" {
-				b, _ := json.MarshalIndent(resp, "", "  ")
-				fmt.Fprintln(stdout, string(b))
-			} else {
-				fmt.Fprintln(stdout, resp.Token)
-			}
-		}
-	case "api-tokens create":
-		var resp *api.APITokenCreated
-		resp, err = CreateAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
-		if err == nil {
-			if format == "json" {
-				b, _ := json.MarshalIndent(resp, "", "  ")
-				fmt.Fprintln(stdout, string(b))
-			} else {
-				fmt.Fprintln(stdout, resp.Token)
-			}
-		}
-	case "version":
-		fmt.Fprintln(stdout, "drover-server", version)
-	default:
-		fmt.Fprintf(stderr, "drover-server: unknown command %q\n%s", cmd, usage)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "drover-server: %v\n", ue.err)
 		return 2
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "drover-server: %s\n", describe(err))
-		return 1
+	fmt.Fprintf(stderr, "drover-server: %s\n", describe(err))
+	return 1
+}
+
+// usageError is a command line or configuration the server cannot start
+// with (exit code 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		if cmd.HasSubCommands() {
+			name := args[0]
+			if cmd.HasParent() {
+				name = cmd.Name() + " " + name
+			}
+			return usageError{fmt.Errorf("unknown command %q", name)}
+		}
+		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
 	}
-	return 0
+	return nil
+}
+
+// group is a command that only holds subcommands.
+func group(name, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{Use: name, Short: short, Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return usageError{fmt.Errorf("unknown command %q", cmd.Name())}
+		}}
+	c.AddCommand(subs...)
+	return c
+}
+
+// cliFlags are the flags every command shares.
+type cliFlags struct {
+	configFile, dataDir, httpAddr, grpcAddr string
+	internalAgent                           bool
+}
+
+func (f *cliFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.configFile, "config", "", "YAML configuration (default "+DefaultConfigFile+", optional)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "state directory (default "+DefaultDataDir+")")
+	fs.StringVar(&f.httpAddr, "http-addr", "", "HTTPS listen address (default "+DefaultHTTPAddr+")")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "", "gRPC listen address (default "+DefaultGRPCAddr+")")
+	fs.BoolVar(&f.internalAgent, "internal-agent", false, "also run a drover-agent for this host (serve only)")
+}
+
+// config loads the configuration: the file, then the environment, then the
+// flags.
+func (f *cliFlags) config(env []string) (Config, error) {
+	path, required := DefaultConfigFile, false
+	if f.configFile != "" {
+		path, required = f.configFile, true
+	}
+	cfg, err := LoadConfig(path, required, env)
+	if err != nil {
+		return cfg, usageError{err}
+	}
+	for _, o := range []struct {
+		v  string
+		to *string
+	}{{f.dataDir, &cfg.DataDir}, {f.httpAddr, &cfg.HTTPAddr}, {f.grpcAddr, &cfg.GRPCAddr}} {
+		if o.v != "" {
+			*o.to = o.v
+		}
+	}
+	if f.internalAgent {
+		cfg.InternalAgent.Enabled = true
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{err}
+	}
+	return cfg, nil
+}
+
+// run loads the configuration and runs fn with it.
+func (f *cliFlags) run(cmd *cobra.Command, env []string, fn func(context.Context, Config, io.Writer, io.Writer) error) error {
+	cfg, err := f.config(env)
+	if err != nil {
+		return err
+	}
+	return fn(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+}
+
+func newRotateCmd(cf *cliFlags, env []string) *cobra.Command {
+	return &cobra.Command{Use: "rotate", Short: "Add a new manifest signing key", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, rotateCommand) }}
+}
+
+func newTokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
+	var ttl, name, format string
+	tags := tagFlag{}
+	c := &cobra.Command{Use: "create", Short: "Print a new enrollment token", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
+				resp, err := CreateTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
+				if err != nil {
+					return err
+				}
+				printCreated(stdout, format, resp, resp.Token)
+				return nil
+			})
+		}}
+	c.Flags().StringVar(&ttl, "ttl", "", "token lifetime, e.g. 1h (default from the config)")
+	c.Flags().StringVar(&name, "name", "", "preset agent name")
+	c.Flags().Var(tags, "tag", "preset agent tag key=value (repeatable)")
+	c.Flags().StringVar(&format, "output", "token", "token (just the token) or json")
+	return c
+}
+
+func newAPITokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
+	var ttl, name, format, roleName string
+	c := &cobra.Command{Use: "create --name N --role viewer|operator|admin [--ttl D]",
+		Short: "Print a new API token (e.g. to recover after admin.token was revoked)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
+				resp, err := CreateAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
+				if err != nil {
+					return err
+				}
+				printCreated(stdout, format, resp, resp.Token)
+				return nil
+			})
+		}}
+	c.Flags().StringVar(&ttl, "ttl", "", "token lifetime, e.g. 720h (default: no expiry)")
+	c.Flags().StringVar(&name, "name", "", "who or what uses the token")
+	c.Flags().StringVar(&roleName, "role", "", "viewer, operator or admin")
+	c.Flags().StringVar(&format, "output", "token", "token (just the token) or json")
+	return c
+}
+
+// printCreated prints a created token: just the token, or the whole answer
+// as JSON.
+func printCreated(w io.Writer, format string, resp any, token string) {
+	if format == "json" {
+		b, _ := json.MarshalIndent(resp, "", "  ")
+		fmt.Fprintln(w, string(b))
+		return
+	}
+	fmt.Fprintln(w, token)
 }
 
 // describe renders an error with its details for the terminal.
@@ -177,7 +245,7 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-func serve(ctx context.Context, cfg Config, stderr io.Writer) error {
+func serve(ctx context.Context, cfg Config, _, stderr io.Writer) error {
 	s, err := New(cfg, NewLogger(cfg, stderr), SystemClock())
 	if err != nil {
 		return err
@@ -196,6 +264,8 @@ func (t tagFlag) String() string {
 	sort.Strings(keys)
 	return strings.Join(keys, ",")
 }
+
+func (t tagFlag) Type() string { return "key=value" }
 
 func (t tagFlag) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
@@ -268,7 +338,7 @@ func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 
 // rotateCommand rotates in the data dir when no server runs on it, and asks
 // the running server otherwise, so that it re-signs every manifest at once.
-func rotateCommand(ctx context.Context, cfg Config, stdout io.Writer) error {
+func rotateCommand(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
 	resp, err := RotateKeysOffline(cfg)
 	if errors.Is(err, errLocked) {
 		resp, err = rotateViaAPI(ctx, cfg)

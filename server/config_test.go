@@ -173,6 +173,11 @@ func TestCommandLine(t *testing.T) {
 	if _, _, code = run("frobnicate"); code != 2 {
 		t.Fatalf("unknown command: %d", code)
 	}
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		if out, _, code = run(args...); code != 0 || !strings.Contains(out, "drover-server") || !strings.Contains(out, "test") {
+			t.Fatalf("%v: %d %q", args, code, out)
+		}
+	}
 }
 
 func TestManifestResignedBeforeExpiry(t *testing.T) {
