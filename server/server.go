@@ -9,7 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -421,4 +423,25 @@ func (s *Server) watchdog(ctx context.Context) {
 			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
 		}
 	}
+}
+
+// serverSANs lists the names the server certificate must carry.
+func serverSANs(cfg *Config) []string {
+	sans := []string{"localhost", "127.0.0.1", "::1"}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		sans = append(sans, h)
+	}
+	if cfg.PublicURL != "" {
+		if u, err := url.Parse(cfg.PublicURL); err == nil && u.Hostname() != "" {
+			sans = append(sans, u.Hostname())
+		}
+	}
+	if cfg.GRPCPublicAddr != "" {
+		if h, _, err := net.SplitHostPort(cfg.GRPCPublicAddr); err == nil && h != "" {
+			sans = append(sans, h)
+		}
+	}
+	sans = append(sans, cfg.TLSSANs...)
+	slices.Sort(sans)
+	return slices.Compact(sans)
 }
