@@ -206,7 +206,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 	audit("api_tokens.create", "api-token/"+opID, bootstrapTokenID, false, true)
 
-	// ---- agents enroll; one is online
+	// agents enroll; one is online
 	web := ts.enrollAgent(map[string]string{"role": "web", "env": "prod"})
 	db := ts.enrollAgent(map[string]string{"role": "db"})
 	e := audit("agents.enroll", "agent/"+web.id, "", false, true)
@@ -225,7 +225,7 @@ func TestAPIEndpoints(t *testing.T) {
 		return ag.Online
 	})
 
-	// ---- pipes: create (JSON), unchanged, update (YAML)
+	// pipes: create (JSON), unchanged, update (YAML)
 	spec := map[string]any{"schedule": "30 2 * * *", "timezone": "Europe/Berlin", "script": "echo backup\n", "targets": map[string]any{"tags": map[string]string{"role": "web"}}}
 	var put api.PutPipeResponse
 	ts.as(op, 201, "PUT", "/api/v1/pipes/backup", map[string]any{"spec": spec}, &put)
@@ -295,7 +295,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("If-None-Match: %d %s", r.code, r.body)
 	}
 
-	// ---- versions: list, show, restore
+	// versions: list, show, restore
 	var vl api.PipeVersionList
 	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/versions", nil, &vl)
 	if len(vl.Versions) != 2 || vl.Versions[0].Version != 2 || !vl.Versions[0].Current || vl.Versions[1].Current {
@@ -321,7 +321,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 	audit("pipes.restore", "pipe/backup", opID, true, true)
 
-	// ---- schedule preview in the pipe's zone, across the spring DST gap: cron runs the
+	// schedule preview in the pipe's zone, across the spring DST gap: cron runs the
 	// 02:30 that does not exist on 2026-03-29 at the end of the gap, 03:00
 	var sp api.SchedulePreview
 	// The fire-time view and the events (missed_test.go covers them).
@@ -337,7 +337,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("schedule preview: %s, want %v", r.body, want)
 	}
 
-	// ---- dry-run: nothing is stored
+	// dry-run: nothing is stored
 	dry := func(body any) api.DryRunResponse {
 		t.Helper()
 		var out api.DryRunResponse
@@ -379,7 +379,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("dry-run stored something: %+v", cur)
 	}
 
-	// ---- run now: every targeted agent, one agent, by tag
+	// run now: every targeted agent, one agent, by tag
 	var rr api.RunPipeResponse
 	ts.as(op, 202, "POST", "/api/v1/pipes/backup/run", map[string]any{}, &rr)
 	if !slices.Equal(rr.Sent, []string{web.id}) || len(rr.Offline) != 0 || !strings.HasPrefix(rr.RequestID, "req-") {
@@ -404,7 +404,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("run on an offline agent: %+v", offline)
 	}
 
-	// ---- runs: list and filter, get, logs, cancel
+	// runs: list and filter, get, logs, cancel
 	now := time.Now()
 	seq := sendAll(t, st, 1,
 		&agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{RunId: "r1", Pipe: "backup", PipeVersion: 3,
@@ -480,7 +480,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 	ts.as(op, 404, "POST", "/api/v1/runs/nope/cancel", nil, nil)
 
-	// ---- agents: list and filter, get, tags, revoke, delete, renewal
+	// agents: list and filter, get, tags, revoke, delete, renewal
 	var al api.AgentList
 	agentIDs := func(q string) []string {
 		t.Helper()
@@ -538,7 +538,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("a deleted agent's certificate: %v %v", r, err)
 	}
 
-	// ---- enrollment tokens: create, list (no secrets), delete
+	// enrollment tokens: create, list (no secrets), delete
 	var tok api.EnrollmentTokenCreated
 	ts.as(ts.admin, 201, "POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "30m", Name: "host1", Tags: map[string]string{"role": "web"}}, &tok)
 	audit("enrollment_tokens.create", "enrollment-token/"+tok.ID, bootstrapTokenID, false, true)
@@ -556,7 +556,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("a deleted token enrolled: %v", err)
 	}
 
-	// ---- API tokens: list (no secrets), revoke
+	// API tokens: list (no secrets), revoke
 	var atl api.APITokenList
 	r = ts.as(ts.admin, 200, "GET", "/api/v1/api-tokens", nil, &atl)
 	var names []string
@@ -573,7 +573,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("revoked token: %s", r.body)
 	}
 
-	// ---- secrets: set, list, delete
+	// secrets: set, list, delete
 	ts.as(op, 204, "PUT", "/api/v1/secrets/DB_PASSWORD", map[string]string{"value": "hunter2-s3cret"}, nil)
 	audit("secrets.write", "secret/DB_PASSWORD", opID, false, true)
 	ts.as(op, 204, "PUT", "/api/v1/secrets/DB_PASSWORD", map[string]string{"value": "hunter3-s3cret"}, nil)
@@ -587,7 +587,7 @@ func TestAPIEndpoints(t *testing.T) {
 	audit("secrets.delete", "secret/DB_PASSWORD", opID, true, false)
 	ts.as(op, 404, "DELETE", "/api/v1/secrets/DB_PASSWORD", nil, nil)
 
-	// ---- keys, pipe deletion and undeletion
+	// keys, pipe deletion and undeletion
 	ts.as(ts.admin, 200, "POST", "/api/v1/keys/rotate", nil, nil)
 	audit("keys.rotate", "keys", bootstrapTokenID, true, true)
 	ts.as(op, 204, "DELETE", "/api/v1/pipes/alpha", nil, nil)
@@ -602,7 +602,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("undelete: %+v", put)
 	}
 
-	// ---- whoami, health
+	// whoami, health
 	var who api.WhoAmI
 	ts.as(op, 200, "GET", "/api/v1/whoami", nil, &who)
 	if who != (api.WhoAmI{ID: opID, Name: "deploy-bot", Role: "operator"}) {
@@ -611,7 +611,7 @@ func TestAPIEndpoints(t *testing.T) {
 	ts.as("", 200, "GET", "/healthz", nil, nil)
 	ts.as("", 200, "GET", "/api/v1/openapi.json", nil, nil)
 
-	// ---- the audit log: filters and pages
+	// the audit log: filters and pages
 	var al2 api.AuditList
 	ts.as(op, 200, "GET", "/api/v1/audit?actor=deploy-bot", nil, &al2)
 	byName := len(al2.Entries)
@@ -645,14 +645,14 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatal("a secret value reached the audit log")
 	}
 
-	// ---- the agents' own routes
+	// the agents' own routes
 	for _, p := range []string{"/api/v1/agents/self/manifest", "/api/v1/agents/self/trust", "/api/v1/agents/self/secrets",
 		"/api/v1/agents/self/payloads/" + cur.Payload.Digest} {
 		if r, err := web.get(p); err != nil || r.code != 200 {
 			t.Fatalf("GET %s: %v %v", p, r, err)
 		}
 	}
-	// ---- the live log of a finished run: its chunks, then the end
+	// the live log of a finished run: its chunks, then the end
 	sse, events := ts.openSSE(t.Context(), op, "r1", "")
 	var evs []string
 	for ev := range events {

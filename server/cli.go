@@ -174,7 +174,7 @@ func newTokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
 	c := &cobra.Command{Use: "create", Short: "Print a new enrollment token", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
-				resp, err := CreateTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
+				resp, err := createTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
 				if err != nil {
 					return err
 				}
@@ -195,7 +195,7 @@ func newAPITokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
 		Short: "Print a new API token (e.g. to recover after admin.token was revoked)", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
-				resp, err := CreateAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
+				resp, err := createAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
 				if err != nil {
 					return err
 				}
@@ -234,8 +234,8 @@ func describe(err error) string {
 	return msg
 }
 
-// NewLogger returns the slog logger the configuration asks for, on w.
-func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+// newLogger returns the slog logger the configuration asks for, on w.
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	opts := &slog.HandlerOptions{Level: level}
@@ -246,7 +246,7 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 }
 
 func serve(ctx context.Context, cfg Config, _, stderr io.Writer) error {
-	s, err := New(cfg, NewLogger(cfg, stderr), SystemClock())
+	s, err := New(cfg, newLogger(cfg, stderr), SystemClock())
 	if err != nil {
 		return err
 	}
@@ -276,10 +276,10 @@ func (t tagFlag) Set(s string) error {
 	return nil
 }
 
-// CreateTokenOffline creates an enrollment token directly in the data dir's
+// createTokenOffline creates an enrollment token directly in the data dir's
 // database. It works whether or not the server is running (SQLite allows
 // several processes), which suits packaging scripts and config management.
-func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
+func createTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
 	certPEM, err := os.ReadFile(filepath.Join(cfg.DataDir, "ca.crt"))
 	if err != nil {
 		return nil, fmt.Errorf("read the CA certificate (has the server started once?): %w", err)
@@ -311,11 +311,11 @@ func localAudit(action, target string, after any) *store.AuditEntry {
 		Action: action, Target: target, AfterDigest: digestOf(after), Source: "local"}
 }
 
-// CreateAPITokenOffline creates an API token directly in the data dir's
+// createAPITokenOffline creates an API token directly in the data dir's
 // database, whether or not the server is running: the way back in when
 // admin.token was revoked and no admin token is at hand (whoever can run
 // it can read the data dir anyway).
-func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequest) (*api.APITokenCreated, error) {
+func createAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequest) (*api.APITokenCreated, error) {
 	rl, ttl, err := checkAPITokenRequest(req)
 	if err != nil {
 		return nil, err
@@ -339,7 +339,7 @@ func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 // rotateCommand rotates in the data dir when no server runs on it, and asks
 // the running server otherwise, so that it re-signs every manifest at once.
 func rotateCommand(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
-	resp, err := RotateKeysOffline(cfg)
+	resp, err := rotateKeysOffline(cfg)
 	if errors.Is(err, errLocked) {
 		resp, err = rotateViaAPI(ctx, cfg)
 	}
@@ -350,10 +350,10 @@ func rotateCommand(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
 	return nil
 }
 
-// RotateKeysOffline rotates the manifest key of a data dir no server is
+// rotateKeysOffline rotates the manifest key of a data dir no server is
 // using; the server re-signs every manifest when it next starts. It fails
 // with an error wrapping errLocked when a server holds the data dir.
-func RotateKeysOffline(cfg Config) (*api.RotateResponse, error) {
+func rotateKeysOffline(cfg Config) (*api.RotateResponse, error) {
 	lock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
 		return nil, err

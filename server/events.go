@@ -16,7 +16,7 @@ import (
 	"github.com/drover/drover/manifest"
 )
 
-// Event kinds (DESIGN.md, "Fleet monitoring").
+// Event kinds (docs/monitoring.md, "Events").
 const (
 	EventRunFailed        = "run.failed"
 	EventRunMissed        = "run.missed"

@@ -16,8 +16,8 @@ import (
 )
 
 // The fire-time view: for each fire time of a pipe, how many agents were
-// expected to serve it and what became of their runs (DESIGN.md, "Fleet
-// monitoring"). Fire times are the evaluator's in the pipe's time zone
+// expected to serve it and what became of their runs (docs/monitoring.md,
+// "The fire-time view"). Fire times are the evaluator's in the pipe's time zone
 // plus any fire time a run reports (an "@every" pipe's, or the previous
 // schedule's). Expected agents are those that hold the pipe now and had
 // enrolled before the fire time, when the pipe version in force existed,

@@ -32,8 +32,7 @@ import (
 	"github.com/drover/drover/signing"
 )
 
-// ---- a controllable clock
-
+// testClock is a clock a test moves forward.
 type testClock struct {
 	mu  sync.Mutex
 	off time.Duration
@@ -51,8 +50,7 @@ func (c *testClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// ---- the real server, in process
-
+// testServer is the real server, in process, with clients for its API.
 type testServer struct {
 	t      testing.TB
 	s      *Server
@@ -242,9 +240,8 @@ func (ts *testServer) apiToken(name, role, ttl string) (string, string) {
 	return out.Token, out.ID
 }
 
-// ---- the test agent: an enrollment client, an mTLS HTTP client and a
-// stream client, built from crypto/x509, signing and proto only.
-
+// testAgent is an enrollment client, an mTLS HTTP client and a stream
+// client, built from crypto/x509, signing and proto only.
 type testAgent struct {
 	id       string
 	base     string

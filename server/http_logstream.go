@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -119,33 +120,15 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 	if _, err := s.store.GetRun(ctx, id); err != nil {
 		return err
 	}
-	after := int64(-1)
-	if le := strings.TrimSpace(r.Header.Get("Last-Event-ID")); le != "" {
-		n, err := strconv.ParseInt(le, 10, 64)
-		if err != nil || n < 0 {
-			return errs.New(errs.ErrInvalidRequest, "invalid Last-Event-ID", api.Detail{Field: "Last-Event-ID", Message: "a chunk seq from an earlier event"})
-		}
-		after = n
+	after, err := lastEventID(r)
+	if err != nil {
+		return err
 	}
-	// Followers are capped per API token (one viewer cannot hold every
-	// slot) and in all.
-	tokenID := ""
-	if p := principalOf(r); p != nil {
-		tokenID = p.ID
-	}
-	release, ok := s.guard.follow(tokenID)
-	if !ok {
-		w.Header().Set("Retry-After", "5")
-		return errs.New(errs.ErrRateLimited, fmt.Sprintf("this token already follows %d live logs (live_logs.max_per_token)", s.cfg.LiveLogs.MaxPerToken))
+	release, err := s.takeFollower(w, r)
+	if err != nil {
+		return err
 	}
 	defer release()
-	select {
-	case s.logStreams <- struct{}{}:
-		defer func() { <-s.logStreams }()
-	default:
-		w.Header().Set("Retry-After", "5")
-		return errs.New(errs.ErrUnavailable, "too many live log streams; retry shortly")
-	}
 	wake, stop := s.logWatch.watch(id) // before the first read: no commit is missed
 	defer stop()
 
@@ -164,60 +147,86 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 		return nil
 	}
 	_ = rc.Flush()
+	f := &logFollower{s: s, w: w, rc: rc, runID: id, after: after}
+	return f.follow(ctx, wake)
+}
 
-	fail := func(err error) error {
-		_, body := errs.Public(err)
-		b, _ := json.Marshal(body)
-		fmt.Fprintf(w, "event: error\ndata: %s\n\n", b)
-		_ = rc.Flush()
-		if errs.KindOf(err).Err == errs.ErrInternal {
-			s.log.Error("live log stream failed", "run", id, "err", err)
-		}
-		return nil
+// lastEventID is the chunk seq a reconnecting client saw last (-1: none).
+func lastEventID(r *http.Request) (int64, error) {
+	le := strings.TrimSpace(r.Header.Get("Last-Event-ID"))
+	if le == "" {
+		return -1, nil
 	}
+	n, err := strconv.ParseInt(le, 10, 64)
+	if err != nil || n < 0 {
+		return 0, errs.New(errs.ErrInvalidRequest, "invalid Last-Event-ID", api.Detail{Field: "Last-Event-ID", Message: "a chunk seq from an earlier event"})
+	}
+	return n, nil
+}
+
+// takeFollower takes a live-log slot: followers are capped per API token
+// (one viewer cannot hold every slot) and in all.
+func (s *Server) takeFollower(w http.ResponseWriter, r *http.Request) (release func(), err error) {
+	tokenID := ""
+	if p := principalOf(r); p != nil {
+		tokenID = p.ID
+	}
+	releaseToken, ok := s.guard.follow(tokenID)
+	if !ok {
+		w.Header().Set("Retry-After", "5")
+		return nil, errs.New(errs.ErrRateLimited, fmt.Sprintf("this token already follows %d live logs (live_logs.max_per_token)", s.cfg.LiveLogs.MaxPerToken))
+	}
+	select {
+	case s.logStreams <- struct{}{}:
+		return func() { <-s.logStreams; releaseToken() }, nil
+	default:
+		releaseToken()
+		w.Header().Set("Retry-After", "5")
+		return nil, errs.New(errs.ErrUnavailable, "too many live log streams; retry shortly")
+	}
+}
+
+// logFollower writes one run's live log as Server-Sent Events.
+type logFollower struct {
+	s     *Server
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	runID string
+	after int64 // the last chunk seq sent
+	// endedAt is when the follower first saw the run ended.
+	endedAt time.Time
+}
+
+// follow sends chunks as they are committed until the run has ended and
+// its log is complete, the run is idle, or the client or server goes away.
+// Every error is told to the client as an "error" event.
+func (f *logFollower) follow(ctx context.Context, wake <-chan struct{}) error {
 	keepalive := time.NewTicker(sseKeepalive)
 	defer keepalive.Stop()
-	var endedAt time.Time
 	// A run that makes no progress (no chunk, no change of status) for
 	// live_logs.idle_timeout ends its followers with an "idle" event; the
 	// client may reconnect with Last-Event-ID.
-	idle := time.NewTimer(s.cfg.LiveLogs.IdleTimeout)
+	idleTimeout := f.s.cfg.LiveLogs.IdleTimeout
+	idle := time.NewTimer(idleTimeout)
 	defer idle.Stop()
 	lastStatus := ""
 	for {
-		progressed := false
-		for {
-			chunks, err := s.store.GetLogsAfter(ctx, id, after, sseChunksBatch)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fail(err)
-			}
-			for _, c := range chunks {
-				b, err := json.Marshal(chunkJSON(c))
-				if err != nil {
-					return fail(err)
-				}
-				if _, err := fmt.Fprintf(w, "id: %d\nevent: chunk\ndata: %s\n\n", c.Seq, b); err != nil {
-					return nil
-				}
-				after = int64(c.Seq)
-				progressed = true
-			}
-			if len(chunks) < sseChunksBatch {
-				break
-			}
-		}
-		if err := rc.Flush(); err != nil {
+		progressed, gone, err := f.sendChunks(ctx)
+		if gone {
 			return nil
 		}
-		run, err := s.store.GetRun(ctx, id)
+		if err != nil {
+			return f.fail(err)
+		}
+		if err := f.rc.Flush(); err != nil {
+			return nil
+		}
+		run, err := f.s.store.GetRun(ctx, f.runID)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fail(err)
+			return f.fail(err)
 		}
 		if run.Status != lastStatus {
 			lastStatus, progressed = run.Status, true
@@ -229,45 +238,91 @@ func (s *Server) handleRunLogStream(w http.ResponseWriter, r *http.Request) erro
 				default:
 				}
 			}
-			idle.Reset(s.cfg.LiveLogs.IdleTimeout)
+			idle.Reset(idleTimeout)
 		}
 		var grace <-chan time.Time
 		if terminalStatus(run.Status) {
-			if endedAt.IsZero() {
-				endedAt = time.Now()
-			}
-			done := run.LogTruncated || run.LogChunks == 0 || time.Since(endedAt) >= sseEndGrace
-			if !done {
-				n, err := s.store.CountLogChunks(ctx, id)
-				if err != nil {
-					return fail(err)
-				}
-				done = n >= run.LogChunks
+			done, err := f.complete(ctx, run)
+			if err != nil {
+				return f.fail(err)
 			}
 			if done {
 				b, _ := json.Marshal(runJSON(run))
-				fmt.Fprintf(w, "event: end\ndata: %s\n\n", b)
-				_ = rc.Flush()
+				fmt.Fprintf(f.w, "event: end\ndata: %s\n\n", b)
+				_ = f.rc.Flush()
 				return nil
 			}
-			grace = time.After(sseEndGrace - time.Since(endedAt))
+			grace = time.After(sseEndGrace - time.Since(f.endedAt))
 		}
 		select {
 		case <-wake:
 		case <-grace:
 		case <-keepalive.C:
-			if _, err := fmt.Fprint(w, ": ping\n\n"); err != nil {
+			if _, err := fmt.Fprint(f.w, ": ping\n\n"); err != nil {
 				return nil
 			}
-			_ = rc.Flush()
+			_ = f.rc.Flush()
 		case <-idle.C:
-			fmt.Fprintf(w, "event: idle\ndata: {\"run\":%q,\"after\":%d}\n\n", id, after)
-			_ = rc.Flush()
+			fmt.Fprintf(f.w, "event: idle\ndata: {\"run\":%q,\"after\":%d}\n\n", f.runID, f.after)
+			_ = f.rc.Flush()
 			return nil
 		case <-ctx.Done():
 			return nil
-		case <-s.quit:
+		case <-f.s.quit:
 			return nil
 		}
 	}
+}
+
+// sendChunks sends every chunk committed after f.after. gone reports that
+// the client or the request went away (nothing more to say).
+func (f *logFollower) sendChunks(ctx context.Context) (progressed, gone bool, err error) {
+	for {
+		chunks, err := f.s.store.GetLogsAfter(ctx, f.runID, f.after, sseChunksBatch)
+		if err != nil {
+			return progressed, ctx.Err() != nil, err
+		}
+		for _, c := range chunks {
+			b, err := json.Marshal(chunkJSON(c))
+			if err != nil {
+				return progressed, false, err
+			}
+			if _, err := fmt.Fprintf(f.w, "id: %d\nevent: chunk\ndata: %s\n\n", c.Seq, b); err != nil {
+				return progressed, true, nil
+			}
+			f.after = int64(c.Seq)
+			progressed = true
+		}
+		if len(chunks) < sseChunksBatch {
+			return progressed, false, nil
+		}
+	}
+}
+
+// complete reports whether an ended run's log is all stored (or the grace
+// for its last chunks has passed).
+func (f *logFollower) complete(ctx context.Context, run *store.Run) (bool, error) {
+	if f.endedAt.IsZero() {
+		f.endedAt = time.Now()
+	}
+	if run.LogTruncated || run.LogChunks == 0 || time.Since(f.endedAt) >= sseEndGrace {
+		return true, nil
+	}
+	n, err := f.s.store.CountLogChunks(ctx, f.runID)
+	if err != nil {
+		return false, err
+	}
+	return n >= run.LogChunks, nil
+}
+
+// fail tells the client err as an "error" event and ends the stream.
+func (f *logFollower) fail(err error) error {
+	_, body := errs.Public(err)
+	b, _ := json.Marshal(body)
+	fmt.Fprintf(f.w, "event: error\ndata: %s\n\n", b)
+	_ = f.rc.Flush()
+	if errs.KindOf(err).Err == errs.ErrInternal {
+		f.s.log.Error("live log stream failed", "run", f.runID, "err", err)
+	}
+	return nil
 }

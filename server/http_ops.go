@@ -10,7 +10,7 @@ import (
 func (s *Server) handleRotateKeys(w http.ResponseWriter, r *http.Request) error {
 	signer, v := s.keys.Signer()
 	before := api.RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}
-	resp, err := s.RotateKeys(r.Context())
+	resp, err := s.rotateKeys(r.Context())
 	if err != nil {
 		return err
 	}

@@ -42,8 +42,8 @@ type AgentLimits struct {
 	MaxRunningIDs int `yaml:"max_running_ids"`
 }
 
-// DefaultAgentLimits returns the defaults (documented in doc.go).
-func DefaultAgentLimits() AgentLimits {
+// defaultAgentLimits returns the defaults (documented in doc.go).
+func defaultAgentLimits() AgentLimits {
 	return AgentLimits{
 		RunRecordsPerSecond:     100,
 		RunRecordsBurst:         1000,

@@ -13,7 +13,7 @@ import (
 	"github.com/drover/drover/manifest"
 )
 
-// Missed runs (DESIGN.md, "Fleet monitoring"). For every agent that holds
+// Missed runs (docs/monitoring.md, "Missed runs"). For every agent that holds
 // a pipe and every fire time the agent was expected to serve, a run must
 // have started within the pipe's grace after the fire time plus its
 // jitter (the stable per-host delay is at most the jitter). A detection
@@ -52,7 +52,7 @@ const (
 
 // leader runs fn while this server is the one that does fleet-wide
 // periodic work. With one server it always is; several replicas wrap fn in
-// a lock (DESIGN.md, "Several servers") without changing the loop.
+// a lock (docs/design.md, "Planned") without changing the loop.
 type leader interface {
 	lead(ctx context.Context, name string, fn func(context.Context))
 }

@@ -143,27 +143,8 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		return nil, err
 	}
 	now := clock.Now()
-	if s.ca, err = pki.LoadOrCreateCA(cfg.DataDir, now); err != nil {
-		return nil, err
-	}
-	tlsCert, err := pki.LoadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(&cfg), now)
+	tlsCert, err := s.loadKeys(now)
 	if err != nil {
-		return nil, err
-	}
-	if s.keys, err = pki.LoadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime); err != nil {
-		return nil, err
-	}
-	if _, err := s.keys.Refresh(now, cfg.Signing.KeyListLifetime); err != nil {
-		return nil, err
-	}
-	secretsKey, err := pki.LoadOrCreateSecret(cfg.DataDir, "secrets.key")
-	if err != nil {
-		return nil, err
-	}
-	if s.sealer, err = pki.NewSealer(secretsKey); err != nil {
-		return nil, err
-	}
-	if s.admin, err = pki.LoadOrCreateAdminToken(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	ctx := context.Background()
@@ -238,6 +219,38 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	return s, nil
 }
 
+// loadKeys loads (creating on first start) the CA, the keyring, the
+// secrets key and the admin token from the data dir, and returns the
+// server's TLS certificate.
+func (s *Server) loadKeys(now time.Time) (tls.Certificate, error) {
+	cfg := &s.cfg
+	var err error
+	if s.ca, err = pki.LoadOrCreateCA(cfg.DataDir, now); err != nil {
+		return tls.Certificate{}, err
+	}
+	tlsCert, err := pki.LoadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(cfg), now)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	if s.keys, err = pki.LoadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime); err != nil {
+		return tls.Certificate{}, err
+	}
+	if _, err := s.keys.Refresh(now, cfg.Signing.KeyListLifetime); err != nil {
+		return tls.Certificate{}, err
+	}
+	secretsKey, err := pki.LoadOrCreateSecret(cfg.DataDir, "secrets.key")
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	if s.sealer, err = pki.NewSealer(secretsKey); err != nil {
+		return tls.Certificate{}, err
+	}
+	if s.admin, err = pki.LoadOrCreateAdminToken(cfg.DataDir); err != nil {
+		return tls.Certificate{}, err
+	}
+	return tlsCert, nil
+}
+
 // release closes what New acquired, for a server that will not run.
 func (s *Server) release() {
 	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
@@ -280,9 +293,9 @@ func (s *Server) published(agentID string, serial uint64) {
 	s.hub.SyncNow(agentID, serial)
 }
 
-// RotateKeys adds a new manifest key through a new root-signed key list and
+// rotateKeys adds a new manifest key through a new root-signed key list and
 // re-signs every manifest with it.
-func (s *Server) RotateKeys(ctx context.Context) (*api.RotateResponse, error) {
+func (s *Server) rotateKeys(ctx context.Context) (*api.RotateResponse, error) {
 	if err := s.keys.Rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}

@@ -296,8 +296,8 @@ type ScheduledRun struct {
 	Status      string
 }
 
-// Event is one thing the server noticed about the fleet (DESIGN.md,
-// "Fleet monitoring").
+// Event is one thing the server noticed about the fleet (docs/monitoring.md,
+// "Events").
 type Event struct {
 	ID      int64
 	At      time.Time
