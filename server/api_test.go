@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server/store"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -219,7 +220,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.close()
-	waitFor(t, 5*time.Second, "web online", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "web online", func() bool {
 		var ag api.Agent
 		ts.adminOK("GET", "/api/v1/agents/"+web.id, nil, &ag)
 		return ag.Online
@@ -386,7 +387,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("run: %+v", rr)
 	}
 	audit("pipes.run", "pipe/backup", opID, false, true)
-	waitFor(t, 5*time.Second, "RunNow", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return len(st.runNows) == 1 && st.runNows[0].GetRequestId() == rr.RequestID && st.runNows[0].GetPipe() == "backup"
@@ -470,7 +471,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("cancel: %+v", cr)
 	}
 	audit("runs.cancel", "run/r2", opID, true, true)
-	waitFor(t, 5*time.Second, "CancelRun", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "CancelRun", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return slices.Equal(st.cancels, []string{"r2"})

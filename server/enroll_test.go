@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 )
@@ -252,7 +253,7 @@ func TestRevocationClosesLiveStream(t *testing.T) {
 	}
 	defer st.close()
 	// Make sure the stream is registered before revoking.
-	waitFor(t, 5*time.Second, "the stream to be online", func() bool { return ts.s.hub.Online(a.id) })
+	testkit.WaitFor(t, 5*time.Second, "the stream to be online", func() bool { return ts.s.hub.Online(a.id) })
 
 	start := time.Now()
 	ts.adminOK("POST", "/api/v1/agents/"+a.id+"/revoke", nil, nil)

@@ -16,13 +16,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store/sqlite"
 	"google.golang.org/grpc"
@@ -32,30 +32,12 @@ import (
 	"github.com/drover/drover/signing"
 )
 
-// testClock is a clock a test moves forward.
-type testClock struct {
-	mu  sync.Mutex
-	off time.Duration
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.off)
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.off += d
-	c.mu.Unlock()
-}
-
 // testServer is the real server, in process, with clients for its API.
 type testServer struct {
 	t      testing.TB
 	s      *Server
 	cfg    Config
-	clock  *testClock
+	clock  *testkit.Clock
 	admin  string
 	base   string
 	client *http.Client // trusts the CA, no client certificate
@@ -65,20 +47,7 @@ type testServer struct {
 
 // testLogger logs warnings and errors to the test log (set DROVER_TEST_LOG
 // for everything).
-func testLogger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
-	if os.Getenv("DROVER_TEST_LOG") != "" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(b), "\n"))
-	return len(b), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testkit.Logger(t, slog.LevelWarn) }
 
 func testConfig(dir string) Config {
 	cfg := DefaultConfig()
@@ -97,7 +66,7 @@ func startServer(t testing.TB, configure ...func(*Config)) *testServer {
 	for _, f := range configure {
 		f(&cfg)
 	}
-	clock := &testClock{}
+	clock := &testkit.Clock{}
 	s, err := New(cfg, testLogger(t), clock)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -568,18 +537,6 @@ func (s *testStream) waitAck(seq uint64, timeout time.Duration) error {
 		case <-deadline:
 			return fmt.Errorf("no ack %d within %s (last %d)", seq, timeout, s.lastAck())
 		}
-	}
-}
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -213,7 +214,7 @@ func TestEventStatesSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.close()
-	waitFor(t, 10*time.Second, "the stream to end", func() bool { return !ts.s.hub.Online(a.id) })
+	testkit.WaitFor(t, 10*time.Second, "the stream to end", func() bool { return !ts.s.hub.Online(a.id) })
 	ts.clock.Advance(3 * time.Minute)
 	if _, err := ts.s.monitor.pass(ctx); err != nil {
 		t.Fatal(err)
@@ -264,12 +265,12 @@ func TestMissedLoopRuns(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); ts.s.leader.lead(ctx, "monitor", m.run) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, 10*time.Second, "the first pass", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the first pass", func() bool {
 		st, err := ts.db().MonitorState(context.Background())
 		return err == nil && st[stateWatermark] != ""
 	})
 	ts.clock.Advance(3 * time.Minute)
-	waitFor(t, 10*time.Second, "a missed run", func() bool { return len(ts.missedOf(a.id, "looped")) >= 1 })
+	testkit.WaitFor(t, 10*time.Second, "a missed run", func() bool { return len(ts.missedOf(a.id, "looped")) >= 1 })
 }
 
 // A run settled lost is a run.failed event of its pipe.
@@ -286,7 +287,7 @@ func TestLostRunIsFailedEvent(t *testing.T) {
 		}
 		seq = sendAll(t, st, seq, started(fmt.Sprintf("r-other-%d", seq), "job", time.Now().Add(time.Hour)))
 	}
-	waitFor(t, 10*time.Second, "the run.failed event", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the run.failed event", func() bool {
 		ev := ts.events("kind=run.failed")
 		return len(ev) == 1 && ev[0].RunID == "r-lost" && ev[0].Pipe == "job" && strings.Contains(ev[0].Message, store.ReasonLost)
 	})

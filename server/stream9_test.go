@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/stream"
 	"google.golang.org/grpc/codes"
@@ -317,7 +318,7 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	sendAll(t, real, 2, finished("r2", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
 	var rr api.RunPipeResponse
 	ts.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
-	waitFor(t, 5*time.Second, "RunNow on the real stream", func() bool { return real.runNowCount() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "RunNow on the real stream", func() bool { return real.runNowCount() == 1 })
 
 	// The same machine reconnects: the new stream replaces the old one.
 	again, err := cl.openStreamAs(machineA, "real-host")
@@ -330,7 +331,7 @@ func TestIdentityBoundToMachine(t *testing.T) {
 		t.Fatalf("old stream ended with %v", s)
 	}
 	ts.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
-	waitFor(t, 5*time.Second, "RunNow on the new stream", func() bool { return again.runNowCount() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "RunNow on the new stream", func() bool { return again.runNowCount() == 1 })
 	if n := real.runNowCount(); n != 1 {
 		t.Fatalf("the replaced stream got %d RunNows", n)
 	}
@@ -386,7 +387,7 @@ func TestOneStreamPerIdentity(t *testing.T) {
 		t.Fatalf("%d live streams", n)
 	}
 	b := ts.enrollAgent(nil)
-	waitFor(t, 10*time.Second, "the replaced streams to end", func() bool { return ts.s.streams.Streams() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the replaced streams to end", func() bool { return ts.s.streams.Streams() == 1 })
 	bs, err := b.openStreamAs(machineB, "b")
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server/store"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -268,14 +269,14 @@ func TestStreamReportsAgentState(t *testing.T) {
 	if !slices.Equal(rr.Sent, []string{a.id}) {
 		t.Fatalf("run now: %+v", rr)
 	}
-	waitFor(t, 5*time.Second, "RunNow", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return len(st.runNows) == 1 && st.runNows[0].GetPipe() == "job" && st.runNows[0].GetRequestId() == rr.RequestID
 	})
 
 	st.close()
-	waitFor(t, 5*time.Second, "the agent to go offline", func() bool { return !ts.s.hub.Online(a.id) })
+	testkit.WaitFor(t, 5*time.Second, "the agent to go offline", func() bool { return !ts.s.hub.Online(a.id) })
 }
 
 func TestRetentionPrunesByAgeAndCount(t *testing.T) {
