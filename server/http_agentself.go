@@ -155,7 +155,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	if err := s.checkRequestMachine(r, agentID); err != nil {
 		return err
 	}
-	if err := s.allowRenewal(w, agentID); err != nil { // pki.go
+	if err := s.allowRenewal(w, agentID); err != nil {
 		return err
 	}
 	var req api.RenewRequest
@@ -166,7 +166,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	if err != nil {
 		return err
 	}
-	history, err := s.checkRenewal(r, agentID, csr) // pki.go: a fresh key, never one held before
+	history, err := s.checkRenewal(r, agentID, csr) // a fresh key, never one held before
 	if err != nil {
 		return err
 	}

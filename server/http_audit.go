@@ -16,7 +16,7 @@ import (
 )
 
 // The audit log: every successful mutation through the API (the routes
-// with an action in routes.go) writes one entry — who (the token's id and
+// with an action in http_routes.go) writes one entry — who (the token's id and
 // name, or the agent or enrollment token), what (the action and its target,
 // e.g. "pipe/backup-db"), when, from where, and the sha256 of the object's
 // JSON (as the API shows it) before and after. Secret values never reach

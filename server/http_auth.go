@@ -18,7 +18,7 @@ import (
 )
 
 // Roles of API tokens, in increasing power. A route names the least role
-// that may use it (routes.go); a token may use every route whose role is
+// that may use it (http_routes.go); a token may use every route whose role is
 // at most its own.
 //
 //	viewer    reads everything but secrets' values, API tokens and enrollment tokens

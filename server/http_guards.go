@@ -6,7 +6,7 @@ import (
 )
 
 // guards are the per-caller limits of the API that are not a pool or a
-// body budget (routes.go): certificate renewals per agent and live-log
+// body budget (http_routes.go): certificate renewals per agent and live-log
 // followers per API token.
 type guards struct {
 	renew *rateLimiter

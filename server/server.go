@@ -73,8 +73,8 @@ type Server struct {
 
 	enrollLimiter  *rateLimiter
 	enrollRequests atomic.Int64
-	refusals       *refusalAuditor // audit.go
-	guard          *guards         // guards.go
+	refusals       *refusalAuditor // http_audit.go
+	guard          *guards         // http_guards.go
 
 	agentsMu    sync.Mutex
 	agentStates map[string]*agentMem // per-agent quotas and manifest pipes (limits.go)

@@ -180,7 +180,7 @@ func (t *ingestTx) apply(recs []*store.Record, lim store.IngestLimits) error {
 }
 
 // dropMissed removes the missed run that the server recorded for the fire
-// time a real record serves (sqlite_monitor.go): the truth replaces it.
+// time a real record serves: the truth replaces it.
 func (t *ingestTx) dropMissed(agentID string, x *store.Run) error {
 	if x.ScheduledAt.IsZero() || x.Pipe == "" {
 		return nil
