@@ -50,7 +50,7 @@ type Server struct {
 	cfg        Config
 	log        *slog.Logger
 	clock      Clock
-	lock       *dirLock
+	lock       dataDirLock
 	ca         *pki.CA
 	keys       *pki.Keyring
 	admin      *pki.AdminToken
@@ -58,7 +58,7 @@ type Server struct {
 	sealer     *pki.Sealer
 	store      store.Store
 	compiler   *compiler
-	hub        *stream.Hub
+	hub        liveStreams
 	ingest     *stream.Ingester
 	monitor    *monitor // missed.go, events.go
 	leader     leader
@@ -67,11 +67,11 @@ type Server struct {
 
 	metrics        *metrics
 	metricsHandler http.Handler
-	logWatch       *logWatchers
+	logWatch       logNotifier
 	logStreams     chan struct{} // bounds live log streams
 	quit           chan struct{} // closed when the server starts draining
 
-	enrollLimiter  *rateLimiter
+	enrollLimiter  rateLimit
 	enrollRequests atomic.Int64
 	refusals       *refusalAuditor // http_audit.go
 	guard          *guards         // http_guards.go
@@ -121,7 +121,8 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if clock == nil {
 		clock = SystemClock()
 	}
-	s := &Server{cfg: cfg, log: logger, clock: clock, hub: stream.NewHub(),
+	hub := stream.NewHub()
+	s := &Server{cfg: cfg, log: logger, clock: clock, hub: hub,
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
 		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
@@ -139,9 +140,11 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if err := ensureDataDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	if s.lock, err = lockDataDir(cfg.DataDir); err != nil {
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
 		return nil, err
 	}
+	s.lock = lock
 	now := clock.Now()
 	tlsCert, err := s.loadKeys(now)
 	if err != nil {
@@ -166,7 +169,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	s.streams = stream.NewService(stream.Config{MaxStreams: cfg.GRPC.MaxStreams, PendingStreams: cfg.Agents.PendingStreams,
 		HelloTimeout: cfg.Agents.HelloTimeout, MaxChunkBytes: cfg.Runs.MaxChunkBytes, MaxRunningIDs: cfg.Agents.MaxRunningIDs},
-		streamHost{s}, s.hub, s.ingest, clock, logger)
+		streamHost{s}, hub, s.ingest, clock, logger)
 	s.metrics = newMetrics(s)
 	s.metricsHandler = newMetricsHandler(s.metrics)
 	// Catch up with anything that changed while the server was down (a key
@@ -261,7 +264,9 @@ func (s *Server) release() {
 	if s.store != nil {
 		s.store.Close()
 	}
-	s.lock.release()
+	if s.lock != nil {
+		s.lock.release()
+	}
 }
 
 // ReadAdminToken returns the admin token stored in a data dir, for clients
@@ -378,7 +383,9 @@ func (s *Server) shutdown() {
 	if err := s.store.Close(); err != nil {
 		s.log.Error("closing the store", "err", err)
 	}
-	s.lock.release()
+	if s.lock != nil {
+		s.lock.release()
+	}
 	s.log.Info("stopped")
 }
 
