@@ -11,8 +11,6 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
-
-	"github.com/drover/drover/manifest"
 )
 
 // The fire-time view: for each fire time of a pipe, how many agents were
@@ -88,17 +86,9 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 		}
 		return errs.NotFound("pipe")
 	}
-	sc, err := manifest.ParseSchedule(p.Spec.Schedule)
+	sc, tz, loc, err := storedSchedule(name, &p.Spec)
 	if err != nil {
-		return fmt.Errorf("stored schedule of %s: %w", name, err)
-	}
-	tz := p.Spec.Timezone
-	if tz == "" {
-		tz = manifest.DefaultTimezone
-	}
-	loc, err := manifest.LoadLocation(tz)
-	if err != nil {
-		return fmt.Errorf("stored time zone of %s: %w", name, err)
+		return err
 	}
 
 	fires := map[int64]time.Time{}

@@ -456,6 +456,11 @@ type testStream struct {
 
 // openStream dials, opens AgentStream and sends Hello.
 func (a *testAgent) openStream(addr string) (*testStream, error) {
+	return a.openStreamHello(addr, &agentpb.Hello{AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: "h", Backend: "systemd", Scope: "user", ManifestSerial: a.state.Serial})
+}
+
+// openStreamHello dials addr, opens AgentStream and sends hello.
+func (a *testAgent) openStreamHello(addr string, hello *agentpb.Hello) (*testStream, error) {
 	conn, err := a.dial(addr)
 	if err != nil {
 		return nil, err
@@ -468,8 +473,7 @@ func (a *testAgent) openStream(addr string) (*testStream, error) {
 		return nil, err
 	}
 	s := &testStream{conn: conn, stream: st, cancel: cancel, ackCh: make(chan uint64, 1024), recvDone: make(chan struct{})}
-	if err := st.Send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: &agentpb.Hello{
-		AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: "h", Backend: "systemd", Scope: "user", ManifestSerial: a.state.Serial}}}); err != nil {
+	if err := st.Send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil {
 		s.close()
 		return nil, err
 	}

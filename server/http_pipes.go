@@ -453,17 +453,9 @@ func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	sched, err := manifest.ParseSchedule(p.Spec.Schedule)
+	sched, tz, loc, err := storedSchedule(name, &p.Spec)
 	if err != nil {
-		return fmt.Errorf("stored schedule of %s: %w", name, err) // validated on PUT
-	}
-	tz := p.Spec.Timezone
-	if tz == "" {
-		tz = manifest.DefaultTimezone
-	}
-	loc, err := manifest.LoadLocation(tz)
-	if err != nil {
-		return fmt.Errorf("stored time zone of %s: %w", name, err)
+		return err
 	}
 	out := api.SchedulePreview{Pipe: name, Schedule: p.Spec.Schedule, Timezone: tz, After: after.In(loc), Enabled: p.Spec.IsEnabled(), FireTimes: make([]time.Time, 0, count)}
 	if every, ok := sched.Every(); ok {
@@ -635,4 +627,22 @@ func flattenEntry(b []byte) map[string]string {
 		out[k] = string(v)
 	}
 	return out
+}
+
+// storedSchedule parses a stored pipe's schedule and loads its time zone
+// (the default one when unset); both were validated on PUT.
+func storedSchedule(name string, spec *manifest.Spec) (*manifest.Schedule, string, *time.Location, error) {
+	sched, err := manifest.ParseSchedule(spec.Schedule)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("stored schedule of %s: %w", name, err)
+	}
+	tz := spec.Timezone
+	if tz == "" {
+		tz = manifest.DefaultTimezone
+	}
+	loc, err := manifest.LoadLocation(tz)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("stored time zone of %s: %w", name, err)
+	}
+	return sched, tz, loc, nil
 }

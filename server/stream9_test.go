@@ -53,26 +53,8 @@ const (
 
 // openStreamAs opens a stream whose Hello carries machineID and hostname.
 func (a *testAgent) openStreamAs(machineID, hostname string) (*testStream, error) {
-	conn, err := a.dial("")
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := agentpb.NewAgentClient(conn).AgentStream(ctx)
-	if err != nil {
-		cancel()
-		conn.Close()
-		return nil, err
-	}
-	s := &testStream{conn: conn, stream: st, cancel: cancel, ackCh: make(chan uint64, 1024), recvDone: make(chan struct{})}
-	if err := st.Send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: &agentpb.Hello{
-		AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: hostname, Backend: "systemd", Scope: "user",
-		ManifestSerial: a.state.Serial, MachineId: machineID}}}); err != nil {
-		s.close()
-		return nil, err
-	}
-	go s.recv()
-	return s, nil
+	return a.openStreamHello("", &agentpb.Hello{AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: hostname, Backend: "systemd", Scope: "user",
+		ManifestSerial: a.state.Serial, MachineId: machineID})
 }
 
 // clone is another process holding a copy of the agent's key and certificate.

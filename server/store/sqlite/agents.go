@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -39,11 +38,8 @@ func scanAgent(row interface{ Scan(...any) error }) (*store.Agent, error) {
 
 func (s *DB) GetAgent(ctx context.Context, id string) (*store.Agent, error) {
 	a, err := scanAgent(s.r.QueryRowContext(ctx, `SELECT `+agentColumns+` FROM agents WHERE id=?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("agent")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get agent: %w", err)
+		return nil, rowErr(err, "agent", "get agent")
 	}
 	return a, nil
 }
@@ -56,11 +52,8 @@ func (s *DB) AgentCert(ctx context.Context, id string) (*store.AgentCert, error)
 	var c store.AgentCert
 	var revoked int64
 	err := s.r.QueryRowContext(ctx, `SELECT cert_serial, next_cert_serial, revoked_at FROM agents WHERE id=?`, id).Scan(&c.Serial, &c.NextSerial, &revoked)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("agent")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("agent cert: %w", err)
+		return nil, rowErr(err, "agent", "agent cert")
 	}
 	c.Revoked = revoked != 0
 	return &c, nil
@@ -115,11 +108,8 @@ func (s *DB) BindMachine(ctx context.Context, id, machineID string, now time.Tim
 	}
 	var bound string
 	err := s.w.QueryRowContext(ctx, `SELECT machine_id FROM agents WHERE id=?`, id).Scan(&bound)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", errs.NotFound("agent")
-	}
 	if err != nil {
-		return "", fmt.Errorf("bind machine: %w", err)
+		return "", rowErr(err, "agent", "bind machine")
 	}
 	return bound, nil
 }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 )
 
@@ -114,11 +112,8 @@ func (s *DB) GetManifest(ctx context.Context, agentID string) (*store.StoredMani
 	err := s.r.QueryRowContext(ctx, `SELECT m.agent_id, m.serial, m.content_hash, m.digest, e.envelope, m.issued_at, m.expires_at, m.key_list_version,
 		m.payloads, m.secrets FROM manifests m JOIN manifest_envelopes e ON e.agent_id=m.agent_id WHERE m.agent_id=?`, agentID).
 		Scan(&m.AgentID, &m.Serial, &m.ContentHash, &m.Digest, &m.Envelope, &issued, &expires, &m.KeyListVersion, &payloads, &secrets)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("manifest")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get manifest: %w", err)
+		return nil, rowErr(err, "manifest", "get manifest")
 	}
 	if err := json.Unmarshal([]byte(payloads), &m.Payloads); err != nil {
 		return nil, fmt.Errorf("get manifest: %w", err)

@@ -80,11 +80,8 @@ func scanPipe(row interface{ Scan(...any) error }) (*store.Pipe, error) {
 
 func (s *DB) GetPipe(ctx context.Context, name string) (*store.Pipe, error) {
 	p, err := scanPipe(s.r.QueryRowContext(ctx, pipeQuery+` AND p.name=?`, name))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("pipe")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get pipe: %w", err)
+		return nil, rowErr(err, "pipe", "get pipe")
 	}
 	return p, nil
 }
@@ -111,11 +108,8 @@ func (s *DB) DeletePipe(ctx context.Context, name string, now time.Time) error {
 func (s *DB) PayloadSize(ctx context.Context, digest string) (int64, error) {
 	var n int64
 	err := s.r.QueryRowContext(ctx, `SELECT size FROM payloads WHERE digest=?`, digest).Scan(&n)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, errs.NotFound("payload")
-	}
 	if err != nil {
-		return 0, fmt.Errorf("payload size: %w", err)
+		return 0, rowErr(err, "payload", "payload size")
 	}
 	return n, nil
 }
@@ -125,11 +119,8 @@ func (s *DB) PayloadSize(ctx context.Context, digest string) (int64, error) {
 func (s *DB) ReadPayload(ctx context.Context, digest string, offset int64, buf []byte) (int, error) {
 	var b []byte
 	err := s.r.QueryRowContext(ctx, `SELECT substr(data, ?, ?) FROM payloads WHERE digest=?`, offset+1, len(buf), digest).Scan(&b)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, errs.NotFound("payload")
-	}
 	if err != nil {
-		return 0, fmt.Errorf("read payload: %w", err)
+		return 0, rowErr(err, "payload", "read payload")
 	}
 	return copy(buf, b), nil
 }
@@ -137,11 +128,8 @@ func (s *DB) ReadPayload(ctx context.Context, digest string, offset int64, buf [
 func (s *DB) GetPayload(ctx context.Context, digest string) ([]byte, error) {
 	var b []byte
 	err := s.r.QueryRowContext(ctx, `SELECT data FROM payloads WHERE digest=?`, digest).Scan(&b)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("payload")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get payload: %w", err)
+		return nil, rowErr(err, "payload", "get payload")
 	}
 	return b, nil
 }
@@ -149,11 +137,8 @@ func (s *DB) GetPayload(ctx context.Context, digest string) ([]byte, error) {
 func (s *DB) GetPipeVersion(ctx context.Context, name string, version uint64) (*store.PipeVersion, error) {
 	v, err := scanPipeVersion(s.r.QueryRowContext(ctx, `SELECT name, version, spec, payload_digest, payload_size, created_at
 		FROM pipe_versions WHERE name=? AND version=?`, name, version))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("pipe version")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get pipe version: %w", err)
+		return nil, rowErr(err, "pipe version", "get pipe version")
 	}
 	return v, nil
 }
@@ -162,11 +147,8 @@ func (s *DB) PipeState(ctx context.Context, name string) (uint64, bool, error) {
 	var cur uint64
 	var deleted int64
 	err := s.r.QueryRowContext(ctx, `SELECT current_version, deleted_at FROM pipes WHERE name=?`, name).Scan(&cur, &deleted)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, errs.NotFound("pipe")
-	}
 	if err != nil {
-		return 0, false, fmt.Errorf("pipe state: %w", err)
+		return 0, false, rowErr(err, "pipe", "pipe state")
 	}
 	return cur, deleted != 0, nil
 }

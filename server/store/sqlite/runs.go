@@ -3,11 +3,9 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 )
 
@@ -29,11 +27,8 @@ func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
 
 func (s *DB) GetRun(ctx context.Context, id string) (*store.Run, error) {
 	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE id=?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("run")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get run: %w", err)
+		return nil, rowErr(err, "run", "get run")
 	}
 	return r, nil
 }

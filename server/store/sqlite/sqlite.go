@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
@@ -179,6 +180,15 @@ func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
+}
+
+// rowErr is the error of a one-row query: ErrNotFound naming noun when
+// there is no row, else err wrapped in what.
+func rowErr(err error, noun, what string) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return errs.NotFound(noun)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 func nonNil(s []string) []string {

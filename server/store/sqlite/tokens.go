@@ -27,11 +27,8 @@ func (s *DB) GetToken(ctx context.Context, id string) (*store.EnrollmentToken, e
 	var created, expires, used int64
 	err := s.r.QueryRowContext(ctx, `SELECT id, secret_hash, name, tags, created_at, expires_at, used_at, agent_id FROM enrollment_tokens WHERE id=?`, id).
 		Scan(&t.ID, &t.SecretHash, &t.Name, &tags, &created, &expires, &used, &t.AgentID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("token")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get token: %w", err)
+		return nil, rowErr(err, "token", "get token")
 	}
 	if err := json.Unmarshal([]byte(tags), &t.Tags); err != nil {
 		return nil, fmt.Errorf("get token: %w", err)
@@ -137,11 +134,8 @@ func (s *DB) EnsureAPIToken(ctx context.Context, t *store.APIToken) error {
 
 func (s *DB) GetAPIToken(ctx context.Context, id string) (*store.APIToken, error) {
 	t, err := scanAPIToken(s.r.QueryRowContext(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id=?`, id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errs.NotFound("API token")
-	}
 	if err != nil {
-		return nil, fmt.Errorf("get api token: %w", err)
+		return nil, rowErr(err, "API token", "get api token")
 	}
 	return t, nil
 }

@@ -67,6 +67,13 @@ func enroll(t *testing.T, st store.Store, id string, tags map[string]string) {
 	must(t, st.EnrollAgent(ctx, tok.ID, t0, &store.Agent{ID: id, Name: id, Hostname: id + ".example", Tags: tags, CreatedAt: t0, CertSerial: "s-" + id, CertExpiresAt: t0.Add(24 * time.Hour)}))
 }
 
+// enrollTwo enrolls agt-a (role=web) and agt-b (no tags).
+func enrollTwo(t *testing.T, st store.Store) {
+	t.Helper()
+	enroll(t, st, "agt-a", map[string]string{"role": "web"})
+	enroll(t, st, "agt-b", nil)
+}
+
 func testEnrollment(t *testing.T, st store.Store) {
 	ctx := t.Context()
 	tok := &store.EnrollmentToken{ID: "tok-1", SecretHash: []byte("hash"), Name: "web", Tags: map[string]string{"role": "web"}, CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)}
@@ -101,8 +108,7 @@ func testEnrollment(t *testing.T, st store.Store) {
 
 func testAgents(t *testing.T, st store.Store) {
 	ctx := t.Context()
-	enroll(t, st, "agt-a", map[string]string{"role": "web"})
-	enroll(t, st, "agt-b", nil)
+	enrollTwo(t, st)
 	a, err := st.GetAgent(ctx, "agt-a")
 	if err != nil || a.Hostname != "agt-a.example" || a.Tags["role"] != "web" || a.CertSerial != "s-agt-a" {
 		t.Fatalf("GetAgent: %+v %v", a, err)
@@ -230,8 +236,7 @@ func testSecrets(t *testing.T, st store.Store) {
 
 func testManifests(t *testing.T, st store.Store) {
 	ctx := t.Context()
-	enroll(t, st, "agt-a", map[string]string{"role": "web"})
-	enroll(t, st, "agt-b", nil)
+	enrollTwo(t, st)
 	putPipe(t, st, "job", "echo", []byte("p"), map[string]string{"role": "web"}, t0)
 	pipes, agents, err := st.CompileInputs(ctx, nil)
 	if err != nil || len(pipes) != 1 || len(agents) != 2 || agents[0].Prev != nil {
