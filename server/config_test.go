@@ -188,11 +188,11 @@ func TestManifestResignedBeforeExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing is due yet.
-	if n, err := ts.s.compiler.resignDue(t.Context()); err != nil || n != 0 {
+	if n, err := ts.s.compiler.ResignDue(t.Context()); err != nil || n != 0 {
 		t.Fatalf("resign before half-life: %d %v", n, err)
 	}
 	ts.clock.Advance(4 * 24 * time.Hour)
-	if n, err := ts.s.compiler.resignDue(t.Context()); err != nil || n != 1 {
+	if n, err := ts.s.compiler.ResignDue(t.Context()); err != nil || n != 1 {
 		t.Fatalf("resign after half-life: %d %v", n, err)
 	}
 	ts.clock.Advance(-4 * 24 * time.Hour)
@@ -206,7 +206,7 @@ func TestManifestResignedBeforeExpiry(t *testing.T) {
 	if err != nil || !changed {
 		t.Fatalf("key list refresh: %v %v", changed, err)
 	}
-	if _, err := ts.s.compiler.compile(t.Context(), nil); err != nil {
+	if _, err := ts.s.compiler.Compile(t.Context(), nil); err != nil {
 		t.Fatal(err)
 	}
 	acc, err := a.pullManifest()

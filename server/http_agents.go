@@ -133,7 +133,7 @@ func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
 	if err := s.store.SetAgentTags(r.Context(), id, req.Tags, s.clock.Now()); err != nil {
 		return err
 	}
-	if _, err := s.compiler.compile(r.Context(), []string{id}); err != nil {
+	if _, err := s.compiler.Compile(r.Context(), []string{id}); err != nil {
 		return err
 	}
 	after, err := s.getAgentJSON(r, id)

@@ -125,7 +125,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
 	setAuditActor(r, &principal{ID: "enrollment-token/" + tok.ID, Name: "enrollment token", Role: rolePublic})
 	setAudit(r, "agent/"+id, nil, map[string]any{"id": id, "name": name, "hostname": req.Hostname, "tags": tok.Tags, "cert_serial": serial, "machine_id": a.MachineID})
-	if _, err := s.compiler.compile(r.Context(), []string{id}); err != nil {
+	if _, err := s.compiler.Compile(r.Context(), []string{id}); err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, api.EnrollResponse{

@@ -56,7 +56,7 @@ func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *store.Pip
 	}
 	if created {
 		s.log.Info("pipe version created", "pipe", pv.Name, "version", version)
-		if _, err := s.compiler.compile(r.Context(), nil); err != nil {
+		if _, err := s.compiler.Compile(r.Context(), nil); err != nil {
 			return err
 		}
 	}
@@ -296,7 +296,7 @@ func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error 
 	}
 	s.log.Info("pipe deleted", "pipe", name)
 	setAudit(r, "pipe/"+name, pipeJSON(p), nil)
-	if _, err := s.compiler.compile(r.Context(), nil); err != nil {
+	if _, err := s.compiler.Compile(r.Context(), nil); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

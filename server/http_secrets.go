@@ -43,7 +43,7 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	setAudit(r, "secret/"+name, before, after)
-	if err := s.compiler.secretChanged(r.Context(), name); err != nil {
+	if err := s.compiler.SecretChanged(r.Context(), name); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -91,7 +91,7 @@ func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) erro
 	}
 	s.log.Info("secret deleted", "secret", name)
 	setAudit(r, "secret/"+name, before, nil)
-	if err := s.compiler.secretChanged(r.Context(), name); err != nil {
+	if err := s.compiler.SecretChanged(r.Context(), name); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -57,7 +57,7 @@ type Server struct {
 	auth       *authenticator
 	sealer     *pki.Sealer
 	store      store.Store
-	compiler   *compiler
+	compiler   manifestCompiler
 	hub        liveStreams
 	ingest     *stream.Ingester
 	monitor    *monitor // missed.go, events.go
@@ -164,7 +164,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err
 	}
-	s.compiler = &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
+	s.compiler = compilerSeam{&compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}}
 	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	s.streams = stream.NewService(stream.Config{MaxStreams: cfg.GRPC.MaxStreams, PendingStreams: cfg.Agents.PendingStreams,
@@ -174,7 +174,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	s.metricsHandler = newMetricsHandler(s.metrics)
 	// Catch up with anything that changed while the server was down (a key
 	// rotation done offline, manifests that passed half their lifetime).
-	if n, err := s.compiler.compile(ctx, nil); err != nil {
+	if n, err := s.compiler.Compile(ctx, nil); err != nil {
 		return nil, err
 	} else if n > 0 {
 		logger.Info("manifests recompiled at start", "changed", n)
@@ -306,7 +306,7 @@ func (s *Server) rotateKeys(ctx context.Context) (*api.RotateResponse, error) {
 	}
 	signer, v := s.keys.Signer()
 	s.log.Info("manifest key rotated", "key_id", signer.KeyID(), "key_list_version", v)
-	if _, err := s.compiler.compile(ctx, nil); err != nil {
+	if _, err := s.compiler.Compile(ctx, nil); err != nil {
 		return nil, err
 	}
 	return &api.RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}, nil
@@ -402,9 +402,9 @@ func (s *Server) maintain(ctx context.Context) {
 			s.log.Error("refreshing the key list", "err", err)
 		}
 		if changed {
-			_, err = s.compiler.compile(ctx, nil)
+			_, err = s.compiler.Compile(ctx, nil)
 		} else {
-			_, err = s.compiler.resignDue(ctx)
+			_, err = s.compiler.ResignDue(ctx)
 		}
 		if err != nil && ctx.Err() == nil {
 			s.log.Error("re-signing manifests", "err", err)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"time"
 
 	"github.com/drover/drover/server/store"
@@ -44,3 +45,26 @@ var (
 	_ logNotifier = (*logWatchers)(nil)
 	_ dataDirLock = (*dirLock)(nil)
 )
+
+// manifestCompiler compiles, signs and stores the agents' manifests; it
+// holds the compile lock (one compilation at a time keeps serials rising).
+// compilerSeam puts compiler.go behind it.
+type manifestCompiler interface {
+	// Compile recompiles the manifests of agentIDs (nil: every agent) and
+	// publishes those that changed.
+	Compile(ctx context.Context, agentIDs []string) (changed int, err error)
+	// ResignDue re-signs the manifests past half their lifetime.
+	ResignDue(ctx context.Context) (resigned int, err error)
+	// SecretChanged re-signs the manifests of the agents using a secret.
+	SecretChanged(ctx context.Context, name string) error
+}
+
+type compilerSeam struct{ c *compiler }
+
+func (s compilerSeam) Compile(ctx context.Context, ids []string) (int, error) {
+	return s.c.compile(ctx, ids)
+}
+func (s compilerSeam) ResignDue(ctx context.Context) (int, error) { return s.c.resignDue(ctx) }
+func (s compilerSeam) SecretChanged(ctx context.Context, name string) error {
+	return s.c.secretChanged(ctx, name)
+}
