@@ -2,18 +2,12 @@ package server
 
 import (
 	"context"
-	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/drover/drover/api"
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/stream"
-
-	"github.com/drover/drover/manifest"
 )
 
 // Event kinds (docs/monitoring.md, "Events").
@@ -31,6 +25,7 @@ const (
 
 // eventKinds lists every event kind.
 var eventKinds = []string{EventRunFailed, EventRunMissed, EventRunLong, EventRunRecovered, EventAgentOffline, EventAgentOnline,
+
 	EventManifestRejected, EventManifestExpired, EventIdentityConflict}
 
 // Events are recorded per occurrence (every final failed run, every missed
@@ -137,49 +132,4 @@ func (m *monitor) identityConflict(agentID, machineID string, now time.Time) {
 	if err := m.store.AddEvents(context.Background(), []*store.Event{e}); err != nil {
 		m.s.log.Error("recording an event", "err", err)
 	}
-}
-
-func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	pg, err := parsePage(r)
-	if err != nil {
-		return err
-	}
-	f := store.EventFilter{Kind: q.Get("kind"), Pipe: q.Get("pipe"), Agent: q.Get("agent"), Limit: pg.limit + 1}
-	var details []api.Detail
-	if f.Kind != "" && !slices.Contains(eventKinds, f.Kind) {
-		details = append(details, api.Detail{Field: "kind", Message: "not an event kind (" + strings.Join(eventKinds, ", ") + ")"})
-	}
-	if f.Pipe != "" && !manifest.ValidName(f.Pipe) {
-		details = append(details, api.Detail{Field: "pipe", Message: "not a pipe name"})
-	}
-	if len(f.Agent) > 128 || stream.CleanText(f.Agent, 128, false) != f.Agent {
-		details = append(details, api.Detail{Field: "agent", Message: "at most 128 printable characters"})
-	}
-	if f.Since, err = queryTime(r, "since"); err != nil {
-		details = append(details, errs.Details(err)...)
-	}
-	if len(details) > 0 {
-		return errs.New(errs.ErrInvalidRequest, "invalid event filter", details...)
-	}
-	if pg.cursor != "" {
-		n, err := strconv.ParseInt(pg.cursor, 10, 64)
-		if err != nil || n <= 0 {
-			return errBadCursor
-		}
-		f.BeforeID = n
-	}
-	evs, err := s.store.ListEvents(r.Context(), f)
-	if err != nil {
-		return err
-	}
-	out := api.EventList{Events: make([]api.Event, 0, len(evs))}
-	for i, e := range evs {
-		if i == pg.limit {
-			out.NextCursor = encodeCursor(strconv.FormatInt(evs[i-1].ID, 10))
-			break
-		}
-		out.Events = append(out.Events, api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
-	}
-	return writeJSON(w, http.StatusOK, out)
 }

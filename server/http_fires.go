@@ -39,36 +39,9 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var details []api.Detail
-	limit := defaultFires
-	if c := r.URL.Query().Get("limit"); c != "" {
-		n, err := strconv.Atoi(c)
-		if err != nil || n < 1 || n > maxFires {
-			details = append(details, api.Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxFires)})
-		}
-		limit = n
-	}
-	since, err1 := queryTime(r, "since")
-	until, err2 := queryTime(r, "until")
-	for _, err := range []error{err1, err2} {
-		details = append(details, errs.Details(err)...)
-	}
-	now := s.clock.Now()
-	if until.IsZero() {
-		until = now
-	}
-	if since.IsZero() {
-		since = until.Add(-24 * time.Hour)
-	}
-	if err1 == nil && err2 == nil {
-		if !since.Before(until) {
-			details = append(details, api.Detail{Field: "until", Message: "must be after since"})
-		} else if until.Sub(since) > maxFiresWindow {
-			details = append(details, api.Detail{Field: "since", Message: "the window may span at most 31 days"})
-		}
-	}
-	if len(details) > 0 {
-		return errs.New(errs.ErrInvalidRequest, "invalid fire-time query", details...)
+	limit, since, until, err := fireQuery(r, s.clock.Now())
+	if err != nil {
+		return err
 	}
 	pipes, agents, err := s.store.MonitorInputs(r.Context(), false)
 	if err != nil {
@@ -144,26 +117,67 @@ func (s *Server) handlePipeFires(w http.ResponseWriter, r *http.Request) error {
 	}
 	sort.Slice(holders, func(i, j int) bool { return holders[i].ID < holders[j].ID })
 	for _, k := range keys {
-		f := fires[k]
-		fj := api.Fire{At: f, Counts: map[string]int{}}
-		got := ran[k]
-		for _, a := range holders {
-			if !f.After(a.CreatedAt) || !f.After(p.CreatedAt) {
-				continue
-			}
-			if _, ok := got[a.ID]; !ok {
-				fj.Expected++
-				fj.Unreported++
-				if len(fj.UnreportedAgents) < maxUnreportedShown {
-					fj.UnreportedAgents = append(fj.UnreportedAgents, a.ID)
-				}
-			}
-		}
-		for _, st := range got {
-			fj.Expected++
-			fj.Counts[st]++
-		}
-		out.Fires = append(out.Fires, fj)
+		out.Fires = append(out.Fires, fireCounts(fires[k], p, holders, ran[k]))
 	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// fireQuery reads the limit and the since-until window of a fire-time
+// query: by default the 24 hours before now, at most maxFiresWindow.
+func fireQuery(r *http.Request, now time.Time) (limit int, since, until time.Time, err error) {
+	var details []api.Detail
+	limit = defaultFires
+	if c := r.URL.Query().Get("limit"); c != "" {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 || n > maxFires {
+			details = append(details, api.Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxFires)})
+		}
+		limit = n
+	}
+	since, err1 := queryTime(r, "since")
+	until, err2 := queryTime(r, "until")
+	for _, err := range []error{err1, err2} {
+		details = append(details, errs.Details(err)...)
+	}
+	if until.IsZero() {
+		until = now
+	}
+	if since.IsZero() {
+		since = until.Add(-24 * time.Hour)
+	}
+	if err1 == nil && err2 == nil {
+		if !since.Before(until) {
+			details = append(details, api.Detail{Field: "until", Message: "must be after since"})
+		} else if until.Sub(since) > maxFiresWindow {
+			details = append(details, api.Detail{Field: "since", Message: "the window may span at most 31 days"})
+		}
+	}
+	if len(details) > 0 {
+		return 0, since, until, errs.New(errs.ErrInvalidRequest, "invalid fire-time query", details...)
+	}
+	return limit, since, until, nil
+}
+
+// fireCounts counts one fire time of p: the runs reported for it (got:
+// agent -> status) and the holders expected to serve it that did not
+// report.
+func fireCounts(f time.Time, p *store.PipeVersion, holders []*store.MonitorAgent, got map[string]string) api.Fire {
+	fj := api.Fire{At: f, Counts: map[string]int{}}
+	for _, a := range holders {
+		if !f.After(a.CreatedAt) || !f.After(p.CreatedAt) {
+			continue
+		}
+		if _, ok := got[a.ID]; !ok {
+			fj.Expected++
+			fj.Unreported++
+			if len(fj.UnreportedAgents) < maxUnreportedShown {
+				fj.UnreportedAgents = append(fj.UnreportedAgents, a.ID)
+			}
+		}
+	}
+	for _, st := range got {
+		fj.Expected++
+		fj.Counts[st]++
+	}
+	return fj
 }
