@@ -169,43 +169,52 @@ func newRotateCmd(cf *cliFlags, env []string) *cobra.Command {
 }
 
 func newTokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
-	var ttl, name, format string
+	var ttl, name string
 	tags := tagFlag{}
-	c := &cobra.Command{Use: "create", Short: "Print a new enrollment token", Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
-				resp, err := createTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
-				if err != nil {
-					return err
-				}
-				printCreated(stdout, format, resp, resp.Token)
-				return nil
-			})
-		}}
+	c := createCmd(cf, env, "create", "Print a new enrollment token", func(ctx context.Context, cfg Config) (any, string, error) {
+		resp, err := createTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
+		if err != nil {
+			return nil, "", err
+		}
+		return resp, resp.Token, nil
+	})
 	c.Flags().StringVar(&ttl, "ttl", "", "token lifetime, e.g. 1h (default from the config)")
 	c.Flags().StringVar(&name, "name", "", "preset agent name")
 	c.Flags().Var(tags, "tag", "preset agent tag key=value (repeatable)")
-	c.Flags().StringVar(&format, "output", "token", "token (just the token) or json")
 	return c
 }
 
 func newAPITokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
-	var ttl, name, format, roleName string
-	c := &cobra.Command{Use: "create --name N --role viewer|operator|admin [--ttl D]",
-		Short: "Print a new API token (e.g. to recover after admin.token was revoked)", Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
-				resp, err := createAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
-				if err != nil {
-					return err
-				}
-				printCreated(stdout, format, resp, resp.Token)
-				return nil
-			})
-		}}
+	var ttl, name, roleName string
+	c := createCmd(cf, env, "create --name N --role viewer|operator|admin [--ttl D]",
+		"Print a new API token (e.g. to recover after admin.token was revoked)", func(ctx context.Context, cfg Config) (any, string, error) {
+			resp, err := createAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
+			if err != nil {
+				return nil, "", err
+			}
+			return resp, resp.Token, nil
+		})
 	c.Flags().StringVar(&ttl, "ttl", "", "token lifetime, e.g. 720h (default: no expiry)")
 	c.Flags().StringVar(&name, "name", "", "who or what uses the token")
 	c.Flags().StringVar(&roleName, "role", "", "viewer, operator or admin")
+	return c
+}
+
+// createCmd is a command that creates a token in the data dir and prints
+// it (--output token|json).
+func createCmd(cf *cliFlags, env []string, use, short string, create func(context.Context, Config) (resp any, token string, err error)) *cobra.Command {
+	var format string
+	c := &cobra.Command{Use: use, Short: short, Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
+				resp, token, err := create(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				printCreated(stdout, format, resp, token)
+				return nil
+			})
+		}}
 	c.Flags().StringVar(&format, "output", "token", "token (just the token) or json")
 	return c
 }

@@ -92,18 +92,11 @@ func newMonitor(s *Server) *monitor {
 // waits one interval too, so that after a restart the agents have
 // reconnected before anything is judged.
 func (m *monitor) run(ctx context.Context) {
-	t := time.NewTicker(m.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	onTick(ctx, m.interval, func() {
 		if _, err := m.pass(ctx); err != nil && ctx.Err() == nil {
 			m.s.log.Error("missed-run detection", "err", err)
 		}
-	}
+	})
 }
 
 // passStats is what one pass did.

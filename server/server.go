@@ -433,14 +433,19 @@ func (s *Server) watchdog(ctx context.Context) {
 	if err != nil || interval <= 0 {
 		return
 	}
-	t := time.NewTicker(interval / 2)
+	onTick(ctx, interval/2, func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog) })
+}
+
+// onTick calls fn every d until ctx is done.
+func onTick(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+			fn()
 		}
 	}
 }
