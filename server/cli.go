@@ -51,7 +51,7 @@ configuration file; flags override both.`,
 	root.CompletionOptions.DisableDefaultCmd = true
 	cf.register(root.PersistentFlags())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.SetArgs(args)
+	root.SetArgs(doubleDash(args))
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(
@@ -79,6 +79,27 @@ configuration file; flags override both.`,
 	}
 	fmt.Fprintf(stderr, "drover-server: %s\n", describe(err))
 	return 1
+}
+
+// longFlags are the flags a single dash also names ("-data-dir"), as it
+// did when the command line was parsed by the standard flag package.
+var longFlags = map[string]bool{"config": true, "data-dir": true, "http-addr": true, "grpc-addr": true, "internal-agent": true,
+	"ttl": true, "name": true, "tag": true, "output": true, "role": true, "help": true}
+
+// doubleDash rewrites "-flag" and "-flag=value" of longFlags to "--flag".
+func doubleDash(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i, a := range args {
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && longFlags[name] {
+			a = "-" + a
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // usageError is a command line or configuration the server cannot start

@@ -170,6 +170,9 @@ func TestCommandLine(t *testing.T) {
 	if _, errOut, code = run("serve", "--config", "/nonexistent.yaml"); code != 2 || !strings.Contains(errOut, "nonexistent") {
 		t.Fatalf("a missing --config file: %d %s", code, errOut)
 	}
+	if _, errOut, code = run("serve", "-config", "/nonexistent.yaml"); code != 2 || !strings.Contains(errOut, "nonexistent") {
+		t.Fatalf("a single-dash -config: %d %s", code, errOut)
+	}
 	if _, _, code = run("frobnicate"); code != 2 {
 		t.Fatalf("unknown command: %d", code)
 	}
