@@ -1,10 +1,13 @@
-// Package server is drover-server, the Drover control plane: the HTTPS API
-// (enrollment, the agents' mTLS endpoints, the admin API), the gRPC telemetry
-// stream, the certificate authority, the manifest compiler and the embedded
-// SQLite store. cmd/drover-server is a thin shim over Main. Other packages
+// Package server is drover-server, the Drover control plane: its
+// configuration, the wiring of its parts (New, NewWithStore), Run, the
+// maintenance and missed-run loops, metrics, the HTTPS API handlers
+// (http_*.go, one file per resource) and the command line (Main). Its
+// parts live in subpackages: errs (error kinds and codes), store (domain
+// types and store interfaces) with store/sqlite and store/storetest, pki
+// (CA, keyring, sealer, admin token) and stream (the gRPC telemetry
+// stream). cmd/drover-server is a thin shim over Main. Other packages
 // should not import it, except tests of the agent and droverctl that start a
-// real server in process (New, Run, HTTPAddr, GRPCAddr, ReadAdminToken) and
-// that may reuse its exported request and response types.
+// real server in process (New, Run, HTTPAddr, GRPCAddr, ReadAdminToken).
 //
 // # Starting
 //
@@ -39,7 +42,7 @@
 // orphan file; backups and restores are one file; bundles are capped at
 // 10 MiB and fetched only when a digest changes, so serving them from SQLite
 // costs little. A PostgreSQL store can keep them as bytea or move them to
-// object storage behind the same pipeStore interface.
+// object storage behind the same store.PipeStore interface.
 //
 // # HTTP API (HTTPS on :8443)
 //
