@@ -584,6 +584,16 @@ func TestAPIEndpoints(t *testing.T) {
 	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "DB_PASSWORD" || bytes.Contains(r.body, []byte("s3cret")) {
 		t.Fatalf("secrets: %s", r.body)
 	}
+	ts.as(op, 204, "PUT", "/api/v1/secrets/API_KEY", map[string]string{"value": "k"}, nil)
+	ts.as(op, 200, "GET", "/api/v1/secrets?limit=1", nil, &sl)
+	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "API_KEY" || sl.NextCursor == "" {
+		t.Fatalf("secrets, first page: %+v", sl)
+	}
+	ts.as(op, 200, "GET", "/api/v1/secrets?limit=1&cursor="+sl.NextCursor, nil, &sl)
+	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "DB_PASSWORD" || sl.NextCursor != "" {
+		t.Fatalf("secrets, second page: %+v", sl)
+	}
+	ts.as(op, 204, "DELETE", "/api/v1/secrets/API_KEY", nil, nil)
 	ts.as(op, 204, "DELETE", "/api/v1/secrets/DB_PASSWORD", nil, nil)
 	audit("secrets.delete", "secret/DB_PASSWORD", opID, true, false)
 	ts.as(op, 404, "DELETE", "/api/v1/secrets/DB_PASSWORD", nil, nil)

@@ -52,7 +52,7 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 
 // secretInfo describes a secret (never its value); nil when there is none.
 func (s *Server) secretInfo(ctx context.Context, name string) (*api.Secret, error) {
-	list, err := s.store.ListSecrets(ctx)
+	list, err := s.store.ListSecrets(ctx, "", 0)
 	if err != nil {
 		return nil, err
 	}
@@ -69,12 +69,16 @@ func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	list, err := s.store.ListSecrets(r.Context())
+	list, err := s.store.ListSecrets(r.Context(), pg.cursor, pg.limit+1)
 	if err != nil {
 		return err
 	}
-	items, next := paginate(list, func(si api.Secret) string { return si.Name }, pg)
-	return writeJSON(w, http.StatusOK, api.SecretList{Secrets: items, NextCursor: next})
+	next := ""
+	if len(list) > pg.limit {
+		list = list[:pg.limit]
+		next = encodeCursor(list[len(list)-1].Name)
+	}
+	return writeJSON(w, http.StatusOK, api.SecretList{Secrets: list, NextCursor: next})
 }
 
 func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) error {

@@ -104,7 +104,9 @@ type ManifestStore interface {
 // SecretStore is used by the secrets API; values are sealed by the caller.
 type SecretStore interface {
 	PutSecret(ctx context.Context, name string, sealed []byte, now time.Time) error
-	ListSecrets(ctx context.Context) ([]api.Secret, error)
+	// ListSecrets lists secrets by name, those after the name after ("":
+	// from the first), at most limit of them (0: all).
+	ListSecrets(ctx context.Context, after string, limit int) ([]api.Secret, error)
 	DeleteSecret(ctx context.Context, name string) error
 	GetSecrets(ctx context.Context, names []string) (map[string][]byte, error)
 }

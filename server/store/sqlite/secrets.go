@@ -18,8 +18,11 @@ func (s *DB) PutSecret(ctx context.Context, name string, sealed []byte, now time
 	return nil
 }
 
-func (s *DB) ListSecrets(ctx context.Context) ([]api.Secret, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT name, created_at, updated_at FROM secrets ORDER BY name`)
+func (s *DB) ListSecrets(ctx context.Context, after string, limit int) ([]api.Secret, error) {
+	if limit <= 0 {
+		limit = -1 // SQLite: no limit
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT name, created_at, updated_at FROM secrets WHERE name > ? ORDER BY name LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list secrets: %w", err)
 	}

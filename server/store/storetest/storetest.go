@@ -222,9 +222,15 @@ func testSecrets(t *testing.T, st store.Store) {
 	must(t, st.PutSecret(ctx, "db", []byte("sealed-1"), t0))
 	must(t, st.PutSecret(ctx, "api", []byte("sealed-2"), t0))
 	must(t, st.PutSecret(ctx, "db", []byte("sealed-3"), t0.Add(time.Minute)))
-	ls, err := st.ListSecrets(ctx)
+	ls, err := st.ListSecrets(ctx, "", 0)
 	if err != nil || len(ls) != 2 || ls[0].Name != "api" || ls[1].Name != "db" || !ls[1].UpdatedAt.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("ListSecrets: %+v %v", ls, err)
+	}
+	if page, err := st.ListSecrets(ctx, "", 1); err != nil || len(page) != 1 || page[0].Name != "api" {
+		t.Fatalf("ListSecrets(limit 1): %+v %v", page, err)
+	}
+	if page, err := st.ListSecrets(ctx, "api", 10); err != nil || len(page) != 1 || page[0].Name != "db" {
+		t.Fatalf("ListSecrets(after api): %+v %v", page, err)
 	}
 	got, err := st.GetSecrets(ctx, []string{"db", "missing"})
 	if err != nil || len(got) != 1 || string(got["db"]) != "sealed-3" {
