@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -22,32 +21,6 @@ import (
 
 	agentpb "github.com/drover/drover/proto"
 )
-
-// doCT sends a raw body with a Content-Type and extra headers (name, value
-// pairs).
-func (ts *testServer) doCT(method, path, token, ct string, body []byte, headers ...string) *apiResult {
-	ts.t.Helper()
-	req, err := http.NewRequest(method, ts.base+path, bytes.NewReader(body))
-	if err != nil {
-		ts.t.Fatal(err)
-	}
-	if ct != "" {
-		req.Header.Set("Content-Type", ct)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := ts.client.Do(req)
-	if err != nil {
-		ts.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return &apiResult{code: resp.StatusCode, header: resp.Header, body: b}
-}
 
 // as sends a JSON request with a token and fails unless the status is code.
 func (ts *testServer) as(token string, code int, method, path string, body, out any) *apiResult {

@@ -127,27 +127,38 @@ func (r *apiResult) decode(t testing.TB, v any) {
 // do sends a request to the API; body is JSON-encoded unless it is []byte.
 func (ts *testServer) do(method, path, token string, body any) *apiResult {
 	ts.t.Helper()
-	var rd io.Reader
+	var raw []byte
+	ct := ""
 	switch b := body.(type) {
 	case nil:
 	case []byte:
-		rd = bytes.NewReader(b)
+		raw, ct = b, "application/json"
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {
 			ts.t.Fatal(err)
 		}
-		rd = bytes.NewReader(j)
+		raw, ct = j, "application/json"
 	}
-	req, err := http.NewRequest(method, ts.base+path, rd)
+	return ts.doCT(method, path, token, ct, raw)
+}
+
+// doCT sends a raw body with a Content-Type and extra headers (name, value
+// pairs).
+func (ts *testServer) doCT(method, path, token, ct string, body []byte, headers ...string) *apiResult {
+	ts.t.Helper()
+	req, err := http.NewRequest(method, ts.base+path, bytes.NewReader(body))
 	if err != nil {
 		ts.t.Fatal(err)
 	}
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if ct != "" {
+		req.Header.Set("Content-Type", ct)
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
 	}
 	resp, err := ts.client.Do(req)
 	if err != nil {
