@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -16,36 +15,12 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/server/store"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
 )
-
-// doCT sends a raw body with a Content-Type and extra headers (name, value
-// pairs).
-func (ts *testServer) doCT(method, path, token, ct string, body []byte, headers ...string) *apiResult {
-	ts.t.Helper()
-	req, err := http.NewRequest(method, ts.base+path, bytes.NewReader(body))
-	if err != nil {
-		ts.t.Fatal(err)
-	}
-	if ct != "" {
-		req.Header.Set("Content-Type", ct)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := ts.client.Do(req)
-	if err != nil {
-		ts.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return &apiResult{code: resp.StatusCode, header: resp.Header, body: b}
-}
 
 // as sends a JSON request with a token and fails unless the status is code.
 func (ts *testServer) as(token string, code int, method, path string, body, out any) *apiResult {
@@ -70,7 +45,7 @@ func sha(b []byte) string {
 // refused requests, "refused.*", are not counted: TestRefusalsAudited).
 func (ts *testServer) auditCount() int {
 	ts.t.Helper()
-	list, err := ts.db().ListAudit(ts.t.Context(), AuditFilter{Limit: 1 << 30})
+	list, err := ts.db().ListAudit(ts.t.Context(), store.AuditFilter{Limit: 1 << 30})
 	if err != nil {
 		ts.t.Fatal(err)
 	}
@@ -205,7 +180,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 	audit("api_tokens.create", "api-token/"+opID, bootstrapTokenID, false, true)
 
-	// ---- agents enroll; one is online
+	// agents enroll; one is online
 	web := ts.enrollAgent(map[string]string{"role": "web", "env": "prod"})
 	db := ts.enrollAgent(map[string]string{"role": "db"})
 	e := audit("agents.enroll", "agent/"+web.id, "", false, true)
@@ -218,13 +193,13 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.close()
-	waitFor(t, 5*time.Second, "web online", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "web online", func() bool {
 		var ag api.Agent
 		ts.adminOK("GET", "/api/v1/agents/"+web.id, nil, &ag)
 		return ag.Online
 	})
 
-	// ---- pipes: create (JSON), unchanged, update (YAML)
+	// pipes: create (JSON), unchanged, update (YAML)
 	spec := map[string]any{"schedule": "30 2 * * *", "timezone": "Europe/Berlin", "script": "echo backup\n", "targets": map[string]any{"tags": map[string]string{"role": "web"}}}
 	var put api.PutPipeResponse
 	ts.as(op, 201, "PUT", "/api/v1/pipes/backup", map[string]any{"spec": spec}, &put)
@@ -294,7 +269,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("If-None-Match: %d %s", r.code, r.body)
 	}
 
-	// ---- versions: list, show, restore
+	// versions: list, show, restore
 	var vl api.PipeVersionList
 	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/versions", nil, &vl)
 	if len(vl.Versions) != 2 || vl.Versions[0].Version != 2 || !vl.Versions[0].Current || vl.Versions[1].Current {
@@ -320,7 +295,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 	audit("pipes.restore", "pipe/backup", opID, true, true)
 
-	// ---- schedule preview in the pipe's zone, across the spring DST gap: cron runs the
+	// schedule preview in the pipe's zone, across the spring DST gap: cron runs the
 	// 02:30 that does not exist on 2026-03-29 at the end of the gap, 03:00
 	var sp api.SchedulePreview
 	// The fire-time view and the events (missed_test.go covers them).
@@ -336,7 +311,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("schedule preview: %s, want %v", r.body, want)
 	}
 
-	// ---- dry-run: nothing is stored
+	// dry-run: nothing is stored
 	dry := func(body any) api.DryRunResponse {
 		t.Helper()
 		var out api.DryRunResponse
@@ -378,14 +353,14 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("dry-run stored something: %+v", cur)
 	}
 
-	// ---- run now: every targeted agent, one agent, by tag
+	// run now: every targeted agent, one agent, by tag
 	var rr api.RunPipeResponse
 	ts.as(op, 202, "POST", "/api/v1/pipes/backup/run", map[string]any{}, &rr)
 	if !slices.Equal(rr.Sent, []string{web.id}) || len(rr.Offline) != 0 || !strings.HasPrefix(rr.RequestID, "req-") {
 		t.Fatalf("run: %+v", rr)
 	}
 	audit("pipes.run", "pipe/backup", opID, false, true)
-	waitFor(t, 5*time.Second, "RunNow", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return len(st.runNows) == 1 && st.runNows[0].GetRequestId() == rr.RequestID && st.runNows[0].GetPipe() == "backup"
@@ -403,7 +378,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("run on an offline agent: %+v", offline)
 	}
 
-	// ---- runs: list and filter, get, logs, cancel
+	// runs: list and filter, get, logs, cancel
 	now := time.Now()
 	seq := sendAll(t, st, 1,
 		&agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{RunId: "r1", Pipe: "backup", PipeVersion: 3,
@@ -469,7 +444,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("cancel: %+v", cr)
 	}
 	audit("runs.cancel", "run/r2", opID, true, true)
-	waitFor(t, 5*time.Second, "CancelRun", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "CancelRun", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return slices.Equal(st.cancels, []string{"r2"})
@@ -479,7 +454,7 @@ func TestAPIEndpoints(t *testing.T) {
 	}
 	ts.as(op, 404, "POST", "/api/v1/runs/nope/cancel", nil, nil)
 
-	// ---- agents: list and filter, get, tags, revoke, delete, renewal
+	// agents: list and filter, get, tags, revoke, delete, renewal
 	var al api.AgentList
 	agentIDs := func(q string) []string {
 		t.Helper()
@@ -537,7 +512,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("a deleted agent's certificate: %v %v", r, err)
 	}
 
-	// ---- enrollment tokens: create, list (no secrets), delete
+	// enrollment tokens: create, list (no secrets), delete
 	var tok api.EnrollmentTokenCreated
 	ts.as(ts.admin, 201, "POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "30m", Name: "host1", Tags: map[string]string{"role": "web"}}, &tok)
 	audit("enrollment_tokens.create", "enrollment-token/"+tok.ID, bootstrapTokenID, false, true)
@@ -555,7 +530,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("a deleted token enrolled: %v", err)
 	}
 
-	// ---- API tokens: list (no secrets), revoke
+	// API tokens: list (no secrets), revoke
 	var atl api.APITokenList
 	r = ts.as(ts.admin, 200, "GET", "/api/v1/api-tokens", nil, &atl)
 	var names []string
@@ -572,7 +547,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("revoked token: %s", r.body)
 	}
 
-	// ---- secrets: set, list, delete
+	// secrets: set, list, delete
 	ts.as(op, 204, "PUT", "/api/v1/secrets/DB_PASSWORD", map[string]string{"value": "hunter2-s3cret"}, nil)
 	audit("secrets.write", "secret/DB_PASSWORD", opID, false, true)
 	ts.as(op, 204, "PUT", "/api/v1/secrets/DB_PASSWORD", map[string]string{"value": "hunter3-s3cret"}, nil)
@@ -582,11 +557,21 @@ func TestAPIEndpoints(t *testing.T) {
 	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "DB_PASSWORD" || bytes.Contains(r.body, []byte("s3cret")) {
 		t.Fatalf("secrets: %s", r.body)
 	}
+	ts.as(op, 204, "PUT", "/api/v1/secrets/API_KEY", map[string]string{"value": "k"}, nil)
+	ts.as(op, 200, "GET", "/api/v1/secrets?limit=1", nil, &sl)
+	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "API_KEY" || sl.NextCursor == "" {
+		t.Fatalf("secrets, first page: %+v", sl)
+	}
+	ts.as(op, 200, "GET", "/api/v1/secrets?limit=1&cursor="+sl.NextCursor, nil, &sl)
+	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "DB_PASSWORD" || sl.NextCursor != "" {
+		t.Fatalf("secrets, second page: %+v", sl)
+	}
+	ts.as(op, 204, "DELETE", "/api/v1/secrets/API_KEY", nil, nil)
 	ts.as(op, 204, "DELETE", "/api/v1/secrets/DB_PASSWORD", nil, nil)
 	audit("secrets.delete", "secret/DB_PASSWORD", opID, true, false)
 	ts.as(op, 404, "DELETE", "/api/v1/secrets/DB_PASSWORD", nil, nil)
 
-	// ---- keys, pipe deletion and undeletion
+	// keys, pipe deletion and undeletion
 	ts.as(ts.admin, 200, "POST", "/api/v1/keys/rotate", nil, nil)
 	audit("keys.rotate", "keys", bootstrapTokenID, true, true)
 	ts.as(op, 204, "DELETE", "/api/v1/pipes/alpha", nil, nil)
@@ -601,7 +586,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("undelete: %+v", put)
 	}
 
-	// ---- whoami, health
+	// whoami, health
 	var who api.WhoAmI
 	ts.as(op, 200, "GET", "/api/v1/whoami", nil, &who)
 	if who != (api.WhoAmI{ID: opID, Name: "deploy-bot", Role: "operator"}) {
@@ -610,7 +595,7 @@ func TestAPIEndpoints(t *testing.T) {
 	ts.as("", 200, "GET", "/healthz", nil, nil)
 	ts.as("", 200, "GET", "/api/v1/openapi.json", nil, nil)
 
-	// ---- the audit log: filters and pages
+	// the audit log: filters and pages
 	var al2 api.AuditList
 	ts.as(op, 200, "GET", "/api/v1/audit?actor=deploy-bot", nil, &al2)
 	byName := len(al2.Entries)
@@ -636,7 +621,7 @@ func TestAPIEndpoints(t *testing.T) {
 			break
 		}
 	}
-	if all, err := ts.db().ListAudit(t.Context(), AuditFilter{Limit: 1 << 30}); err != nil || len(seen) != len(all) {
+	if all, err := ts.db().ListAudit(t.Context(), store.AuditFilter{Limit: 1 << 30}); err != nil || len(seen) != len(all) {
 		t.Fatalf("paged through %d audit entries of %d (%v)", len(seen), len(all), err)
 	}
 	r = ts.as(ts.admin, 200, "GET", "/api/v1/audit?limit=1000", nil, nil)
@@ -644,14 +629,14 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatal("a secret value reached the audit log")
 	}
 
-	// ---- the agents' own routes
+	// the agents' own routes
 	for _, p := range []string{"/api/v1/agents/self/manifest", "/api/v1/agents/self/trust", "/api/v1/agents/self/secrets",
 		"/api/v1/agents/self/payloads/" + cur.Payload.Digest} {
 		if r, err := web.get(p); err != nil || r.code != 200 {
 			t.Fatalf("GET %s: %v %v", p, r, err)
 		}
 	}
-	// ---- the live log of a finished run: its chunks, then the end
+	// the live log of a finished run: its chunks, then the end
 	sse, events := ts.openSSE(t.Context(), op, "r1", "")
 	var evs []string
 	for ev := range events {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/server/store/sqlite"
 )
 
 // Benchmarks of the issue's three targets (figures in the README):
@@ -104,9 +105,9 @@ func BenchmarkStreamIngest(b *testing.B) {
 }
 
 // seedAgents inserts n agents tagged role=web straight into the store.
-func seedAgents(b *testing.B, db *SQLiteStore, n int) {
+func seedAgents(b *testing.B, db *sqlite.DB, n int) {
 	now := time.Now().UnixNano()
-	err := withTx(context.Background(), db.w, func(tx *sql.Tx) error {
+	err := db.InTx(context.Background(), func(tx *sql.Tx) error {
 		st, err := tx.Prepare(`INSERT INTO agents(id, name, tags, created_at, updated_at, cert_serial) VALUES(?,?,?,?,?,?)`)
 		if err != nil {
 			return err
@@ -149,7 +150,7 @@ func BenchmarkRecompile10kAgents(b *testing.B) {
 	}
 	b.StopTimer()
 	var changed int
-	db.r.QueryRow(`SELECT COUNT(*) FROM manifests WHERE serial >= 2`).Scan(&changed)
+	db.Reader().QueryRow(`SELECT COUNT(*) FROM manifests WHERE serial >= 2`).Scan(&changed)
 	if changed < 10000 {
 		b.Fatalf("only %d manifests were re-signed", changed)
 	}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/drover/drover/server/store"
 )
 
 // maxCached bounds the cache; past it the cache starts over.
@@ -18,19 +20,19 @@ const maxCached = 200000
 // read that raced with a write from caching the old value. (Several servers
 // on PostgreSQL will need an invalidation channel or no cache.)
 type cachedStore struct {
-	Store
+	store.Store
 
 	mu        sync.RWMutex
 	gen       atomic.Uint64
-	certs     map[string]*AgentCert
-	manifests map[string]*StoredManifest
+	certs     map[string]*store.AgentCert
+	manifests map[string]*store.StoredManifest
 	// onPromote, if set, is called after a renewal's certificate became
 	// the agent's current one.
 	onPromote func(id, serial string)
 }
 
-func newCachedStore(s Store) *cachedStore {
-	return &cachedStore{Store: s, certs: map[string]*AgentCert{}, manifests: map[string]*StoredManifest{}}
+func newCachedStore(s store.Store) *cachedStore {
+	return &cachedStore{Store: s, certs: map[string]*store.AgentCert{}, manifests: map[string]*store.StoredManifest{}}
 }
 
 func (c *cachedStore) invalidate(ids ...string) {
@@ -67,12 +69,12 @@ func cacheGet[V any](c *cachedStore, m map[string]*V, id string, load func() (*V
 	return v, nil
 }
 
-func (c *cachedStore) AgentCert(ctx context.Context, id string) (*AgentCert, error) {
-	return cacheGet(c, c.certs, id, func() (*AgentCert, error) { return c.Store.AgentCert(ctx, id) })
+func (c *cachedStore) AgentCert(ctx context.Context, id string) (*store.AgentCert, error) {
+	return cacheGet(c, c.certs, id, func() (*store.AgentCert, error) { return c.Store.AgentCert(ctx, id) })
 }
 
-func (c *cachedStore) GetManifest(ctx context.Context, id string) (*StoredManifest, error) {
-	return cacheGet(c, c.manifests, id, func() (*StoredManifest, error) { return c.Store.GetManifest(ctx, id) })
+func (c *cachedStore) GetManifest(ctx context.Context, id string) (*store.StoredManifest, error) {
+	return cacheGet(c, c.manifests, id, func() (*store.StoredManifest, error) { return c.Store.GetManifest(ctx, id) })
 }
 
 func (c *cachedStore) SetNextCert(ctx context.Context, id, serial string, expires time.Time) error {
@@ -96,12 +98,12 @@ func (c *cachedStore) RevokeAgent(ctx context.Context, id string, now time.Time)
 	return c.Store.RevokeAgent(ctx, id, now)
 }
 
-func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *Agent) error {
+func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *store.Agent) error {
 	defer c.invalidate(a.ID)
 	return c.Store.EnrollAgent(ctx, tokenID, now, a)
 }
 
-func (c *cachedStore) SaveManifests(ctx context.Context, ms []*StoredManifest) error {
+func (c *cachedStore) SaveManifests(ctx context.Context, ms []*store.StoredManifest) error {
 	ids := make([]string, len(ms))
 	for i, m := range ms {
 		ids[i] = m.AgentID

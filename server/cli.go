@@ -7,9 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"log/slog"
 	"net"
@@ -22,136 +20,241 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlite"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/drover/drover/signing"
 )
 
-const usage = `Usage:
-  drover-server [serve] [flags]          run the control plane (the default)
-  drover-server keys rotate [flags]      add a new manifest signing key
-  drover-server tokens create [flags]    print a new enrollment token
-  drover-server api-tokens create --name N --role viewer|operator|admin [--ttl D]
-                                         print a new API token (e.g. to recover
-                                         after admin.token was revoked)
-  drover-server version
-
-Flags shared by every command:
-  --config FILE     YAML configuration (default ` + DefaultConfigFile + `, optional)
-  --data-dir DIR    state directory (default ` + DefaultDataDir + `)
-  --http-addr ADDR  HTTPS listen address (default ` + DefaultHTTPAddr + `)
-  --grpc-addr ADDR  gRPC listen address (default ` + DefaultGRPCAddr + `)
-  --internal-agent  also run a drover-agent for this host (serve only)
-Environment variables DROVER_<SETTING> (e.g. DROVER_DATA_DIR) override the file;
-flags override both.
-`
-
-// Main is drover-server's command line; it returns the exit code.
+// Main is drover-server's command line; it returns the exit code: 0, 1 when
+// a command failed, 2 for a usage or configuration error.
 func Main(version string, args, env []string, stdout, stderr io.Writer) int {
-	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
-		if (cmd == "keys" || cmd == "tokens" || cmd == "api-tokens") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-			cmd, args = cmd+" "+args[0], args[1:]
-		}
-	}
-	fs := flag.NewFlagSet("drover-server "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
-	configFile := fs.String("config", "", "")
-	dataDir := fs.String("data-dir", "", "")
-	httpAddr := fs.String("http-addr", "", "")
-	grpcAddr := fs.String("grpc-addr", "", "")
-	internalAgent := fs.Bool("internal-agent", false, "")
-	var ttl, name, format, roleName string
-	tags := tagFlag{}
-	if cmd == "api-tokens create" {
-		fs.StringVar(&ttl, "ttl", "", "token lifetime, e.g. 720h (default: no expiry)")
-		fs.StringVar(&name, "name", "", "who or what uses the token")
-		fs.StringVar(&roleName, "role", "", "viewer, operator or admin")
-		fs.StringVar(&format, "output", "token", "token (just the token) or json")
-	}
-	if cmd == "tokens create" {
-		fs.StringVar(&ttl, "ttl", "", "token lifetime, e.g. 1h (default from the config)")
-		fs.StringVar(&name, "name", "", "preset agent name")
-		fs.Var(tags, "tag", "preset agent tag key=value (repeatable)")
-		fs.StringVar(&format, "output", "token", "token (just the token) or json")
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "drover-server: unexpected argument %q\n%s", fs.Arg(0), usage)
-		return 2
-	}
-	path, required := DefaultConfigFile, false
-	if *configFile != "" {
-		path, required = *configFile, true
-	}
-	cfg, err := LoadConfig(path, required, env)
-	if err == nil {
-		for _, f := range []struct{ v, to *string }{{dataDir, &cfg.DataDir}, {httpAddr, &cfg.HTTPAddr}, {grpcAddr, &cfg.GRPCAddr}} {
-			if *f.v != "" {
-				*f.to = *f.v
-			}
-		}
-		if *internalAgent {
-			cfg.InternalAgent.Enabled = true
-		}
-		err = cfg.Validate()
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "drover-server: %v\n", err)
-		return 2
-	}
+	var cf cliFlags
+	root := &cobra.Command{
+		Use:   "drover-server [serve] [flags]",
+		Short: "Drover control plane: the HTTPS API and the agents' telemetry stream",
+		Long: `Without a command, drover-server serves (drover-server serve).
 
+Environment variables DROVER_<SETTING> (e.g. DROVER_DATA_DIR) override the
+configuration file; flags override both.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+		Args:          noArgs,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, serve) },
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	cf.register(root.PersistentFlags())
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetArgs(doubleDash(args))
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(
+		&cobra.Command{Use: "serve", Short: "Run the control plane (the default)", Args: noArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, serve) }},
+		&cobra.Command{Use: "version", Short: "Print the version", Args: noArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				fmt.Fprintln(cmd.OutOrStdout(), "drover-server", version)
+				return nil
+			}},
+		group("keys", "Manage the manifest signing keys", newRotateCmd(&cf, env)),
+		group("tokens", "Manage enrollment tokens", newTokensCreateCmd(&cf, env)),
+		group("api-tokens", "Manage API tokens", newAPITokensCreateCmd(&cf, env)),
+	)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	switch cmd {
-	case "serve":
-		err = serve(ctx, cfg, stderr)
-	case "keys rotate":
-		err = rotateCommand(ctx, cfg, stdout)
-	case "tokens create":
-		var resp *api.EnrollmentTokenCreated
-		resp, err = CreateTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
-		if err == nil {
-			if format == "json" {
-				b, _ := json.MarshalIndent(resp, "", "  ")
-				fmt.Fprintln(stdout, string(b))
-			} else {
-				fmt.Fprintln(stdout, resp.Token)
-			}
-		}
-	case "api-tokens create":
-		var resp *api.APITokenCreated
-		resp, err = CreateAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
-		if err == nil {
-			if format == "json" {
-				b, _ := json.MarshalIndent(resp, "", "  ")
-				fmt.Fprintln(stdout, string(b))
-			} else {
-				fmt.Fprintln(stdout, resp.Token)
-			}
-		}
-	case "version":
-		fmt.Fprintln(stdout, "drover-server", version)
-	default:
-		fmt.Fprintf(stderr, "drover-server: unknown command %q\n%s", cmd, usage)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "drover-server: %v\n", ue.err)
 		return 2
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "drover-server: %s\n", describe(err))
-		return 1
+	fmt.Fprintf(stderr, "drover-server: %s\n", describe(err))
+	return 1
+}
+
+// longFlags are the flags a single dash also names ("-data-dir"), as it
+// did when the command line was parsed by the standard flag package.
+var longFlags = map[string]bool{"config": true, "data-dir": true, "http-addr": true, "grpc-addr": true, "internal-agent": true,
+	"ttl": true, "name": true, "tag": true, "output": true, "role": true, "help": true}
+
+// doubleDash rewrites "-flag" and "-flag=value" of longFlags to "--flag".
+func doubleDash(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i, a := range args {
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && longFlags[name] {
+			a = "-" + a
+		}
+		out = append(out, a)
 	}
-	return 0
+	return out
+}
+
+// usageError is a command line or configuration the server cannot start
+// with (exit code 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		if cmd.HasSubCommands() {
+			name := args[0]
+			if cmd.HasParent() {
+				name = cmd.Name() + " " + name
+			}
+			return usageError{fmt.Errorf("unknown command %q", name)}
+		}
+		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
+	}
+	return nil
+}
+
+// group is a command that only holds subcommands.
+func group(name, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{Use: name, Short: short, Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return usageError{fmt.Errorf("unknown command %q", cmd.Name())}
+		}}
+	c.AddCommand(subs...)
+	return c
+}
+
+// cliFlags are the flags every command shares.
+type cliFlags struct {
+	configFile, dataDir, httpAddr, grpcAddr string
+	internalAgent                           bool
+}
+
+func (f *cliFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.configFile, "config", "", "YAML configuration (default "+DefaultConfigFile+", optional)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "state directory (default "+DefaultDataDir+")")
+	fs.StringVar(&f.httpAddr, "http-addr", "", "HTTPS listen address (default "+DefaultHTTPAddr+")")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", "", "gRPC listen address (default "+DefaultGRPCAddr+")")
+	fs.BoolVar(&f.internalAgent, "internal-agent", false, "also run a drover-agent for this host (serve only)")
+}
+
+// config loads the configuration: the file, then the environment, then the
+// flags.
+func (f *cliFlags) config(env []string) (Config, error) {
+	path, required := DefaultConfigFile, false
+	if f.configFile != "" {
+		path, required = f.configFile, true
+	}
+	cfg, err := LoadConfig(path, required, env)
+	if err != nil {
+		return cfg, usageError{err}
+	}
+	for _, o := range []struct {
+		v  string
+		to *string
+	}{{f.dataDir, &cfg.DataDir}, {f.httpAddr, &cfg.HTTPAddr}, {f.grpcAddr, &cfg.GRPCAddr}} {
+		if o.v != "" {
+			*o.to = o.v
+		}
+	}
+	if f.internalAgent {
+		cfg.InternalAgent.Enabled = true
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{err}
+	}
+	return cfg, nil
+}
+
+// run loads the configuration and runs fn with it.
+func (f *cliFlags) run(cmd *cobra.Command, env []string, fn func(context.Context, Config, io.Writer, io.Writer) error) error {
+	cfg, err := f.config(env)
+	if err != nil {
+		return err
+	}
+	return fn(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+}
+
+func newRotateCmd(cf *cliFlags, env []string) *cobra.Command {
+	return &cobra.Command{Use: "rotate", Short: "Add a new manifest signing key", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, rotateCommand) }}
+}
+
+func newTokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
+	var ttl, name string
+	tags := tagFlag{}
+	c := createCmd(cf, env, "create", "Print a new enrollment token", func(ctx context.Context, cfg Config) (any, string, error) {
+		resp, err := createTokenOffline(ctx, cfg, api.EnrollmentTokenRequest{TTL: ttl, Name: name, Tags: tags})
+		if err != nil {
+			return nil, "", err
+		}
+		return resp, resp.Token, nil
+	})
+	c.Flags().StringVar(&ttl, "ttl", "", "token lifetime, e.g. 1h (default from the config)")
+	c.Flags().StringVar(&name, "name", "", "preset agent name")
+	c.Flags().Var(tags, "tag", "preset agent tag key=value (repeatable)")
+	return c
+}
+
+func newAPITokensCreateCmd(cf *cliFlags, env []string) *cobra.Command {
+	var ttl, name, roleName string
+	c := createCmd(cf, env, "create --name N --role viewer|operator|admin [--ttl D]",
+		"Print a new API token (e.g. to recover after admin.token was revoked)", func(ctx context.Context, cfg Config) (any, string, error) {
+			resp, err := createAPITokenOffline(ctx, cfg, api.APITokenRequest{Name: name, Role: roleName, TTL: ttl})
+			if err != nil {
+				return nil, "", err
+			}
+			return resp, resp.Token, nil
+		})
+	c.Flags().StringVar(&ttl, "ttl", "", "token lifetime, e.g. 720h (default: no expiry)")
+	c.Flags().StringVar(&name, "name", "", "who or what uses the token")
+	c.Flags().StringVar(&roleName, "role", "", "viewer, operator or admin")
+	return c
+}
+
+// createCmd is a command that creates a token in the data dir and prints
+// it (--output token|json).
+func createCmd(cf *cliFlags, env []string, use, short string, create func(context.Context, Config) (resp any, token string, err error)) *cobra.Command {
+	var format string
+	c := &cobra.Command{Use: use, Short: short, Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
+				resp, token, err := create(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				printCreated(stdout, format, resp, token)
+				return nil
+			})
+		}}
+	c.Flags().StringVar(&format, "output", "token", "token (just the token) or json")
+	return c
+}
+
+// printCreated prints a created token: just the token, or the whole answer
+// as JSON.
+func printCreated(w io.Writer, format string, resp any, token string) {
+	if format == "json" {
+		b, _ := json.MarshalIndent(resp, "", "  ")
+		fmt.Fprintln(w, string(b))
+		return
+	}
+	fmt.Fprintln(w, token)
 }
 
 // describe renders an error with its details for the terminal.
 func describe(err error) string {
-	k, body := publicError(err)
-	if k.err == ErrInternal {
+	k, body := errs.Public(err)
+	if k.Err == errs.ErrInternal {
 		return err.Error()
 	}
 	msg := body.Error.Message
@@ -161,8 +264,8 @@ func describe(err error) string {
 	return msg
 }
 
-// NewLogger returns the slog logger the configuration asks for, on w.
-func NewLogger(cfg Config, w io.Writer) *slog.Logger {
+// newLogger returns the slog logger the configuration asks for, on w.
+func newLogger(cfg Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	opts := &slog.HandlerOptions{Level: level}
@@ -172,8 +275,8 @@ func NewLogger(cfg Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-func serve(ctx context.Context, cfg Config, stderr io.Writer) error {
-	s, err := New(cfg, NewLogger(cfg, stderr), SystemClock())
+func serve(ctx context.Context, cfg Config, _, stderr io.Writer) error {
+	s, err := New(cfg, newLogger(cfg, stderr), SystemClock())
 	if err != nil {
 		return err
 	}
@@ -192,6 +295,8 @@ func (t tagFlag) String() string {
 	return strings.Join(keys, ",")
 }
 
+func (t tagFlag) Type() string { return "key=value" }
+
 func (t tagFlag) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
 	if !ok || k == "" {
@@ -201,24 +306,24 @@ func (t tagFlag) Set(s string) error {
 	return nil
 }
 
-// CreateTokenOffline creates an enrollment token directly in the data dir's
+// createTokenOffline creates an enrollment token directly in the data dir's
 // database. It works whether or not the server is running (SQLite allows
 // several processes), which suits packaging scripts and config management.
-func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
+func createTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentTokenRequest) (*api.EnrollmentTokenCreated, error) {
 	certPEM, err := os.ReadFile(filepath.Join(cfg.DataDir, "ca.crt"))
 	if err != nil {
 		return nil, fmt.Errorf("read the CA certificate (has the server started once?): %w", err)
 	}
-	cert, err := parseCertPEM(certPEM)
+	cert, err := pki.ParseCertPEM(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("ca.crt: %w", err)
 	}
-	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
 	if err != nil {
 		return nil, err
 	}
 	defer st.Close()
-	resp, err := createToken(ctx, st, cfg.Enrollment, CAPin(cert), time.Now(), req)
+	resp, err := createToken(ctx, st, cfg.Enrollment, pki.CAPin(cert), time.Now(), req)
 	if err != nil {
 		return nil, err
 	}
@@ -231,16 +336,16 @@ func CreateTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 }
 
 // localAudit is the audit entry of a command run on the server's host.
-func localAudit(action, target string, after any) *AuditEntry {
-	return &AuditEntry{At: time.Now(), ActorID: "local", ActorName: "drover-server (command line)", Role: roleAdmin.String(),
+func localAudit(action, target string, after any) *store.AuditEntry {
+	return &store.AuditEntry{At: time.Now(), ActorID: "local", ActorName: "drover-server (command line)", Role: roleAdmin.String(),
 		Action: action, Target: target, AfterDigest: digestOf(after), Source: "local"}
 }
 
-// CreateAPITokenOffline creates an API token directly in the data dir's
+// createAPITokenOffline creates an API token directly in the data dir's
 // database, whether or not the server is running: the way back in when
 // admin.token was revoked and no admin token is at hand (whoever can run
 // it can read the data dir anyway).
-func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequest) (*api.APITokenCreated, error) {
+func createAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequest) (*api.APITokenCreated, error) {
 	rl, ttl, err := checkAPITokenRequest(req)
 	if err != nil {
 		return nil, err
@@ -248,7 +353,7 @@ func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 	if _, err := os.Stat(filepath.Join(cfg.DataDir, "server.db")); err != nil {
 		return nil, fmt.Errorf("the data dir has no database (has the server started once?): %w", err)
 	}
-	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
 	if err != nil {
 		return nil, err
 	}
@@ -263,8 +368,8 @@ func CreateAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 
 // rotateCommand rotates in the data dir when no server runs on it, and asks
 // the running server otherwise, so that it re-signs every manifest at once.
-func rotateCommand(ctx context.Context, cfg Config, stdout io.Writer) error {
-	resp, err := RotateKeysOffline(cfg)
+func rotateCommand(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
+	resp, err := rotateKeysOffline(cfg)
 	if errors.Is(err, errLocked) {
 		resp, err = rotateViaAPI(ctx, cfg)
 	}
@@ -275,24 +380,24 @@ func rotateCommand(ctx context.Context, cfg Config, stdout io.Writer) error {
 	return nil
 }
 
-// RotateKeysOffline rotates the manifest key of a data dir no server is
+// rotateKeysOffline rotates the manifest key of a data dir no server is
 // using; the server re-signs every manifest when it next starts. It fails
 // with an error wrapping errLocked when a server holds the data dir.
-func RotateKeysOffline(cfg Config) (*api.RotateResponse, error) {
+func rotateKeysOffline(cfg Config) (*api.RotateResponse, error) {
 	lock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
 	defer lock.release()
 	now := time.Now()
-	k, err := loadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime)
+	k, err := pki.LoadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime)
 	if err != nil {
 		return nil, err
 	}
-	if err := k.rotate(now, cfg.Signing.KeyListLifetime); err != nil {
+	if err := k.Rotate(now, cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}
-	s, v := k.signer()
+	s, v := k.Signer()
 	return &api.RotateResponse{KeyID: s.KeyID(), KeyListVersion: v}, nil
 }
 

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/drover/drover/server/pki"
+	"github.com/drover/drover/server/store"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -19,8 +21,8 @@ import (
 // the inputs, signs those bytes and saves them; the exact signed bytes are
 // stored and served as they are.
 type compiler struct {
-	store    manifestStore
-	keys     *keyring
+	store    store.ManifestStore
+	keys     *pki.Keyring
 	clock    Clock
 	lifetime time.Duration
 	log      *slog.Logger
@@ -62,7 +64,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 	if len(agents) == 0 {
 		return 0, nil
 	}
-	signer, klv := c.keys.signer()
+	signer, klv := c.keys.Signer()
 	in := make([]compile.Pipe, len(pipes))
 	for i, p := range pipes {
 		in[i] = compilePipe(p)
@@ -96,7 +98,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 	go func() { wg.Wait(); close(results) }()
 
 	changed := 0
-	batch := make([]*StoredManifest, 0, saveChunk)
+	batch := make([]*store.StoredManifest, 0, saveChunk)
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
@@ -134,17 +136,17 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 
 // compiled is the outcome of compiling one agent whose manifest changed.
 type compiled struct {
-	m   *StoredManifest
+	m   *store.StoredManifest
 	err error
 }
 
 // compilePipe is the compiler's view of a pipe version.
-func compilePipe(p *PipeVersion) compile.Pipe {
+func compilePipe(p *store.PipeVersion) compile.Pipe {
 	return compile.Pipe{Name: p.Name, Version: p.Version, Spec: p.Spec, PayloadDigest: p.PayloadDigest, PayloadSize: p.PayloadSize}
 }
 
 // compileAgent is the compiler's view of an agent and its stored manifest.
-func compileAgent(a *CompileAgent) compile.Agent {
+func compileAgent(a *store.CompileAgent) compile.Agent {
 	ca := compile.Agent{ID: a.ID, Tags: a.Tags}
 	if p := a.Prev; p != nil {
 		ca.Prev = &compile.Previous{Serial: p.Serial, ContentHash: p.ContentHash, IssuedAt: p.IssuedAt, KeyListVersion: p.KeyListVersion}
@@ -154,7 +156,7 @@ func compileAgent(a *CompileAgent) compile.Agent {
 
 // sign plans one agent's manifest and signs it, or returns nil when the
 // stored one is still current.
-func sign(comp *compile.Compilation, a compile.Agent, signer *signing.Signer, force bool) (*StoredManifest, error) {
+func sign(comp *compile.Compilation, a compile.Agent, signer *signing.Signer, force bool) (*store.StoredManifest, error) {
 	m, err := comp.Agent(a, force)
 	if err != nil || !m.Changed {
 		return nil, err
@@ -163,7 +165,7 @@ func sign(comp *compile.Compilation, a compile.Agent, signer *signing.Signer, fo
 	if err != nil {
 		return nil, fmt.Errorf("compile %s: %w", a.ID, err)
 	}
-	return &StoredManifest{
+	return &store.StoredManifest{
 		AgentID: a.ID, Serial: m.Serial, ContentHash: m.ContentHash, Digest: manifest.Digest(env), Envelope: env,
 		IssuedAt: comp.IssuedAt(), ExpiresAt: comp.ExpiresAt(), KeyListVersion: comp.KeyListVersion(),
 		Payloads: m.Payloads, Secrets: m.Secrets,

@@ -262,7 +262,7 @@ func DefaultConfig() Config {
 			RetentionPerPipe:  1000,
 			RetentionInterval: time.Hour,
 		},
-		Agents: DefaultAgentLimits(),
+		Agents: defaultAgentLimits(),
 	}
 }
 

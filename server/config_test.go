@@ -3,12 +3,13 @@ package server
 import (
 	"bytes"
 	"errors"
-	"github.com/drover/drover/api"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 )
@@ -169,8 +170,16 @@ func TestCommandLine(t *testing.T) {
 	if _, errOut, code = run("serve", "--config", "/nonexistent.yaml"); code != 2 || !strings.Contains(errOut, "nonexistent") {
 		t.Fatalf("a missing --config file: %d %s", code, errOut)
 	}
+	if _, errOut, code = run("serve", "-config", "/nonexistent.yaml"); code != 2 || !strings.Contains(errOut, "nonexistent") {
+		t.Fatalf("a single-dash -config: %d %s", code, errOut)
+	}
 	if _, _, code = run("frobnicate"); code != 2 {
 		t.Fatalf("unknown command: %d", code)
+	}
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		if out, _, code = run(args...); code != 0 || !strings.Contains(out, "drover-server") || !strings.Contains(out, "test") {
+			t.Fatalf("%v: %d %q", args, code, out)
+		}
 	}
 }
 
@@ -182,11 +191,11 @@ func TestManifestResignedBeforeExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Nothing is due yet.
-	if n, err := ts.s.compiler.resignDue(t.Context()); err != nil || n != 0 {
+	if n, err := ts.s.compiler.ResignDue(t.Context()); err != nil || n != 0 {
 		t.Fatalf("resign before half-life: %d %v", n, err)
 	}
 	ts.clock.Advance(4 * 24 * time.Hour)
-	if n, err := ts.s.compiler.resignDue(t.Context()); err != nil || n != 1 {
+	if n, err := ts.s.compiler.ResignDue(t.Context()); err != nil || n != 1 {
 		t.Fatalf("resign after half-life: %d %v", n, err)
 	}
 	ts.clock.Advance(-4 * 24 * time.Hour)
@@ -196,11 +205,11 @@ func TestManifestResignedBeforeExpiry(t *testing.T) {
 	}
 	// A key-list refresh at half its lifetime re-signs the list with a
 	// higher version; manifests follow, and agents update through /trust.
-	changed, err := ts.s.keys.refresh(time.Now().Add(200*24*time.Hour), ts.cfg.Signing.KeyListLifetime)
+	changed, err := ts.s.keys.Refresh(time.Now().Add(200*24*time.Hour), ts.cfg.Signing.KeyListLifetime)
 	if err != nil || !changed {
 		t.Fatalf("key list refresh: %v %v", changed, err)
 	}
-	if _, err := ts.s.compiler.compile(t.Context(), nil); err != nil {
+	if _, err := ts.s.compiler.Compile(t.Context(), nil); err != nil {
 		t.Fatal(err)
 	}
 	acc, err := a.pullManifest()

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"net/http"
 	"os"
@@ -17,20 +16,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+
 	agentpb "github.com/drover/drover/proto"
 )
 
-// buildServer builds cmd/drover-server into a temporary directory. A
-// missing toolchain fails the test: this proof must not be skipped.
+// buildServer builds cmd/drover-server once per test binary. A missing
+// toolchain fails the test: this proof must not be skipped.
 func buildServer(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "drover-server")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/drover-server")
-	cmd.Dir = ".."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/drover-server: %v\n%s", err, out)
-	}
-	return bin
+	return filepath.Join(testkit.Binaries(t, "", "drover-server"), "drover-server")
 }
 
 // serverProcess is drover-server running as a child process.
@@ -140,7 +136,7 @@ func TestCrashKeepsAcknowledgedRecords(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	waitFor(t, 60*time.Second, "3,000 acknowledged records", func() bool { return st.lastAck() >= 3000 })
+	testkit.WaitFor(t, 60*time.Second, "3,000 acknowledged records", func() bool { return st.lastAck() >= 3000 })
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

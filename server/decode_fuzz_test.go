@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"github.com/drover/drover/api"
 	"io"
 	"testing"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 )

@@ -1,10 +1,13 @@
-// Package server is drover-server, the Drover control plane: the HTTPS API
-// (enrollment, the agents' mTLS endpoints, the admin API), the gRPC telemetry
-// stream, the certificate authority, the manifest compiler and the embedded
-// SQLite store. cmd/drover-server is a thin shim over Main. Other packages
+// Package server is drover-server, the Drover control plane: its
+// configuration, the wiring of its parts (New, NewWithStore), Run, the
+// maintenance and missed-run loops, metrics, the HTTPS API handlers
+// (http_*.go, one file per resource) and the command line (Main). Its
+// parts live in subpackages: errs (error kinds and codes), store (domain
+// types and store interfaces) with store/sqlite and store/storetest, pki
+// (CA, keyring, sealer, admin token) and stream (the gRPC telemetry
+// stream). cmd/drover-server is a thin shim over Main. Other packages
 // should not import it, except tests of the agent and droverctl that start a
-// real server in process (New, Run, HTTPAddr, GRPCAddr, ReadAdminToken) and
-// that may reuse its exported request and response types.
+// real server in process (New, Run, HTTPAddr, GRPCAddr, ReadAdminToken).
 //
 // # Starting
 //
@@ -39,11 +42,11 @@
 // orphan file; backups and restores are one file; bundles are capped at
 // 10 MiB and fetched only when a digest changes, so serving them from SQLite
 // costs little. A PostgreSQL store can keep them as bytea or move them to
-// object storage behind the same pipeStore interface.
+// object storage behind the same store.PipeStore interface.
 //
 // # HTTP API (HTTPS on :8443)
 //
-// Every error is JSON with the status of its kind (errors.go holds the one
+// Every error is JSON with the status of its kind (package errs holds the one
 // table from kinds to HTTP and gRPC codes):
 //
 //	{"error": {"code": "validation_failed", "message": "...",
@@ -106,7 +109,7 @@
 // openapi.json (served at GET /api/v1/openapi.json, no authentication) is
 // the reference: every route with its parameters, bodies, answers, least
 // role (x-drover-role) and audit action (x-drover-audit-action). It is
-// generated from the route table in routes.go, which is also what the
+// generated from the route table in http_routes.go, which is also what the
 // router, the role check, the audit log and the role-matrix test read;
 // TestOpenAPI fails when the file is stale (regenerate it with
 // DROVER_UPDATE_OPENAPI=1 go test -run TestOpenAPI ./server).
@@ -126,7 +129,7 @@
 // token_revoked, a weaker role 403 permission_denied; none of them changes
 // anything.
 //
-// Audit (audit.go). Every successful call of a route with an action writes
+// Audit (http_audit.go). Every successful call of a route with an action writes
 // one entry before the answer is sent: actor (token id and name; an agent
 // id for renewals; "enrollment-token/<id>" for enrollments; "local" for
 // the command line), action, target ("pipe/<name>", "agent/<id>",
@@ -136,7 +139,7 @@
 // never its value). GET /api/v1/audit?actor=&action=&target=&since=&until=
 // lists them newest first. Refused requests (401, 403, refused enrollments
 // and renewals) are audited too, as "refused.<code>", rate-limited per
-// source and in all (audit.go).
+// source and in all (http_audit.go).
 //
 // Conventions. Lists take ?limit= (1-1000, default 100) and ?cursor= and
 // answer {"<items>": [...], "next_cursor": "..."} (no next_cursor on the
@@ -150,7 +153,7 @@
 // removed from its manifest, with the changed entry fields. Live logs: GET
 // /api/v1/runs/{id}/logs/stream is text/event-stream ("chunk" events with
 // id = chunk seq, one "end" event with the run; Last-Event-ID resumes; see
-// sse.go). /metrics is Prometheus text (metrics.go): viewer role, or no
+// http_logstream.go). /metrics is Prometheus text (metrics.go): viewer role, or no
 // authentication with metrics_public: true.
 //
 // Routes (least role; audit action):

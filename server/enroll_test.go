@@ -15,6 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
 )
 
 func TestEnrollSuccess(t *testing.T) {
@@ -33,7 +36,7 @@ func TestEnrollSuccess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if leaf.Subject.CommonName != a.id || len(leaf.URIs) != 1 || leaf.URIs[0].String() != AgentURIPrefix+a.id {
+	if leaf.Subject.CommonName != a.id || len(leaf.URIs) != 1 || leaf.URIs[0].String() != pki.AgentURIPrefix+a.id {
 		t.Errorf("certificate identity: CN %q URIs %v, want %s", leaf.Subject.CommonName, leaf.URIs, a.id)
 	}
 	if len(leaf.DNSNames) != 0 || len(leaf.ExtKeyUsage) != 1 || leaf.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
@@ -221,8 +224,8 @@ func TestRenewalRetiresOldCertificate(t *testing.T) {
 		st.close()
 	}
 	// The stale renewal's serial is neither current nor next.
-	stale, _ := parseCertPEM(stalePEM)
-	if _, err := ts.s.checkAgentCert(t.Context(), stale); !errors.Is(err, ErrCertRefused) {
+	stale, _ := pki.ParseCertPEM(stalePEM)
+	if _, err := ts.s.checkAgentCert(t.Context(), stale); !errors.Is(err, errs.ErrCertRefused) {
 		t.Errorf("stale renewal: %v, want certificate refused", err)
 	}
 	if _, _, err := a.renew(); err != nil {
@@ -250,7 +253,7 @@ func TestRevocationClosesLiveStream(t *testing.T) {
 	}
 	defer st.close()
 	// Make sure the stream is registered before revoking.
-	waitFor(t, 5*time.Second, "the stream to be online", func() bool { return ts.s.hub.online(a.id) })
+	testkit.WaitFor(t, 5*time.Second, "the stream to be online", func() bool { return ts.s.hub.Online(a.id) })
 
 	start := time.Now()
 	ts.adminOK("POST", "/api/v1/agents/"+a.id+"/revoke", nil, nil)

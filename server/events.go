@@ -2,18 +2,15 @@ package server
 
 import (
 	"context"
-	"errors"
-	"github.com/drover/drover/api"
-	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 )
 
-// Event kinds (DESIGN.md, "Fleet monitoring").
+// Event kinds (docs/monitoring.md, "Events").
 const (
 	EventRunFailed        = "run.failed"
 	EventRunMissed        = "run.missed"
@@ -28,6 +25,7 @@ const (
 
 // eventKinds lists every event kind.
 var eventKinds = []string{EventRunFailed, EventRunMissed, EventRunLong, EventRunRecovered, EventAgentOffline, EventAgentOnline,
+
 	EventManifestRejected, EventManifestExpired, EventIdentityConflict}
 
 // Events are recorded per occurrence (every final failed run, every missed
@@ -39,13 +37,13 @@ var eventKinds = []string{EventRunFailed, EventRunMissed, EventRunLong, EventRun
 // repeat them.
 
 // observe records the events of a committed batch of agent records.
-func (m *monitor) observe(recs []*Record) {
+func (m *monitor) observe(recs []*store.Record) {
 	ctx := context.Background()
 	if err := m.loadState(ctx); err != nil {
 		m.s.log.Error("events: loading monitor state", "err", err)
 		return
 	}
-	var evs []*Event
+	var evs []*store.Event
 	dirty := map[string]string{}
 	for _, r := range recs {
 		at := r.Received
@@ -60,10 +58,10 @@ func (m *monitor) observe(recs []*Record) {
 				if x.Reason != "" {
 					msg += ": " + x.Reason
 				}
-				evs = append(evs, &Event{At: at, Kind: EventRunFailed, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID, Message: msg, Dedupe: EventRunFailed + "/" + x.ID})
+				evs = append(evs, &store.Event{At: at, Kind: EventRunFailed, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID, Message: msg, Dedupe: EventRunFailed + "/" + x.ID})
 			case api.StatusSucceeded:
 				if m.swap(key, "", dirty) == "failing" { // healthy is the absence of state
-					evs = append(evs, &Event{At: at, Kind: EventRunRecovered, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID,
+					evs = append(evs, &store.Event{At: at, Kind: EventRunRecovered, Pipe: x.Pipe, AgentID: r.AgentID, RunID: x.ID,
 						Message: "succeeded after a failed or missed run", Dedupe: EventRunRecovered + "/" + x.ID})
 				}
 			}
@@ -74,12 +72,12 @@ func (m *monitor) observe(recs []*Record) {
 					pipe = run.Pipe
 					m.swap(runStateKey(r.AgentID, pipe), "failing", dirty)
 				}
-				evs = append(evs, &Event{At: at, Kind: EventRunFailed, Pipe: pipe, AgentID: r.AgentID, RunID: id, Message: "failed: " + ReasonLost, Dedupe: EventRunFailed + "/" + id})
+				evs = append(evs, &store.Event{At: at, Kind: EventRunFailed, Pipe: pipe, AgentID: r.AgentID, RunID: id, Message: "failed: " + store.ReasonLost, Dedupe: EventRunFailed + "/" + id})
 			}
 		case r.Status != nil:
 			st := r.Status
 			if old := m.swap("manifest/"+r.AgentID, st.State, dirty); st.State == "rejected" && old != "rejected" {
-				evs = append(evs, &Event{At: at, Kind: EventManifestRejected, AgentID: r.AgentID, Message: cleanText(st.Error, 512, false),
+				evs = append(evs, &store.Event{At: at, Kind: EventManifestRejected, AgentID: r.AgentID, Message: stream.CleanText(st.Error, 512, false),
 					Dedupe: EventManifestRejected + "/" + r.AgentID + "/" + strconv.FormatInt(at.UnixNano(), 10)})
 			}
 			exp := ""
@@ -87,7 +85,7 @@ func (m *monitor) observe(recs []*Record) {
 				exp = "1"
 			}
 			if old := m.swap("expired/"+r.AgentID, exp, dirty); exp == "1" && old != "1" {
-				evs = append(evs, &Event{At: at, Kind: EventManifestExpired, AgentID: r.AgentID,
+				evs = append(evs, &store.Event{At: at, Kind: EventManifestExpired, AgentID: r.AgentID,
 					Message: "the manifest in force on the host expired at " + st.ExpiresAt.UTC().Format(time.RFC3339),
 					Dedupe:  EventManifestExpired + "/" + r.AgentID + "/" + strconv.FormatInt(at.UnixNano(), 10)})
 			}
@@ -106,8 +104,8 @@ func (m *monitor) observe(recs []*Record) {
 // online again only with a live stream (between the two, as just after a
 // restart, the state stays). An agent never seen online has no state to
 // leave.
-func (m *monitor) onlineChange(a *MonitorAgent, offline bool, now time.Time, dirty map[string]string, evs []*Event) []*Event {
-	live := m.s.hub.online(a.ID)
+func (m *monitor) onlineChange(a *store.MonitorAgent, offline bool, now time.Time, dirty map[string]string, evs []*store.Event) []*store.Event {
+	live := m.s.hub.Online(a.ID)
 	key := "agent/" + a.ID
 	m.stateMu.Lock()
 	old := m.state[key]
@@ -115,11 +113,11 @@ func (m *monitor) onlineChange(a *MonitorAgent, offline bool, now time.Time, dir
 	switch {
 	case offline && old == "online":
 		m.swap(key, "offline", dirty)
-		return append(evs, &Event{At: now, Kind: EventAgentOffline, AgentID: a.ID,
+		return append(evs, &store.Event{At: now, Kind: EventAgentOffline, AgentID: a.ID,
 			Message: "no stream since " + a.LastSeenAt.UTC().Format(time.RFC3339), Dedupe: EventAgentOffline + "/" + a.ID + "/" + strconv.FormatInt(now.UnixNano(), 10)})
 	case live && old == "offline":
 		m.swap(key, "online", dirty)
-		return append(evs, &Event{At: now, Kind: EventAgentOnline, AgentID: a.ID, Message: "stream re-established",
+		return append(evs, &store.Event{At: now, Kind: EventAgentOnline, AgentID: a.ID, Message: "stream re-established",
 			Dedupe: EventAgentOnline + "/" + a.ID + "/" + strconv.FormatInt(now.UnixNano(), 10)})
 	case live && old == "":
 		m.swap(key, "online", dirty)
@@ -129,57 +127,9 @@ func (m *monitor) onlineChange(a *MonitorAgent, offline bool, now time.Time, dir
 
 // identityConflict records an identity.conflict event (the caller throttles).
 func (m *monitor) identityConflict(agentID, machineID string, now time.Time) {
-	e := &Event{At: now, Kind: EventIdentityConflict, AgentID: agentID, Message: "machine " + machineID + " presented this agent's certificate",
+	e := &store.Event{At: now, Kind: EventIdentityConflict, AgentID: agentID, Message: "machine " + machineID + " presented this agent's certificate",
 		Dedupe: EventIdentityConflict + "/" + agentID + "/" + strconv.FormatInt(now.UnixNano(), 10)}
-	if err := m.store.AddEvents(context.Background(), []*Event{e}); err != nil {
+	if err := m.store.AddEvents(context.Background(), []*store.Event{e}); err != nil {
 		m.s.log.Error("recording an event", "err", err)
 	}
-}
-
-func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	pg, err := parsePage(r)
-	if err != nil {
-		return err
-	}
-	f := EventFilter{Kind: q.Get("kind"), Pipe: q.Get("pipe"), Agent: q.Get("agent"), Limit: pg.limit + 1}
-	var details []api.Detail
-	if f.Kind != "" && !slices.Contains(eventKinds, f.Kind) {
-		details = append(details, api.Detail{Field: "kind", Message: "not an event kind (" + strings.Join(eventKinds, ", ") + ")"})
-	}
-	if f.Pipe != "" && !manifest.ValidName(f.Pipe) {
-		details = append(details, api.Detail{Field: "pipe", Message: "not a pipe name"})
-	}
-	if len(f.Agent) > 128 || cleanText(f.Agent, 128, false) != f.Agent {
-		details = append(details, api.Detail{Field: "agent", Message: "at most 128 printable characters"})
-	}
-	if f.Since, err = queryTime(r, "since"); err != nil {
-		var ae *apiError
-		if errors.As(err, &ae) {
-			details = append(details, ae.details...)
-		}
-	}
-	if len(details) > 0 {
-		return newError(ErrInvalidRequest, "invalid event filter", details...)
-	}
-	if pg.cursor != "" {
-		n, err := strconv.ParseInt(pg.cursor, 10, 64)
-		if err != nil || n <= 0 {
-			return errBadCursor
-		}
-		f.BeforeID = n
-	}
-	evs, err := s.store.ListEvents(r.Context(), f)
-	if err != nil {
-		return err
-	}
-	out := api.EventList{Events: make([]api.Event, 0, len(evs))}
-	for i, e := range evs {
-		if i == pg.limit {
-			out.NextCursor = encodeCursor(strconv.FormatInt(evs[i-1].ID, 10))
-			break
-		}
-		out.Events = append(out.Events, api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
-	}
-	return writeJSON(w, http.StatusOK, out)
 }

@@ -9,67 +9,6 @@ import (
 	"syscall"
 )
 
-// writeFileAtomic writes b to path with mode perm: a temporary file in the
-// same directory is written, synced and renamed over path, then the directory
-// is synced, so a crash leaves either the old or the new content.
-func writeFileAtomic(path string, b []byte, perm fs.FileMode) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err = tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	if _, err = tmp.Write(b); err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
-}
-
-// readPrivateFile reads a file that must not be accessible by group or
-// others (keys, tokens).
-func readPrivateFile(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%s has mode %#o: group or others may access it; run chmod 600 %s", path, fi.Mode().Perm(), path)
-	}
-	return os.ReadFile(path)
-}
-
 // ensureDataDir creates dir with mode 0700, or checks that an existing one
 // is a directory not writable by group or others, and tightens it to 0700.
 func ensureDataDir(dir string) error {

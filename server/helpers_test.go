@@ -16,13 +16,15 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/server/pki"
+	"github.com/drover/drover/server/store/sqlite"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -30,32 +32,12 @@ import (
 	"github.com/drover/drover/signing"
 )
 
-// ---- a controllable clock
-
-type testClock struct {
-	mu  sync.Mutex
-	off time.Duration
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.off)
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.off += d
-	c.mu.Unlock()
-}
-
-// ---- the real server, in process
-
+// testServer is the real server, in process, with clients for its API.
 type testServer struct {
 	t      testing.TB
 	s      *Server
 	cfg    Config
-	clock  *testClock
+	clock  *testkit.Clock
 	admin  string
 	base   string
 	client *http.Client // trusts the CA, no client certificate
@@ -65,20 +47,7 @@ type testServer struct {
 
 // testLogger logs warnings and errors to the test log (set DROVER_TEST_LOG
 // for everything).
-func testLogger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
-	if os.Getenv("DROVER_TEST_LOG") != "" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(b), "\n"))
-	return len(b), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return testkit.Logger(t, slog.LevelWarn) }
 
 func testConfig(dir string) Config {
 	cfg := DefaultConfig()
@@ -97,7 +66,7 @@ func startServer(t testing.TB, configure ...func(*Config)) *testServer {
 	for _, f := range configure {
 		f(&cfg)
 	}
-	clock := &testClock{}
+	clock := &testkit.Clock{}
 	s, err := New(cfg, testLogger(t), clock)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -117,7 +86,7 @@ func startServer(t testing.TB, configure ...func(*Config)) *testServer {
 }
 
 // db is the server's SQLite store, under its cache.
-func (ts *testServer) db() *SQLiteStore { return ts.s.store.(*cachedStore).Store.(*SQLiteStore) }
+func (ts *testServer) db() *sqlite.DB { return ts.s.store.(*cachedStore).Store.(*sqlite.DB) }
 
 func (ts *testServer) stop() {
 	if ts.cancel == nil {
@@ -158,27 +127,38 @@ func (r *apiResult) decode(t testing.TB, v any) {
 // do sends a request to the API; body is JSON-encoded unless it is []byte.
 func (ts *testServer) do(method, path, token string, body any) *apiResult {
 	ts.t.Helper()
-	var rd io.Reader
+	var raw []byte
+	ct := ""
 	switch b := body.(type) {
 	case nil:
 	case []byte:
-		rd = bytes.NewReader(b)
+		raw, ct = b, "application/json"
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {
 			ts.t.Fatal(err)
 		}
-		rd = bytes.NewReader(j)
+		raw, ct = j, "application/json"
 	}
-	req, err := http.NewRequest(method, ts.base+path, rd)
+	return ts.doCT(method, path, token, ct, raw)
+}
+
+// doCT sends a raw body with a Content-Type and extra headers (name, value
+// pairs).
+func (ts *testServer) doCT(method, path, token, ct string, body []byte, headers ...string) *apiResult {
+	ts.t.Helper()
+	req, err := http.NewRequest(method, ts.base+path, bytes.NewReader(body))
 	if err != nil {
 		ts.t.Fatal(err)
 	}
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if ct != "" {
+		req.Header.Set("Content-Type", ct)
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
 	}
 	resp, err := ts.client.Do(req)
 	if err != nil {
@@ -240,9 +220,8 @@ func (ts *testServer) apiToken(name, role, ttl string) (string, string) {
 	return out.Token, out.ID
 }
 
-// ---- the test agent: an enrollment client, an mTLS HTTP client and a
-// stream client, built from crypto/x509, signing and proto only.
-
+// testAgent is an enrollment client, an mTLS HTTP client and a stream
+// client, built from crypto/x509, signing and proto only.
 type testAgent struct {
 	id       string
 	base     string
@@ -274,7 +253,7 @@ func pinnedTLS(pin string) *tls.Config {
 		InsecureSkipVerify: true, // replaced by VerifyConnection below
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			for _, c := range cs.PeerCertificates {
-				if c.IsCA && CAPin(c) == pin {
+				if c.IsCA && pki.CAPin(c) == pin {
 					pool := x509.NewCertPool()
 					pool.AddCert(c)
 					_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, DNSName: cs.ServerName})
@@ -343,7 +322,7 @@ func (e *httpError) errorCode() string {
 }
 
 func (a *testAgent) setCert(key *ecdsa.PrivateKey, certPEM []byte) error {
-	keyPEM, err := marshalECKey(key)
+	keyPEM, err := pki.MarshalECKey(key)
 	if err != nil {
 		return err
 	}
@@ -488,6 +467,11 @@ type testStream struct {
 
 // openStream dials, opens AgentStream and sends Hello.
 func (a *testAgent) openStream(addr string) (*testStream, error) {
+	return a.openStreamHello(addr, &agentpb.Hello{AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: "h", Backend: "systemd", Scope: "user", ManifestSerial: a.state.Serial})
+}
+
+// openStreamHello dials addr, opens AgentStream and sends hello.
+func (a *testAgent) openStreamHello(addr string, hello *agentpb.Hello) (*testStream, error) {
 	conn, err := a.dial(addr)
 	if err != nil {
 		return nil, err
@@ -500,8 +484,7 @@ func (a *testAgent) openStream(addr string) (*testStream, error) {
 		return nil, err
 	}
 	s := &testStream{conn: conn, stream: st, cancel: cancel, ackCh: make(chan uint64, 1024), recvDone: make(chan struct{})}
-	if err := st.Send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: &agentpb.Hello{
-		AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: "h", Backend: "systemd", Scope: "user", ManifestSerial: a.state.Serial}}}); err != nil {
+	if err := st.Send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: hello}}); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -569,18 +552,6 @@ func (s *testStream) waitAck(seq uint64, timeout time.Duration) error {
 		case <-deadline:
 			return fmt.Errorf("no ack %d within %s (last %d)", seq, timeout, s.lastAck())
 		}
-	}
-}
-
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

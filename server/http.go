@@ -17,6 +17,9 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/pki"
+	"github.com/drover/drover/server/stream"
 )
 
 // apiHandler is a handler that returns its error; serve writes it.
@@ -26,10 +29,10 @@ type apiHandler func(w http.ResponseWriter, r *http.Request) error
 func (s *Server) serve(h apiHandler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
-			if k := kindOf(err); k.err == ErrInternal || k.err == ErrUnavailable {
+			if k := errs.KindOf(err); k.Err == errs.ErrInternal || k.Err == errs.ErrUnavailable {
 				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
-			writeError(w, err)
+			errs.Write(w, err)
 		}
 	})
 }
@@ -52,7 +55,7 @@ func (s *Server) agentOnly(h agentHandler) http.Handler {
 // requestAgent is the agent named by the request's verified client certificate.
 func (s *Server) requestAgent(r *http.Request) (string, error) {
 	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.PeerCertificates) == 0 {
-		return "", newError(ErrUnauthenticated, "a client certificate issued by this server is required")
+		return "", errs.New(errs.ErrUnauthenticated, "a client certificate issued by this server is required")
 	}
 	return s.checkAgentCert(r.Context(), r.TLS.PeerCertificates[0])
 }
@@ -62,20 +65,20 @@ func (s *Server) requestAgent(r *http.Request) (string, error) {
 // is neither the agent's current nor its next one. The first use of the next
 // certificate makes it current, which retires the previous one.
 func (s *Server) checkAgentCert(ctx context.Context, cert *x509.Certificate) (string, error) {
-	id, serial, err := agentIdentity(cert)
+	id, serial, err := pki.AgentIdentity(cert)
 	if err != nil {
 		return "", err
 	}
 	ac, err := s.store.AgentCert(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		return "", newError(ErrCertRefused, "the certificate names an unknown agent")
+	if errors.Is(err, errs.ErrNotFound) {
+		return "", errs.New(errs.ErrCertRefused, "the certificate names an unknown agent")
 	}
 	if err != nil {
 		return "", err
 	}
 	switch {
 	case ac.Revoked:
-		return "", errRevoked
+		return "", stream.ErrRevoked
 	case serial == ac.Serial:
 		return id, nil
 	case serial == ac.NextSerial:
@@ -84,7 +87,7 @@ func (s *Server) checkAgentCert(ctx context.Context, cert *x509.Certificate) (st
 		}
 		return id, nil
 	}
-	return "", newError(ErrCertRefused, "the certificate was superseded by a renewal")
+	return "", errs.New(errs.ErrCertRefused, "the certificate was superseded by a renewal")
 }
 
 // decodeJSON decodes a JSON object body of at most limit bytes strictly:
@@ -93,7 +96,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || mt != "application/json" {
-			return newError(ErrUnsupportedMedia, "the body must be application/json")
+			return errs.New(errs.ErrUnsupportedMedia, "the body must be application/json")
 		}
 	}
 	body, err := readBody(w, r, limit)
@@ -113,13 +116,13 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	body := buf.Bytes()
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return nil, newError(ErrTooLarge, fmt.Sprintf("the body is larger than %s", byteSize(limit)))
+		return nil, errs.New(errs.ErrTooLarge, fmt.Sprintf("the body is larger than %s", byteSize(limit)))
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return nil, newError(ErrInvalidRequest, "the body did not arrive in time")
+		return nil, errs.New(errs.ErrInvalidRequest, "the body did not arrive in time")
 	}
 	if err != nil {
-		return nil, newError(ErrInvalidRequest, "cannot read the body")
+		return nil, errs.New(errs.ErrInvalidRequest, "cannot read the body")
 	}
 	return body, nil
 }
@@ -141,7 +144,7 @@ func checkJSONShape(b []byte) error {
 	var counts [maxJSONDepth + 1]int
 	depth, values := 0, 0
 	tooBig := func(what string, at int) error {
-		return newError(ErrTooLarge, fmt.Sprintf("the JSON %s (at byte %d)", what, at))
+		return errs.New(errs.ErrTooLarge, fmt.Sprintf("the JSON %s (at byte %d)", what, at))
 	}
 	element := func(at int) error {
 		values++
@@ -244,20 +247,20 @@ func decodeStrict(body []byte, v any, at string) error {
 	var se *json.SyntaxError
 	switch {
 	case errors.Is(err, io.EOF):
-		return newError(ErrInvalidRequest, "the body is empty")
+		return errs.New(errs.ErrInvalidRequest, "the body is empty")
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return newError(ErrInvalidRequest, "malformed JSON: the body ends in the middle of a value")
+		return errs.New(errs.ErrInvalidRequest, "malformed JSON: the body ends in the middle of a value")
 	case errors.As(err, &te):
 		f := joinField(at, te.Field)
-		return newError(ErrInvalidRequest, "a field has the wrong type", api.Detail{Field: f, Message: "must be " + jsonTypeName(te.Type.Kind().String())})
+		return errs.New(errs.ErrInvalidRequest, "a field has the wrong type", api.Detail{Field: f, Message: "must be " + jsonTypeName(te.Type.Kind().String())})
 	case errors.As(err, &se):
-		return newError(ErrInvalidRequest, fmt.Sprintf("malformed JSON at byte %d", se.Offset))
+		return errs.New(errs.ErrInvalidRequest, fmt.Sprintf("malformed JSON at byte %d", se.Offset))
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return newError(ErrInvalidRequest, "unknown field "+name, api.Detail{Field: joinField(at, name), Message: "unknown field"})
+		return errs.New(errs.ErrInvalidRequest, "unknown field "+name, api.Detail{Field: joinField(at, name), Message: "unknown field"})
 	}
 	// Errors from UnmarshalJSON methods (durations and the like).
-	return newError(ErrInvalidRequest, "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "), api.Detail{Field: at, Message: strings.TrimPrefix(err.Error(), "json: ")})
+	return errs.New(errs.ErrInvalidRequest, "invalid JSON: "+strings.TrimPrefix(err.Error(), "json: "), api.Detail{Field: at, Message: strings.TrimPrefix(err.Error(), "json: ")})
 }
 
 func joinField(at, f string) string {
@@ -310,10 +313,10 @@ func withErrorsAsJSON(mux *http.ServeMux) http.Handler {
 			w.Header().Set("Allow", allow)
 		}
 		if rec.code == http.StatusMethodNotAllowed {
-			writeError(w, newError(ErrMethodNotAllowed, r.Method+" is not allowed here"))
+			errs.Write(w, errs.New(errs.ErrMethodNotAllowed, r.Method+" is not allowed here"))
 			return
 		}
-		writeError(w, newError(ErrNotFound, "no such endpoint"))
+		errs.Write(w, errs.New(errs.ErrNotFound, "no such endpoint"))
 	})
 }
 

@@ -5,10 +5,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"github.com/drover/drover/api"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
 )

@@ -163,7 +163,7 @@ func (s *Server) runInternalAgent(ctx context.Context, bin, dataDir string) erro
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "identity.json")); errors.Is(err, os.ErrNotExist) {
 		host, _ := os.Hostname()
-		tok, err := createToken(ctx, s.store, s.cfg.Enrollment, s.ca.pin, s.clock.Now(),
+		tok, err := createToken(ctx, s.store, s.cfg.Enrollment, s.ca.Pin(), s.clock.Now(),
 			api.EnrollmentTokenRequest{TTL: "10m", Name: host, Tags: map[string]string{internalAgentTag: "true"}})
 		if err != nil {
 			return err

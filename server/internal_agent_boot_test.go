@@ -7,18 +7,18 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 
 	"github.com/drover/drover/packaging/boottest"
 )
@@ -38,19 +38,12 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	c := boottest.Boot(t, boottest.Options{}) // the host's loopback: the test reaches the server inside
 
 	// The shipped binaries, static, so they run inside the container.
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", bin+"/",
-		"./cmd/drover-server", "./cmd/drover-agent")
-	build.Dir = ".."
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := testkit.Binaries(t, "grpcnotrace", "drover-server", "drover-agent")
 	c.CopyIn(t, filepath.Join(bin, "drover-server"), "/usr/bin/drover-server")
 	c.CopyIn(t, filepath.Join(bin, "drover-agent"), "/usr/bin/drover-agent")
 
 	const dataDir = "/var/lib/drover-server"
-	httpPort, grpcPort := freePort(t), freePort(t)
+	httpPort, grpcPort := testkit.FreePort(t), testkit.FreePort(t)
 	c.Exec(t, "systemd-run", "--unit=drover-server-ia.service", "--property=Restart=no",
 		"/usr/bin/drover-server", "--internal-agent", "--data-dir", dataDir,
 		"--http-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
@@ -66,7 +59,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 
 	// admin.token and the CA certificate, read as root inside the container.
 	var admin, caPEM string
-	waitFor(t, 60*time.Second, "the server in the container to write admin.token", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the server in the container to write admin.token", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		tok, _, err1 := c.Output(ctx, "cat", dataDir+"/admin.token")
@@ -86,7 +79,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	}
 
 	var ag api.Agent
-	waitFor(t, 90*time.Second, "the internal agent to come online", func() bool {
+	testkit.WaitFor(t, 90*time.Second, "the internal agent to come online", func() bool {
 		var list api.AgentList
 		if bapi.call("GET", "/api/v1/agents", nil, &list) != http.StatusOK {
 			return false
@@ -109,7 +102,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 		t.Fatalf("PUT the pipe as admin: %d", code)
 	}
 	const unit = "drover-pipe-steal.service"
-	waitFor(t, 90*time.Second, "the internal agent to install "+unit, func() bool {
+	testkit.WaitFor(t, 90*time.Second, "the internal agent to install "+unit, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		out, _, err := c.Output(ctx, "systemctl", "show", "-P", "DynamicUser", unit)
@@ -125,7 +118,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 		t.Fatalf("run now: sent to %v, offline %v", sent.Sent, sent.Offline)
 	}
 	var run api.Run
-	waitFor(t, 120*time.Second, "the run of request "+sent.RequestID+" to finish", func() bool {
+	testkit.WaitFor(t, 120*time.Second, "the run of request "+sent.RequestID+" to finish", func() bool {
 		var list api.RunList
 		if bapi.call("GET", "/api/v1/runs?request_id="+url.QueryEscape(sent.RequestID), nil, &list) != http.StatusOK {
 			return false
@@ -168,17 +161,6 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	if run.Status != api.StatusFailed {
 		t.Fatalf("run %s, want failed (the reads were refused)", run.Status)
 	}
-}
-
-// freePort returns a TCP port free on the host's 127.0.0.1 right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // bootAPI talks to a server in a container over the shared loopback.

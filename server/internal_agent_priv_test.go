@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 )
 
 // TestInternalAgentJobsCannotReadDataDir is the proof for the escalation
@@ -45,7 +46,7 @@ func TestInternalAgentJobsCannotReadDataDir(t *testing.T) {
 		t.Fatalf("internal agent data dir %s, want it beside the server's", dir)
 	}
 	var agentID string
-	waitFor(t, 60*time.Second, "the internal agent to come online", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the internal agent to come online", func() bool {
 		var out api.AgentList
 		ts.adminOK("GET", "/api/v1/agents", nil, &out)
 		if len(out.Agents) == 1 && out.Agents[0].Online {
@@ -62,7 +63,7 @@ func TestInternalAgentJobsCannotReadDataDir(t *testing.T) {
 		"script":  "id -u\ncat " + filepath.Join(serverDir, "admin.token") + "\ncat " + filepath.Join(serverDir, "ca.key") + "\n",
 		"targets": map[string]any{"tags": map[string]string{internalAgentTag: "true"}}}}, nil)
 	var run api.Run
-	waitFor(t, 90*time.Second, "a finished run of the pipe", func() bool {
+	testkit.WaitFor(t, 90*time.Second, "a finished run of the pipe", func() bool {
 		var list api.RunList
 		ts.adminOK("GET", "/api/v1/runs?pipe=steal&agent="+agentID, nil, &list)
 		for _, r := range list.Runs {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/server/stream"
 )
 
 // AgentLimits bounds what one agent can make the server store and serve
@@ -40,8 +42,8 @@ type AgentLimits struct {
 	MaxRunningIDs int `yaml:"max_running_ids"`
 }
 
-// DefaultAgentLimits returns the defaults (documented in doc.go).
-func DefaultAgentLimits() AgentLimits {
+// defaultAgentLimits returns the defaults (documented in doc.go).
+func defaultAgentLimits() AgentLimits {
 	return AgentLimits{
 		RunRecordsPerSecond:     100,
 		RunRecordsBurst:         1000,
@@ -138,7 +140,6 @@ type agentMem struct {
 
 	machineID string // the bound machine id, once known (it never changes)
 
-	pending int // streams of this identity not yet past Hello
 	fetches int // payload downloads in progress
 }
 
@@ -171,7 +172,7 @@ func (a *agentMem) pipeBucket(pipe string, l AgentLimits) *tokenBucket {
 	defer a.mu.Unlock()
 	b := a.pipes[pipe]
 	if b == nil {
-		if len(a.pipes) >= 4*maxManifestPipes {
+		if len(a.pipes) >= 4*stream.MaxManifestPipes {
 			clear(a.pipes)
 		}
 		b = newBucket(float64(l.PipeRunRecordsPerSecond), float64(l.PipeRunRecordsBurst))
@@ -207,9 +208,6 @@ func (a *agentMem) shouldAudit(reason string, now time.Time, every time.Duration
 	a.audited[reason] = now
 	return true
 }
-
-// maxManifestPipes bounds the pipe names taken from one manifest.
-const maxManifestPipes = 10000
 
 // pipeSet returns a predicate for the pipes an agent may report: those of
 // its current manifest and of the one before it (a run in flight when its
@@ -255,7 +253,7 @@ func manifestPipeNames(env []byte) (map[string]bool, error) {
 	}
 	out := make(map[string]bool, len(m.Pipes))
 	for i, p := range m.Pipes {
-		if i == maxManifestPipes {
+		if i == stream.MaxManifestPipes {
 			break
 		}
 		out[p.Name] = true

@@ -3,11 +3,13 @@ package server
 import (
 	"encoding/base64"
 	"encoding/json"
-	"github.com/drover/drover/api"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/signing"
@@ -46,7 +48,7 @@ func TestManifestETagAndSyncNow(t *testing.T) {
 	if r3.code != 200 || r3.header.Get("ETag") == etag || r3.header.Get("X-Drover-Manifest-Serial") != "2" {
 		t.Fatalf("after a pipe change: %d ETag %s serial %s", r3.code, r3.header.Get("ETag"), r3.header.Get("X-Drover-Manifest-Serial"))
 	}
-	waitFor(t, 5*time.Second, "SyncNow", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "SyncNow", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return slices.Contains(st.syncs, 2)

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 )
 
 // Metrics, served at GET /metrics on the HTTPS port in the Prometheus text
@@ -92,14 +94,14 @@ func newMetrics(s *Server) *metrics {
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_refused_total", Help: "Agent records acknowledged and dropped, and agent streams refused, by reason."}, []string{"reason"})
 	m.throttled = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_throttled_total", Help: "Agent records that waited for a quota, by quota."}, []string{"reason"})
 	m.identityConflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_identity_conflicts_total", Help: "Streams refused because another machine presented an agent's certificate."})
-	for _, r := range []string{refusedInvalid, refusedUnknownPipe, refusedTooLarge, "pending_streams", "payload_fetches"} {
+	for _, r := range append(stream.RefusalReasons(), "pending_streams", "payload_fetches") {
 		m.refused.WithLabelValues(r)
 	}
 	for _, r := range []string{"run_records", "pipe_run_records", "log_bytes"} {
 		m.throttled.WithLabelValues(r)
 	}
 	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
-		func() float64 { return float64(s.streams.streams.Load()) })
+		func() float64 { return float64(s.streams.Streams()) })
 	m.reg.MustRegister(m.runsLost, m.refused, m.throttled, m.identityConflicts)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -112,7 +114,7 @@ func (m *metrics) observeAPI(route string, code int, d time.Duration) {
 }
 
 // committed records a committed batch.
-func (m *metrics) committed(recs []*Record, now time.Time) {
+func (m *metrics) committed(recs []*store.Record, now time.Time) {
 	for _, r := range recs {
 		typ := "heartbeat"
 		switch {
@@ -136,7 +138,7 @@ func (m *metrics) committed(recs []*Record, now time.Time) {
 }
 
 // runFinished counts a finished run once, even when its record is replayed.
-func (m *metrics) runFinished(agentID string, run *Run) {
+func (m *metrics) runFinished(agentID string, run *store.Run) {
 	key := agentID + "/" + run.ID
 	m.mu.Lock()
 	_, seen := m.finished[key]

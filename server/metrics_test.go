@@ -1,10 +1,12 @@
 package server
 
 import (
-	"github.com/drover/drover/api"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 
 	agentpb "github.com/drover/drover/proto"
 )
@@ -54,7 +56,7 @@ func TestMetrics(t *testing.T) {
 	finished.Seq = seq
 	sendAll(t, st, seq, finished)
 	ts.as(viewer, 200, "GET", "/api/v1/whoami", nil, nil)
-	waitFor(t, 5*time.Second, "online", func() bool { return strings.Contains(ts.scrape(viewer), `drover_agents{state="online"} 1`) })
+	testkit.WaitFor(t, 5*time.Second, "online", func() bool { return strings.Contains(ts.scrape(viewer), `drover_agents{state="online"} 1`) })
 
 	var ag api.Agent
 	ts.as(viewer, 200, "GET", "/api/v1/agents/"+a.id, nil, &ag)

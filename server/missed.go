@@ -3,15 +3,17 @@ package server
 import (
 	"context"
 	"fmt"
-	"github.com/drover/drover/api"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store"
+
 	"github.com/drover/drover/manifest"
 )
 
-// Missed runs (DESIGN.md, "Fleet monitoring"). For every agent that holds
+// Missed runs (docs/monitoring.md, "Missed runs"). For every agent that holds
 // a pipe and every fire time the agent was expected to serve, a run must
 // have started within the pipe's grace after the fire time plus its
 // jitter (the stable per-host delay is at most the jitter). A detection
@@ -50,7 +52,7 @@ const (
 
 // leader runs fn while this server is the one that does fleet-wide
 // periodic work. With one server it always is; several replicas wrap fn in
-// a lock (DESIGN.md, "Several servers") without changing the loop.
+// a lock (docs/design.md, "Planned") without changing the loop.
 type leader interface {
 	lead(ctx context.Context, name string, fn func(context.Context))
 }
@@ -64,8 +66,8 @@ func (soleLeader) lead(ctx context.Context, _ string, fn func(context.Context)) 
 type monitor struct {
 	s     *Server
 	store interface {
-		monitorStore
-		GetRun(ctx context.Context, id string) (*Run, error)
+		store.MonitorStore
+		GetRun(ctx context.Context, id string) (*store.Run, error)
 	}
 	interval time.Duration
 
@@ -73,7 +75,7 @@ type monitor struct {
 	scheds map[string]*manifest.Schedule
 	locs   map[string]*time.Location
 
-	decoded map[string]*MonitorAgent // by agent id: tags and pipe status decoded (under passMu)
+	decoded map[string]*store.MonitorAgent // by agent id: tags and pipe status decoded (under passMu)
 
 	stateMu sync.Mutex
 	state   map[string]string // nil until loaded
@@ -83,25 +85,18 @@ type monitor struct {
 
 func newMonitor(s *Server) *monitor {
 	return &monitor{s: s, store: s.store, interval: missedInterval, scheds: map[string]*manifest.Schedule{}, locs: map[string]*time.Location{},
-		decoded: map[string]*MonitorAgent{}}
+		decoded: map[string]*store.MonitorAgent{}}
 }
 
 // run runs a detection pass every interval until ctx ends. The first
 // waits one interval too, so that after a restart the agents have
 // reconnected before anything is judged.
 func (m *monitor) run(ctx context.Context) {
-	t := time.NewTicker(m.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	onTick(ctx, m.interval, func() {
 		if _, err := m.pass(ctx); err != nil && ctx.Err() == nil {
 			m.s.log.Error("missed-run detection", "err", err)
 		}
-	}
+	})
 }
 
 // passStats is what one pass did.
@@ -144,7 +139,7 @@ func (m *monitor) swap(key, value string, dirty map[string]string) string {
 	return old
 }
 
-func (m *monitor) schedule(p *PipeVersion) (*manifest.Schedule, *time.Location, error) {
+func (m *monitor) schedule(p *store.PipeVersion) (*manifest.Schedule, *time.Location, error) {
 	sc, ok := m.scheds[p.Spec.Schedule]
 	if !ok {
 		var err error
@@ -175,8 +170,8 @@ type fireKey struct {
 
 // agentOffline: the agent has no live stream and was not heard from
 // within the offline grace (a reconnect blip is not offline).
-func (m *monitor) agentOffline(a *MonitorAgent, now time.Time) bool {
-	return !m.s.hub.online(a.ID) && now.Sub(a.LastSeenAt) >= m.s.cfg.GRPC.OfflineAfter
+func (m *monitor) agentOffline(a *store.MonitorAgent, now time.Time) bool {
+	return !m.s.hub.Online(a.ID) && now.Sub(a.LastSeenAt) >= m.s.cfg.GRPC.OfflineAfter
 }
 
 // pass runs one detection pass at the server's clock.
@@ -189,44 +184,16 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 	}
 	now := m.s.clock.Now()
 	dirty := map[string]string{}
-	m.stateMu.Lock()
-	mark := m.state[stateWatermark]
-	m.stateMu.Unlock()
-	var from time.Time
-	if mark == "" {
-		// A new server expects nothing from before it started.
-		from = now
-	} else if n, err := parseNS(mark); err == nil {
-		from = n
-	} else {
-		from = now
-	}
-	if from.Before(now.Add(-maxMissedLookback)) {
-		from = now.Add(-maxMissedLookback)
-	}
+	from := m.windowStart(now)
 
 	pipes, agents, err := m.store.MonitorInputs(ctx, true)
 	if err != nil {
 		return stats, err
 	}
-	// Tags and pipe status are decoded only when they changed since the
-	// last pass.
-	decoded := make(map[string]*MonitorAgent, len(agents))
-	for i, a := range agents {
-		if d := m.decoded[a.ID]; d != nil && d.TagsJSON == a.TagsJSON && d.StatusSeq == a.StatusSeq && d.PipesJSON == a.PipesJSON {
-			a.Tags, a.Pipes = d.Tags, d.Pipes
-		} else if err := decodeMonitorAgent(a, true); err != nil {
-			m.s.log.Error("missed-run detection: skipping an agent", "err", err)
-			agents[i] = nil
-			continue
-		}
-		decoded[a.ID] = a
-	}
-	m.decoded = decoded
-	agents = slices.DeleteFunc(agents, func(a *MonitorAgent) bool { return a == nil })
+	agents = m.decodeAgents(agents)
 	offline := make(map[string]bool, len(agents))
-	byID := make(map[string]*MonitorAgent, len(agents))
-	var events []*Event
+	byID := make(map[string]*store.MonitorAgent, len(agents))
+	var events []*store.Event
 	for _, a := range agents {
 		byID[a.ID] = a
 		off := m.agentOffline(a, now)
@@ -234,108 +201,14 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 		events = m.onlineChange(a, off, now, dirty, events)
 	}
 
-	type plan struct {
-		p       *PipeVersion
-		fires   []time.Time // evaluator fire times in the window
-		lo, hi  time.Time   // the window of fire times: (lo, hi]
-		every   bool
-		holders []*MonitorAgent
-	}
-	var plans []plan
-	var winLo, winHi time.Time
-	for _, p := range pipes {
-		if !p.Spec.IsEnabled() {
-			continue
-		}
-		sc, loc, err := m.schedule(p)
-		if err != nil {
-			m.s.log.Error("missed-run detection: pipe schedule", "pipe", p.Name, "err", err)
-			continue
-		}
-		lag := p.Spec.Jitter.D() + p.Spec.GraceOrDefault()
-		pl := plan{p: p, lo: from.Add(-lag), hi: now.Add(-lag)}
-		if !pl.hi.After(pl.lo) {
-			continue
-		}
-		if _, pl.every = sc.Every(); !pl.every {
-			start := pl.lo
-			if c := p.CreatedAt; c.After(start) {
-				start = c
-			}
-			for f := sc.Next(start, loc); !f.IsZero() && !f.After(pl.hi) && len(pl.fires) < maxFiresPerPass; f = sc.Next(f, loc) {
-				pl.fires = append(pl.fires, f)
-			}
-		}
-		if t := p.Spec.Targets; t != nil {
-			seen := map[string]bool{}
-			for _, id := range t.Agents {
-				if a := byID[id]; a != nil && !seen[id] {
-					seen[id] = true
-					pl.holders = append(pl.holders, a)
-				}
-			}
-			if len(t.Tags) > 0 {
-				for _, a := range agents {
-					if !seen[a.ID] && t.SelectsTags(a.Tags) {
-						pl.holders = append(pl.holders, a)
-					}
-				}
-			}
-		}
-		if len(pl.holders) == 0 {
-			continue
-		}
-		if winLo.IsZero() || pl.lo.Before(winLo) {
-			winLo = pl.lo
-		}
-		if pl.hi.After(winHi) {
-			winHi = pl.hi
-		}
-		plans = append(plans, pl)
-	}
-
-	var missed []*Run
+	plans, winLo, winHi := m.plan(pipes, agents, byID, from, now)
+	var missed []*store.Run
 	if len(plans) > 0 {
 		runs, err := m.store.ScheduledRuns(ctx, "", winLo, winHi.Add(time.Second))
 		if err != nil {
 			return stats, err
 		}
-		have := make(map[fireKey]struct{}, len(runs))
-		for _, r := range runs {
-			have[fireKey{r.Agent, r.Pipe, r.ScheduledAt}] = struct{}{}
-		}
-		var exp []time.Time
-		for _, pl := range plans {
-			p := pl.p
-			for _, a := range pl.holders {
-				stats.Pairs++
-				off := offline[a.ID]
-				if off && p.Spec.Catchup == manifest.CatchupSkip {
-					continue
-				}
-				exp = m.expected(exp[:0], pl.fires, pl.lo, pl.hi, pl.every, p, a, off)
-				floor := a.CreatedAt
-				if p.CreatedAt.After(floor) {
-					floor = p.CreatedAt
-				}
-				for _, f := range exp {
-					if !f.After(floor) {
-						continue
-					}
-					stats.Expected++
-					if _, ok := have[fireKey{a.ID, p.Name, f.Unix()}]; ok {
-						continue
-					}
-					reason := reasonNotReported
-					if off {
-						reason = reasonOffline
-					}
-					missed = append(missed, &Run{ID: missedRunID(a.ID, p.Name, f), AgentID: a.ID, Pipe: p.Name, PipeVersion: p.Version,
-						Trigger: api.TriggerSchedule, Status: api.StatusMissed, Reason: reason, WrittenBy: "server", ScheduledAt: f, CreatedAt: now,
-						Error: fmt.Sprintf("no run started within %s (grace) after this fire time plus its jitter of %s", p.Spec.GraceOrDefault(), p.Spec.Jitter.D())})
-				}
-			}
-		}
+		missed = m.findMissed(plans, runs, offline, now, &stats)
 	}
 	if len(missed) > 0 {
 		stored, err := m.store.InsertMissed(ctx, missed)
@@ -345,7 +218,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 		stats.Missed = len(stored)
 		for _, r := range stored {
 			m.swap(runStateKey(r.AgentID, r.Pipe), "failing", dirty)
-			events = append(events, &Event{At: now, Kind: EventRunMissed, Pipe: r.Pipe, AgentID: r.AgentID, RunID: r.ID,
+			events = append(events, &store.Event{At: now, Kind: EventRunMissed, Pipe: r.Pipe, AgentID: r.AgentID, RunID: r.ID,
 				Message: "fire time " + r.ScheduledAt.UTC().Format(time.RFC3339) + " missed: " + r.Reason, Dedupe: EventRunMissed + "/" + r.ID})
 		}
 	}
@@ -367,11 +240,168 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 	return stats, nil
 }
 
+// windowStart is where this pass's window starts: the watermark of the
+// last pass, at most maxMissedLookback ago; a new server expects nothing
+// from before it started.
+func (m *monitor) windowStart(now time.Time) time.Time {
+	m.stateMu.Lock()
+	mark := m.state[stateWatermark]
+	m.stateMu.Unlock()
+	from := now
+	if mark != "" {
+		if n, err := parseNS(mark); err == nil {
+			from = n
+		}
+	}
+	if from.Before(now.Add(-maxMissedLookback)) {
+		from = now.Add(-maxMissedLookback)
+	}
+	return from
+}
+
+// decodeAgents fills the agents' tags and pipe status, decoding them only
+// when they changed since the last pass; an agent whose state cannot be
+// decoded is left out.
+func (m *monitor) decodeAgents(agents []*store.MonitorAgent) []*store.MonitorAgent {
+	decoded := make(map[string]*store.MonitorAgent, len(agents))
+	for i, a := range agents {
+		if d := m.decoded[a.ID]; d != nil && d.TagsJSON == a.TagsJSON && d.StatusSeq == a.StatusSeq && d.PipesJSON == a.PipesJSON {
+			a.Tags, a.Pipes = d.Tags, d.Pipes
+		} else if err := a.Decode(true); err != nil {
+			m.s.log.Error("missed-run detection: skipping an agent", "err", err)
+			agents[i] = nil
+			continue
+		}
+		decoded[a.ID] = a
+	}
+	m.decoded = decoded
+	return slices.DeleteFunc(agents, func(a *store.MonitorAgent) bool { return a == nil })
+}
+
+// firePlan is what one pass checks of one pipe.
+type firePlan struct {
+	p       *store.PipeVersion
+	fires   []time.Time // evaluator fire times in the window
+	lo, hi  time.Time   // the window of fire times: (lo, hi]
+	every   bool
+	holders []*store.MonitorAgent
+}
+
+// plan lists, for every enabled pipe held by an agent, the window of fire
+// times whose runs are due by now (the pass window shifted back by the
+// pipe's jitter and grace) and the agents that hold it; winLo and winHi
+// span every window.
+func (m *monitor) plan(pipes []*store.PipeVersion, agents []*store.MonitorAgent, byID map[string]*store.MonitorAgent, from, now time.Time) (plans []firePlan, winLo, winHi time.Time) {
+	for _, p := range pipes {
+		if !p.Spec.IsEnabled() {
+			continue
+		}
+		sc, loc, err := m.schedule(p)
+		if err != nil {
+			m.s.log.Error("missed-run detection: pipe schedule", "pipe", p.Name, "err", err)
+			continue
+		}
+		lag := p.Spec.Jitter.D() + p.Spec.GraceOrDefault()
+		pl := firePlan{p: p, lo: from.Add(-lag), hi: now.Add(-lag)}
+		if !pl.hi.After(pl.lo) {
+			continue
+		}
+		if _, pl.every = sc.Every(); !pl.every {
+			start := pl.lo
+			if c := p.CreatedAt; c.After(start) {
+				start = c
+			}
+			for f := sc.Next(start, loc); !f.IsZero() && !f.After(pl.hi) && len(pl.fires) < maxFiresPerPass; f = sc.Next(f, loc) {
+				pl.fires = append(pl.fires, f)
+			}
+		}
+		pl.holders = holders(p.Spec.Targets, agents, byID)
+		if len(pl.holders) == 0 {
+			continue
+		}
+		if winLo.IsZero() || pl.lo.Before(winLo) {
+			winLo = pl.lo
+		}
+		if pl.hi.After(winHi) {
+			winHi = pl.hi
+		}
+		plans = append(plans, pl)
+	}
+	return plans, winLo, winHi
+}
+
+// holders lists the agents a pipe's targets select: those named, then
+// those whose tags match.
+func holders(t *manifest.Targets, agents []*store.MonitorAgent, byID map[string]*store.MonitorAgent) []*store.MonitorAgent {
+	if t == nil {
+		return nil
+	}
+	var out []*store.MonitorAgent
+	seen := map[string]bool{}
+	for _, id := range t.Agents {
+		if a := byID[id]; a != nil && !seen[id] {
+			seen[id] = true
+			out = append(out, a)
+		}
+	}
+	if len(t.Tags) > 0 {
+		for _, a := range agents {
+			if !seen[a.ID] && t.SelectsTags(a.Tags) {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// findMissed returns a missed run for every expected fire time of the
+// plans that none of runs serves.
+func (m *monitor) findMissed(plans []firePlan, runs []store.ScheduledRun, offline map[string]bool, now time.Time, stats *passStats) []*store.Run {
+	have := make(map[fireKey]struct{}, len(runs))
+	for _, r := range runs {
+		have[fireKey{r.Agent, r.Pipe, r.ScheduledAt}] = struct{}{}
+	}
+	var missed []*store.Run
+	var exp []time.Time
+	for _, pl := range plans {
+		p := pl.p
+		for _, a := range pl.holders {
+			stats.Pairs++
+			off := offline[a.ID]
+			if off && p.Spec.Catchup == manifest.CatchupSkip {
+				continue
+			}
+			exp = m.expected(exp[:0], pl.fires, pl.lo, pl.hi, pl.every, p, a, off)
+			floor := a.CreatedAt
+			if p.CreatedAt.After(floor) {
+				floor = p.CreatedAt
+			}
+			for _, f := range exp {
+				if !f.After(floor) {
+					continue
+				}
+				stats.Expected++
+				if _, ok := have[fireKey{a.ID, p.Name, f.Unix()}]; ok {
+					continue
+				}
+				reason := reasonNotReported
+				if off {
+					reason = reasonOffline
+				}
+				missed = append(missed, &store.Run{ID: store.MissedRunID(a.ID, p.Name, f), AgentID: a.ID, Pipe: p.Name, PipeVersion: p.Version,
+					Trigger: api.TriggerSchedule, Status: api.StatusMissed, Reason: reason, WrittenBy: "server", ScheduledAt: f, CreatedAt: now,
+					Error: fmt.Sprintf("no run started within %s (grace) after this fire time plus its jitter of %s", p.Spec.GraceOrDefault(), p.Spec.Jitter.D())})
+			}
+		}
+	}
+	return missed
+}
+
 // expected appends to dst the fire times in (lo, hi] that agent a was
 // expected to serve for pipe p: the evaluator's, except that while the
 // agent is online the next fire times it reported replace the evaluator's
 // over the span they cover.
-func (m *monitor) expected(dst, fires []time.Time, lo, hi time.Time, every bool, p *PipeVersion, a *MonitorAgent, offline bool) []time.Time {
+func (m *monitor) expected(dst, fires []time.Time, lo, hi time.Time, every bool, p *store.PipeVersion, a *store.MonitorAgent, offline bool) []time.Time {
 	var reported []time.Time
 	if !offline {
 		for i := range a.Pipes {

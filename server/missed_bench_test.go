@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/store/sqlite"
+	"github.com/drover/drover/server/stream"
 )
 
 // fixedClock is a clock the benchmark sets.
@@ -22,22 +25,22 @@ func (c *fixedClock) Now() time.Time { return c.t }
 // target all of them, each agent reporting next fire time fire for every
 // pipe, and one run per (agent, pipe) for fire except for every
 // hundredth agent (its fire times are missed).
-func seedFleet(tb testing.TB, st *SQLiteStore, agents, pipes int, fire time.Time) {
+func seedFleet(tb testing.TB, st *sqlite.DB, agents, pipes int, fire time.Time) {
 	tb.Helper()
 	ctx := context.Background()
 	created := fire.Add(-24 * time.Hour)
-	err := withTx(ctx, st.w, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO payloads(digest, size, data, created_at) VALUES('sha256:bench', 0, x'', ?)`, ns(created)); err != nil {
+	err := st.InTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO payloads(digest, size, data, created_at) VALUES('sha256:bench', 0, x'', ?)`, created.UnixNano()); err != nil {
 			return err
 		}
 		status := make([]api.PipeStatus, pipes)
 		for p := range pipes {
 			name := fmt.Sprintf("pipe-%02d", p)
 			spec := fmt.Sprintf(`{"name":%q,"schedule":"*/5 * * * *","timezone":"UTC","script":"true","interpreter":"/bin/sh","timeout":"1h","catchup":"once","hardening":"default","targets":{"tags":{"fleet":"bench"}},"enabled":true}`, name)
-			if _, err := tx.ExecContext(ctx, `INSERT INTO pipe_versions(name, version, spec, payload_digest, payload_size, created_at) VALUES(?,1,?,'sha256:bench',0,?)`, name, spec, ns(created)); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO pipe_versions(name, version, spec, payload_digest, payload_size, created_at) VALUES(?,1,?,'sha256:bench',0,?)`, name, spec, created.UnixNano()); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO pipes(name, current_version, deleted_at, created_at, updated_at) VALUES(?,1,0,?,?)`, name, ns(created), ns(created)); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO pipes(name, current_version, deleted_at, created_at, updated_at) VALUES(?,1,0,?,?)`, name, created.UnixNano(), created.UnixNano()); err != nil {
 				return err
 			}
 			status[p] = api.PipeStatus{Name: name, Version: 1, NextFireTimes: []time.Time{fire}}
@@ -53,18 +56,22 @@ func seedFleet(tb testing.TB, st *SQLiteStore, agents, pipes int, fire time.Time
 			return err
 		}
 		defer runSt.Close()
-		ps := jsonText(status)
+		psJSON, err := json.Marshal(status)
+		if err != nil {
+			return err
+		}
+		ps := string(psJSON)
 		for a := range agents {
 			id := fmt.Sprintf("agt-bench-%05d", a)
-			if _, err := agentSt.ExecContext(ctx, id, `{"fleet":"bench"}`, ns(created), ns(created), ns(fire.Add(11*time.Minute)), ps, ns(fire.Add(-time.Minute))); err != nil {
+			if _, err := agentSt.ExecContext(ctx, id, `{"fleet":"bench"}`, created.UnixNano(), created.UnixNano(), fire.Add(11*time.Minute).UnixNano(), ps, fire.Add(-time.Minute).UnixNano()); err != nil {
 				return err
 			}
 			if a%100 == 0 {
 				continue
 			}
 			for p := range pipes {
-				at := ns(fire.Add(5 * time.Second))
-				if _, err := runSt.ExecContext(ctx, fmt.Sprintf("run-%05d-%02d", a, p), id, fmt.Sprintf("pipe-%02d", p), ns(fire), at, at, at, at); err != nil {
+				at := fire.Add(5 * time.Second).UnixNano()
+				if _, err := runSt.ExecContext(ctx, fmt.Sprintf("run-%05d-%02d", a, p), id, fmt.Sprintf("pipe-%02d", p), fire.UnixNano(), at, at, at, at); err != nil {
 					return err
 				}
 			}
@@ -92,7 +99,7 @@ func cpuTime() time.Duration {
 //	go test -run '^$' -bench BenchmarkMissedDetection -benchtime 5x ./server
 func BenchmarkMissedDetection(b *testing.B) {
 	const agents, pipes = 10000, 20
-	st, err := OpenSQLite(context.Background(), filepath.Join(b.TempDir(), "server.db"), "normal")
+	st, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "server.db"), "normal")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -100,7 +107,7 @@ func BenchmarkMissedDetection(b *testing.B) {
 	fire := time.Date(2026, 6, 1, 2, 30, 0, 0, time.UTC)
 	seedFleet(b, st, agents, pipes, fire)
 	clock := &fixedClock{}
-	s := &Server{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler), clock: clock, hub: newHub(), store: st}
+	s := &Server{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler), clock: clock, hub: stream.NewHub(), store: st}
 	m := newMonitor(s)
 	deadline := fire.Add(10 * time.Minute) // default grace, no jitter
 	ctx := context.Background()

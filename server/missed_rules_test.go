@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/server/store"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -111,14 +113,14 @@ func TestMissedRunReplacedByRealRecord(t *testing.T) {
 	db := ts.db()
 	x := time.Date(2026, 3, 1, 2, 30, 0, 0, time.UTC)
 	y := x.Add(time.Hour)
-	real := &Run{ID: "real-x", Pipe: "job", PipeVersion: 1, Trigger: "schedule", Status: api.StatusSucceeded, ScheduledAt: x.Add(300 * time.Millisecond)}
-	if err := db.ApplyRecords(ctx, []*Record{{AgentID: a.id, Received: time.Now(), RunFinished: real}}, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+	real := &store.Run{ID: "real-x", Pipe: "job", PipeVersion: 1, Trigger: "schedule", Status: api.StatusSucceeded, ScheduledAt: x.Add(300 * time.Millisecond)}
+	if err := db.ApplyRecords(ctx, []*store.Record{{AgentID: a.id, Received: time.Now(), RunFinished: real}}, store.IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
-	missed := func(f time.Time) *Run {
-		return &Run{ID: missedRunID(a.id, "job", f), AgentID: a.id, Pipe: "job", PipeVersion: 1, Status: api.StatusMissed, Reason: reasonOffline, ScheduledAt: f, CreatedAt: time.Now()}
+	missed := func(f time.Time) *store.Run {
+		return &store.Run{ID: store.MissedRunID(a.id, "job", f), AgentID: a.id, Pipe: "job", PipeVersion: 1, Status: api.StatusMissed, Reason: reasonOffline, ScheduledAt: f, CreatedAt: time.Now()}
 	}
-	stored, err := db.InsertMissed(ctx, []*Run{missed(x), missed(y)})
+	stored, err := db.InsertMissed(ctx, []*store.Run{missed(x), missed(y)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,11 +128,11 @@ func TestMissedRunReplacedByRealRecord(t *testing.T) {
 		t.Fatalf("stored %+v, want only the fire time without a run", stored)
 	}
 	// Stored twice: still one.
-	if again, err := db.InsertMissed(ctx, []*Run{missed(y)}); err != nil || len(again) != 0 {
+	if again, err := db.InsertMissed(ctx, []*store.Run{missed(y)}); err != nil || len(again) != 0 {
 		t.Fatalf("second insert: %v %v", again, err)
 	}
-	late := &Run{ID: "real-y", Pipe: "job", PipeVersion: 1, Trigger: "catchup", StartedAt: y.Add(3 * time.Hour), ScheduledAt: y}
-	if err := db.ApplyRecords(ctx, []*Record{{AgentID: a.id, Received: time.Now(), RunStarted: late}}, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+	late := &store.Run{ID: "real-y", Pipe: "job", PipeVersion: 1, Trigger: "catchup", StartedAt: y.Add(3 * time.Hour), ScheduledAt: y}
+	if err := db.ApplyRecords(ctx, []*store.Record{{AgentID: a.id, Received: time.Now(), RunStarted: late}}, store.IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	runs := ts.runsOf(a.id, "job")
@@ -144,10 +146,10 @@ func TestMissedRunReplacedByRealRecord(t *testing.T) {
 	}
 	// Another agent's record of the same fire time does not touch it.
 	other := ts.enrollAgent(nil)
-	if _, err := db.InsertMissed(ctx, []*Run{missed(y.Add(time.Hour))}); err != nil {
+	if _, err := db.InsertMissed(ctx, []*store.Run{missed(y.Add(time.Hour))}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.ApplyRecords(ctx, []*Record{{AgentID: other.id, Received: time.Now(), RunStarted: &Run{ID: "other", Pipe: "job", ScheduledAt: y.Add(time.Hour)}}}, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+	if err := db.ApplyRecords(ctx, []*store.Record{{AgentID: other.id, Received: time.Now(), RunStarted: &store.Run{ID: "other", Pipe: "job", ScheduledAt: y.Add(time.Hour)}}}, store.IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	if m := ts.missedOf(a.id, "job"); len(m) != 1 {
@@ -212,7 +214,7 @@ func TestEventStatesSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.close()
-	waitFor(t, 10*time.Second, "the stream to end", func() bool { return !ts.s.hub.online(a.id) })
+	testkit.WaitFor(t, 10*time.Second, "the stream to end", func() bool { return !ts.s.hub.Online(a.id) })
 	ts.clock.Advance(3 * time.Minute)
 	if _, err := ts.s.monitor.pass(ctx); err != nil {
 		t.Fatal(err)
@@ -263,12 +265,12 @@ func TestMissedLoopRuns(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); ts.s.leader.lead(ctx, "monitor", m.run) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, 10*time.Second, "the first pass", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the first pass", func() bool {
 		st, err := ts.db().MonitorState(context.Background())
 		return err == nil && st[stateWatermark] != ""
 	})
 	ts.clock.Advance(3 * time.Minute)
-	waitFor(t, 10*time.Second, "a missed run", func() bool { return len(ts.missedOf(a.id, "looped")) >= 1 })
+	testkit.WaitFor(t, 10*time.Second, "a missed run", func() bool { return len(ts.missedOf(a.id, "looped")) >= 1 })
 }
 
 // A run settled lost is a run.failed event of its pipe.
@@ -285,9 +287,9 @@ func TestLostRunIsFailedEvent(t *testing.T) {
 		}
 		seq = sendAll(t, st, seq, started(fmt.Sprintf("r-other-%d", seq), "job", time.Now().Add(time.Hour)))
 	}
-	waitFor(t, 10*time.Second, "the run.failed event", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the run.failed event", func() bool {
 		ev := ts.events("kind=run.failed")
-		return len(ev) == 1 && ev[0].RunID == "r-lost" && ev[0].Pipe == "job" && strings.Contains(ev[0].Message, ReasonLost)
+		return len(ev) == 1 && ev[0].RunID == "r-lost" && ev[0].Pipe == "job" && strings.Contains(ev[0].Message, store.ReasonLost)
 	})
 }
 

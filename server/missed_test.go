@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -86,7 +87,7 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 		}
 		defer st.close()
 		streams[i] = st
-		waitFor(t, 10*time.Second, "the agent's hello", func() bool {
+		testkit.WaitFor(t, 10*time.Second, "the agent's hello", func() bool {
 			ag, err := ts.s.store.GetAgent(ctx, a.id)
 			return err == nil && !ag.LastSeenAt.IsZero()
 		})
@@ -99,7 +100,7 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 
 	silent := agents[2]
 	streams[2].close()
-	waitFor(t, 10*time.Second, "the silent agent's stream to end", func() bool { return !ts.s.hub.online(silent.id) })
+	testkit.WaitFor(t, 10*time.Second, "the silent agent's stream to end", func() bool { return !ts.s.hub.Online(silent.id) })
 
 	ts.clock.Advance(6 * time.Minute)
 	ts.putMonPipe("late", tags, map[string]any{"schedule": "* * * * *", "grace": "1m"})

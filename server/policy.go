@@ -3,12 +3,15 @@ package server
 import (
 	"context"
 	"fmt"
-	"github.com/drover/drover/api"
 	"net/http"
 	"path"
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
 )
@@ -54,7 +57,7 @@ func pathOverlaps(a, b string) bool {
 
 // privilegedReasons lists why spec is privileged, as field errors; agents
 // are the enrolled agents (to find internal ones). Empty: not privileged.
-func privilegedReasons(spec *manifest.Spec, agents []*Agent) []api.Detail {
+func privilegedReasons(spec *manifest.Spec, agents []*store.Agent) []api.Detail {
 	var out []api.Detail
 	if t := spec.Targets; t != nil {
 		if _, ok := t.Tags[internalAgentTag]; ok {
@@ -133,5 +136,5 @@ func privilegedRefusal(p *principal, reasons []api.Detail) error {
 	if p != nil {
 		who = "token " + p.ID + " (" + p.Name + ", " + p.Role.String() + ")"
 	}
-	return newError(ErrPermissionDenied, "this spec is privileged and needs the admin role (or privileged.allow_tokens); "+who+" may not write it", reasons...)
+	return errs.New(errs.ErrPermissionDenied, "this spec is privileged and needs the admin role (or privileged.allow_tokens); "+who+" may not write it", reasons...)
 }

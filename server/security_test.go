@@ -12,7 +12,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"net"
 	"net/http"
@@ -24,6 +23,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
 
 	agentpb "github.com/drover/drover/proto"
 )
@@ -320,7 +322,7 @@ func TestSlowBodyFloodSparesAgents(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 60*time.Second, "the flood to open its connections", func() bool { return opened.Load() >= flood*9/10 })
+	testkit.WaitFor(t, 60*time.Second, "the flood to open its connections", func() bool { return opened.Load() >= flood*9/10 })
 
 	// During the flood every manifest poll answers 200 or 304 within 1 s.
 	etag := ""
@@ -344,7 +346,7 @@ func TestSlowBodyFloodSparesAgents(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	// The body deadline cuts the trickling connections off (and they come back).
-	waitFor(t, 30*time.Second, "the trickling connections to be cut off", func() bool { return answered.Load() >= flood })
+	testkit.WaitFor(t, 30*time.Second, "the trickling connections to be cut off", func() bool { return answered.Load() >= flood })
 	cancel()
 	wg.Wait()
 }
@@ -655,7 +657,7 @@ func TestViewerSlowDryRunsSpareOthers(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 30*time.Second, "most of the viewer's slow dry-runs to be refused", func() bool { return refused.Load() >= 30 })
+	testkit.WaitFor(t, 30*time.Second, "most of the viewer's slow dry-runs to be refused", func() bool { return refused.Load() >= 30 })
 	t.Logf("%d slow dry-runs sent, %d refused", held.Load(), refused.Load())
 	for i := range 5 {
 		start := time.Now()

@@ -9,13 +9,19 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/pki"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlite"
+	"github.com/drover/drover/server/stream"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -44,31 +50,31 @@ type Server struct {
 	cfg        Config
 	log        *slog.Logger
 	clock      Clock
-	lock       *dirLock
-	ca         *ca
-	keys       *keyring
-	admin      *adminAuth
+	lock       dataDirLock
+	ca         *pki.CA
+	keys       *pki.Keyring
+	admin      *pki.AdminToken
 	auth       *authenticator
-	sealer     *sealer
-	store      Store
-	compiler   *compiler
-	hub        *hub
-	ingest     *ingester
+	sealer     *pki.Sealer
+	store      store.Store
+	compiler   manifestCompiler
+	hub        liveStreams
+	ingest     *stream.Ingester
 	monitor    *monitor // missed.go, events.go
 	leader     leader
-	streams    *streamService
+	streams    *stream.Service
 	publicHost string
 
 	metrics        *metrics
 	metricsHandler http.Handler
-	logWatch       *logWatchers
+	logWatch       logNotifier
 	logStreams     chan struct{} // bounds live log streams
 	quit           chan struct{} // closed when the server starts draining
 
-	enrollLimiter  *rateLimiter
+	enrollLimiter  rateLimit
 	enrollRequests atomic.Int64
-	refusals       *refusalAuditor // audit.go
-	guard          *guards         // guards.go
+	refusals       *refusalAuditor // http_audit.go
+	guard          *guards         // http_guards.go
 
 	agentsMu    sync.Mutex
 	agentStates map[string]*agentMem // per-agent quotas and manifest pipes (limits.go)
@@ -87,7 +93,25 @@ type Server struct {
 // start), opens the store, compiles manifests and binds both listeners, so
 // that HTTPAddr and GRPCAddr are known before Run. On error everything
 // acquired is released.
-func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) {
+func New(cfg Config, logger *slog.Logger, clock Clock) (*Server, error) {
+	return newServer(cfg, logger, clock, func(ctx context.Context) (store.Store, error) {
+		return sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	})
+}
+
+// NewWithStore is New over a store the caller opened (any store.Store that
+// passes storetest); the server owns it from then on and closes it when it
+// stops or when NewWithStore fails.
+func NewWithStore(cfg Config, st store.Store, logger *slog.Logger, clock Clock) (*Server, error) {
+	taken := false
+	srv, err := newServer(cfg, logger, clock, func(context.Context) (store.Store, error) { taken = true; return st, nil })
+	if err != nil && !taken {
+		st.Close()
+	}
+	return srv, err
+}
+
+func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.Context) (store.Store, error)) (srv *Server, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
@@ -97,7 +121,8 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	if clock == nil {
 		clock = SystemClock()
 	}
-	s := &Server{cfg: cfg, log: logger, clock: clock, hub: newHub(),
+	hub := stream.NewHub()
+	s := &Server{cfg: cfg, log: logger, clock: clock, hub: hub,
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
 		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
@@ -115,57 +140,41 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	if err := ensureDataDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	if s.lock, err = lockDataDir(cfg.DataDir); err != nil {
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
 		return nil, err
 	}
+	s.lock = lock
 	now := clock.Now()
-	if s.ca, err = loadOrCreateCA(cfg.DataDir, now); err != nil {
-		return nil, err
-	}
-	tlsCert, err := loadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(&cfg), now)
+	tlsCert, err := s.loadKeys(now)
 	if err != nil {
-		return nil, err
-	}
-	if s.keys, err = loadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime); err != nil {
-		return nil, err
-	}
-	if _, err := s.keys.refresh(now, cfg.Signing.KeyListLifetime); err != nil {
-		return nil, err
-	}
-	secretsKey, err := loadOrCreateSecret(cfg.DataDir, "secrets.key")
-	if err != nil {
-		return nil, err
-	}
-	if s.sealer, err = newSealer(secretsKey); err != nil {
-		return nil, err
-	}
-	if s.admin, err = loadOrCreateAdminToken(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	ctx := context.Background()
-	st, err := OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := open(ctx)
 	if err != nil {
 		return nil, err
 	}
 	cs := newCachedStore(st)
 	// A promoted renewal retires the previous certificate: a stream opened
 	// with it is closed, as revocation closes streams.
-	cs.onPromote = func(id, serial string) { s.hub.retire(id, serial) }
+	cs.onPromote = func(id, serial string) { s.hub.Retire(id, serial) }
 	s.store = cs
 	s.auth = newAuthenticator(s.store, clock)
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err
 	}
-	s.compiler = &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
-	s.ingest = newIngester(st, cfg.Store.IngestBatch, IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes}, logger)
-	s.ingest.onCommit = s.afterCommit
+	s.compiler = compilerSeam{&compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}}
+	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
-	s.streams = &streamService{s: s}
+	s.streams = stream.NewService(stream.Config{MaxStreams: cfg.GRPC.MaxStreams, PendingStreams: cfg.Agents.PendingStreams,
+		HelloTimeout: cfg.Agents.HelloTimeout, MaxChunkBytes: cfg.Runs.MaxChunkBytes, MaxRunningIDs: cfg.Agents.MaxRunningIDs},
+		streamHost{s}, hub, s.ingest, clock, logger)
 	s.metrics = newMetrics(s)
 	s.metricsHandler = newMetricsHandler(s.metrics)
 	// Catch up with anything that changed while the server was down (a key
 	// rotation done offline, manifests that passed half their lifetime).
-	if n, err := s.compiler.compile(ctx, nil); err != nil {
+	if n, err := s.compiler.Compile(ctx, nil); err != nil {
 		return nil, err
 	} else if n > 0 {
 		logger.Info("manifests recompiled at start", "changed", n)
@@ -184,7 +193,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 			CipherSuites: signing.TLSCipherSuites(),
 			Certificates: []tls.Certificate{tlsCert},
 			ClientAuth:   tls.VerifyClientCertIfGiven,
-			ClientCAs:    s.ca.pool,
+			ClientCAs:    s.ca.Pool(),
 		},
 	}
 	grpcTLS := &tls.Config{
@@ -192,7 +201,7 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 		CipherSuites: signing.TLSCipherSuites(),
 		Certificates: []tls.Certificate{tlsCert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    s.ca.pool,
+		ClientCAs:    s.ca.Pool(),
 	}
 	s.grpcSrv = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(grpcTLS)),
@@ -213,6 +222,38 @@ func New(cfg Config, logger *slog.Logger, clock Clock) (srv *Server, err error) 
 	return s, nil
 }
 
+// loadKeys loads (creating on first start) the CA, the keyring, the
+// secrets key and the admin token from the data dir, and returns the
+// server's TLS certificate.
+func (s *Server) loadKeys(now time.Time) (tls.Certificate, error) {
+	cfg := &s.cfg
+	var err error
+	if s.ca, err = pki.LoadOrCreateCA(cfg.DataDir, now); err != nil {
+		return tls.Certificate{}, err
+	}
+	tlsCert, err := pki.LoadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(cfg), now)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	if s.keys, err = pki.LoadOrCreateKeyring(cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime); err != nil {
+		return tls.Certificate{}, err
+	}
+	if _, err := s.keys.Refresh(now, cfg.Signing.KeyListLifetime); err != nil {
+		return tls.Certificate{}, err
+	}
+	secretsKey, err := pki.LoadOrCreateSecret(cfg.DataDir, "secrets.key")
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	if s.sealer, err = pki.NewSealer(secretsKey); err != nil {
+		return tls.Certificate{}, err
+	}
+	if s.admin, err = pki.LoadOrCreateAdminToken(cfg.DataDir); err != nil {
+		return tls.Certificate{}, err
+	}
+	return tlsCert, nil
+}
+
 // release closes what New acquired, for a server that will not run.
 func (s *Server) release() {
 	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
@@ -223,8 +264,14 @@ func (s *Server) release() {
 	if s.store != nil {
 		s.store.Close()
 	}
-	s.lock.release()
+	if s.lock != nil {
+		s.lock.release()
+	}
 }
+
+// ReadAdminToken returns the admin token stored in a data dir, for clients
+// on the same host (tests, `drover-server keys rotate`).
+func ReadAdminToken(dataDir string) (string, error) { return pki.ReadAdminToken(dataDir) }
 
 // HTTPAddr is the bound HTTPS address.
 func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
@@ -233,14 +280,14 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
 // CAPin is the pin that enrollment tokens of this server carry.
-func (s *Server) CAPin() string { return s.ca.pin }
+func (s *Server) CAPin() string { return s.ca.Pin() }
 
 // CACertPEM is the CA certificate clients trust.
-func (s *Server) CACertPEM() []byte { return s.ca.pem }
+func (s *Server) CACertPEM() []byte { return s.ca.PEM() }
 
 // afterCommit runs after a batch of agent records is committed: metrics,
 // and the live log streams of the runs it touched.
-func (s *Server) afterCommit(recs []*Record) {
+func (s *Server) afterCommit(recs []*store.Record) {
 	s.metrics.committed(recs, s.clock.Now())
 	s.logWatch.notify(recs)
 	s.monitor.observe(recs)
@@ -248,18 +295,18 @@ func (s *Server) afterCommit(recs []*Record) {
 
 // published tells an agent's live stream that a new manifest is out.
 func (s *Server) published(agentID string, serial uint64) {
-	s.hub.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_SyncNow{SyncNow: &agentpb.SyncNow{Serial: serial}}})
+	s.hub.SyncNow(agentID, serial)
 }
 
-// RotateKeys adds a new manifest key through a new root-signed key list and
+// rotateKeys adds a new manifest key through a new root-signed key list and
 // re-signs every manifest with it.
-func (s *Server) RotateKeys(ctx context.Context) (*api.RotateResponse, error) {
-	if err := s.keys.rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
+func (s *Server) rotateKeys(ctx context.Context) (*api.RotateResponse, error) {
+	if err := s.keys.Rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
 		return nil, err
 	}
-	signer, v := s.keys.signer()
+	signer, v := s.keys.Signer()
 	s.log.Info("manifest key rotated", "key_id", signer.KeyID(), "key_list_version", v)
-	if _, err := s.compiler.compile(ctx, nil); err != nil {
+	if _, err := s.compiler.Compile(ctx, nil); err != nil {
 		return nil, err
 	}
 	return &api.RotateResponse{KeyID: signer.KeyID(), KeyListVersion: v}, nil
@@ -273,7 +320,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if !s.ran.CompareAndSwap(false, true) {
 		return errors.New("server: Run called twice")
 	}
-	go s.ingest.run()
+	go s.ingest.Run()
 	errc := make(chan error, 2)
 	go func() {
 		if err := s.httpSrv.ServeTLS(s.httpLn, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -297,7 +344,7 @@ func (s *Server) Run(ctx context.Context) error {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()
 	}
-	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.pin)
+	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.Pin())
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		s.log.Warn("sd_notify failed", "err", err)
 	}
@@ -325,18 +372,20 @@ func (s *Server) shutdown() {
 	if err := s.httpSrv.Shutdown(tctx); err != nil {
 		s.httpSrv.Close()
 	}
-	s.hub.closeAll(errDraining)
+	s.hub.CloseAll(stream.ErrDraining)
 	select {
 	case <-grpcDone:
 	case <-tctx.Done():
 		s.grpcSrv.Stop()
 		<-grpcDone
 	}
-	s.ingest.stop()
+	s.ingest.Stop()
 	if err := s.store.Close(); err != nil {
 		s.log.Error("closing the store", "err", err)
 	}
-	s.lock.release()
+	if s.lock != nil {
+		s.lock.release()
+	}
 	s.log.Info("stopped")
 }
 
@@ -348,14 +397,14 @@ func (s *Server) maintain(ctx context.Context) {
 	lastRetention := time.Time{}
 	for {
 		now := s.clock.Now()
-		changed, err := s.keys.refresh(now, s.cfg.Signing.KeyListLifetime)
+		changed, err := s.keys.Refresh(now, s.cfg.Signing.KeyListLifetime)
 		if err != nil {
 			s.log.Error("refreshing the key list", "err", err)
 		}
 		if changed {
-			_, err = s.compiler.compile(ctx, nil)
+			_, err = s.compiler.Compile(ctx, nil)
 		} else {
-			_, err = s.compiler.resignDue(ctx)
+			_, err = s.compiler.ResignDue(ctx)
 		}
 		if err != nil && ctx.Err() == nil {
 			s.log.Error("re-signing manifests", "err", err)
@@ -384,14 +433,40 @@ func (s *Server) watchdog(ctx context.Context) {
 	if err != nil || interval <= 0 {
 		return
 	}
-	t := time.NewTicker(interval / 2)
+	onTick(ctx, interval/2, func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog) })
+}
+
+// onTick calls fn every d until ctx is done.
+func onTick(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+			fn()
 		}
 	}
+}
+
+// serverSANs lists the names the server certificate must carry.
+func serverSANs(cfg *Config) []string {
+	sans := []string{"localhost", "127.0.0.1", "::1"}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		sans = append(sans, h)
+	}
+	if cfg.PublicURL != "" {
+		if u, err := url.Parse(cfg.PublicURL); err == nil && u.Hostname() != "" {
+			sans = append(sans, u.Hostname())
+		}
+	}
+	if cfg.GRPCPublicAddr != "" {
+		if h, _, err := net.SplitHostPort(cfg.GRPCPublicAddr); err == nil && h != "" {
+			sans = append(sans, h)
+		}
+	}
+	sans = append(sans, cfg.TLSSANs...)
+	slices.Sort(sans)
+	return slices.Compact(sans)
 }

@@ -7,12 +7,13 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	agentpb "github.com/drover/drover/proto"
 )

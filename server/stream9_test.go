@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -50,26 +53,8 @@ const (
 
 // openStreamAs opens a stream whose Hello carries machineID and hostname.
 func (a *testAgent) openStreamAs(machineID, hostname string) (*testStream, error) {
-	conn, err := a.dial("")
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := agentpb.NewAgentClient(conn).AgentStream(ctx)
-	if err != nil {
-		cancel()
-		conn.Close()
-		return nil, err
-	}
-	s := &testStream{conn: conn, stream: st, cancel: cancel, ackCh: make(chan uint64, 1024), recvDone: make(chan struct{})}
-	if err := st.Send(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_Hello{Hello: &agentpb.Hello{
-		AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: hostname, Backend: "systemd", Scope: "user",
-		ManifestSerial: a.state.Serial, MachineId: machineID}}}); err != nil {
-		s.close()
-		return nil, err
-	}
-	go s.recv()
-	return s, nil
+	return a.openStreamHello("", &agentpb.Hello{AgentVersion: "test", Os: "linux", Arch: "amd64", Hostname: hostname, Backend: "systemd", Scope: "user",
+		ManifestSerial: a.state.Serial, MachineId: machineID})
 }
 
 // clone is another process holding a copy of the agent's key and certificate.
@@ -230,7 +215,7 @@ func TestLostRunSettledAfterDrain(t *testing.T) {
 		t.Fatalf("live-log follower of the lost run: %+v", ev)
 	}
 	r := status("r-lost")
-	if r.Status != api.StatusFailed || r.Reason != ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
+	if r.Status != api.StatusFailed || r.Reason != store.ReasonLost || r.WrittenBy != "server" || r.FinishedAt == nil {
 		t.Fatalf("not settled lost: %+v", r)
 	}
 	if r := status("r-alive"); r.Status != api.StatusRunning {
@@ -315,7 +300,7 @@ func TestIdentityBoundToMachine(t *testing.T) {
 	sendAll(t, real, 2, finished("r2", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
 	var rr api.RunPipeResponse
 	ts.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
-	waitFor(t, 5*time.Second, "RunNow on the real stream", func() bool { return real.runNowCount() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "RunNow on the real stream", func() bool { return real.runNowCount() == 1 })
 
 	// The same machine reconnects: the new stream replaces the old one.
 	again, err := cl.openStreamAs(machineA, "real-host")
@@ -328,7 +313,7 @@ func TestIdentityBoundToMachine(t *testing.T) {
 		t.Fatalf("old stream ended with %v", s)
 	}
 	ts.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
-	waitFor(t, 5*time.Second, "RunNow on the new stream", func() bool { return again.runNowCount() == 1 })
+	testkit.WaitFor(t, 5*time.Second, "RunNow on the new stream", func() bool { return again.runNowCount() == 1 })
 	if n := real.runNowCount(); n != 1 {
 		t.Fatalf("the replaced stream got %d RunNows", n)
 	}
@@ -380,11 +365,11 @@ func TestOneStreamPerIdentity(t *testing.T) {
 	for _, st := range streams[:len(streams)-1] {
 		st.ended(t, 10*time.Second)
 	}
-	if n := ts.s.hub.count(); n != 1 {
+	if n := ts.s.hub.Count(); n != 1 {
 		t.Fatalf("%d live streams", n)
 	}
 	b := ts.enrollAgent(nil)
-	waitFor(t, 10*time.Second, "the replaced streams to end", func() bool { return ts.s.streams.streams.Load() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "the replaced streams to end", func() bool { return ts.s.streams.Streams() == 1 })
 	bs, err := b.openStreamAs(machineB, "b")
 	if err != nil {
 		t.Fatal(err)
@@ -470,7 +455,7 @@ func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 	for i := range 500 {
 		pipes = append(pipes, &agentpb.PipeStatus{Name: fmt.Sprintf("junk-%d", i), ApplyError: strings.Repeat("x", 4000)})
 	}
-	huge := make([]*agentpb.PipeStatus, maxManifestPipes+1)
+	huge := make([]*agentpb.PipeStatus, stream.MaxManifestPipes+1)
 	for i := range huge {
 		huge[i] = &agentpb.PipeStatus{Name: "job"}
 	}
@@ -481,7 +466,7 @@ func TestManifestStatusBoundedAndExpiry(t *testing.T) {
 			AppliedSerial: 2, Pipes: huge}}})
 	var ag api.Agent
 	r := ts.adminOK("GET", "/api/v1/agents/"+a.id, nil, &ag)
-	if len(ag.Pipes) != 1 || ag.Pipes[0].Name != "job" || len(ag.Pipes[0].ApplyError) != maxPipeError || !ag.ManifestExpired ||
+	if len(ag.Pipes) != 1 || ag.Pipes[0].Name != "job" || len(ag.Pipes[0].ApplyError) != 1024 || !ag.ManifestExpired ||
 		ag.ManifestExpiresAt == nil || !ag.ManifestExpiresAt.Equal(exp) || ag.AppliedSerial != 1 || len(r.body) > 8<<10 ||
 		!strings.Contains(ag.Pipes[0].ElapseMismatch, "evaluator 2027-03-14T07:00:00Z") {
 		t.Fatalf("agent (%d bytes): %+v", len(r.body), ag)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/server/store"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -110,10 +112,10 @@ func TestStreamReplayExactlyOnce(t *testing.T) {
 	// Exactly the 10,000 records: 1,000 finished runs with 8 chunks each.
 	db := ts.db()
 	var runs, chunks, bytesLogged int
-	if err := db.r.QueryRow(`SELECT COUNT(*), COALESCE(SUM(log_bytes),0) FROM runs WHERE agent_id=? AND status='succeeded' AND pipe='job'`, a.id).Scan(&runs, &bytesLogged); err != nil {
+	if err := db.Reader().QueryRow(`SELECT COUNT(*), COALESCE(SUM(log_bytes),0) FROM runs WHERE agent_id=? AND status='succeeded' AND pipe='job'`, a.id).Scan(&runs, &bytesLogged); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.r.QueryRow(`SELECT COUNT(*) FROM log_chunks`).Scan(&chunks); err != nil {
+	if err := db.Reader().QueryRow(`SELECT COUNT(*) FROM log_chunks`).Scan(&chunks); err != nil {
 		t.Fatal(err)
 	}
 	nRuns := total / (perRun + 2)
@@ -267,35 +269,35 @@ func TestStreamReportsAgentState(t *testing.T) {
 	if !slices.Equal(rr.Sent, []string{a.id}) {
 		t.Fatalf("run now: %+v", rr)
 	}
-	waitFor(t, 5*time.Second, "RunNow", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "RunNow", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return len(st.runNows) == 1 && st.runNows[0].GetPipe() == "job" && st.runNows[0].GetRequestId() == rr.RequestID
 	})
 
 	st.close()
-	waitFor(t, 5*time.Second, "the agent to go offline", func() bool { return !ts.s.hub.online(a.id) })
+	testkit.WaitFor(t, 5*time.Second, "the agent to go offline", func() bool { return !ts.s.hub.Online(a.id) })
 }
 
 func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	ts := startServer(t)
 	db := ts.db()
 	now := time.Now()
-	var recs []*Record
+	var recs []*store.Record
 	for i := range 10 {
 		at := now.Add(-time.Duration(10-i) * time.Minute)
-		recs = append(recs, &Record{AgentID: "x", Received: at, RunStarted: &Run{ID: fmt.Sprintf("r%d", i), Pipe: "p"}},
-			&Record{AgentID: "x", Received: at, Chunk: &LogChunk{RunID: fmt.Sprintf("r%d", i), Data: []byte("x")}})
+		recs = append(recs, &store.Record{AgentID: "x", Received: at, RunStarted: &store.Run{ID: fmt.Sprintf("r%d", i), Pipe: "p"}},
+			&store.Record{AgentID: "x", Received: at, Chunk: &store.LogChunk{RunID: fmt.Sprintf("r%d", i), Data: []byte("x")}})
 	}
-	recs = append(recs, &Record{AgentID: "x", Received: now.Add(-48 * time.Hour), RunStarted: &Run{ID: "ancient", Pipe: "q"}})
-	if err := db.ApplyRecords(t.Context(), recs, IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+	recs = append(recs, &store.Record{AgentID: "x", Received: now.Add(-48 * time.Hour), RunStarted: &store.Run{ID: "ancient", Pipe: "q"}})
+	if err := db.ApplyRecords(t.Context(), recs, store.IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	n, err := db.PruneRuns(t.Context(), now.Add(-24*time.Hour), 4)
 	if err != nil || n != 7 {
 		t.Fatalf("pruned %d (%v), want 7", n, err)
 	}
-	runs, _ := db.ListRuns(t.Context(), RunFilter{Limit: 100})
+	runs, _ := db.ListRuns(t.Context(), store.RunFilter{Limit: 100})
 	var ids []string
 	for _, r := range runs {
 		ids = append(ids, r.ID)
@@ -304,7 +306,7 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 		t.Fatalf("kept %v", ids)
 	}
 	var chunks int
-	db.r.QueryRow(`SELECT COUNT(*) FROM log_chunks`).Scan(&chunks)
+	db.Reader().QueryRow(`SELECT COUNT(*) FROM log_chunks`).Scan(&chunks)
 	if chunks != 4 {
 		t.Fatalf("%d log chunks left, want 4", chunks)
 	}

@@ -2,18 +2,18 @@ package server
 
 import (
 	"context"
-	"crypto/aes"
-	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base32"
 	"encoding/base64"
 	"errors"
-	"fmt"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 )
 
 // Enrollment tokens are "drv1.<id>.<secret>.<ca-pin>" (docs/design.md,
@@ -44,14 +44,14 @@ func newAgentID() string {
 }
 
 // newToken makes a token and the record to store for it.
-func newToken(pin, name string, tags map[string]string, now time.Time, ttl time.Duration) (string, *EnrollmentToken) {
+func newToken(pin, name string, tags map[string]string, now time.Time, ttl time.Duration) (string, *store.EnrollmentToken) {
 	id := strings.ToLower(b32.EncodeToString(randomBytes(10)))
 	secret := base64.RawURLEncoding.EncodeToString(randomBytes(32))
 	sum := sha256.Sum256([]byte(secret))
 	if tags == nil {
 		tags = map[string]string{}
 	}
-	t := &EnrollmentToken{ID: id, SecretHash: sum[:], Name: name, Tags: tags, CreatedAt: now, ExpiresAt: now.Add(ttl)}
+	t := &store.EnrollmentToken{ID: id, SecretHash: sum[:], Name: name, Tags: tags, CreatedAt: now, ExpiresAt: now.Add(ttl)}
 	return strings.Join([]string{tokenPrefix, id, secret, pin}, "."), t
 }
 
@@ -64,17 +64,17 @@ type parsedToken struct {
 func parseToken(s string) (*parsedToken, error) {
 	parts := strings.Split(strings.TrimSpace(s), ".")
 	if len(parts) != 4 || parts[0] != tokenPrefix || !tokenIDRE.MatchString(parts[1]) || !tokenSecretRE.MatchString(parts[2]) || !pinRE.MatchString(parts[3]) {
-		return nil, newError(ErrInvalidToken, "the enrollment token is malformed")
+		return nil, errs.New(errs.ErrInvalidToken, "the enrollment token is malformed")
 	}
 	return &parsedToken{id: parts[1], secret: parts[2], pin: parts[3]}, nil
 }
 
 // checkToken verifies a presented token against its stored record. Unknown
 // ids and wrong secrets are indistinguishable to the caller.
-func checkToken(ctx context.Context, store tokenStore, p *parsedToken, now time.Time) (*EnrollmentToken, error) {
-	invalid := newError(ErrInvalidToken, "the enrollment token is not valid")
+func checkToken(ctx context.Context, store store.TokenStore, p *parsedToken, now time.Time) (*store.EnrollmentToken, error) {
+	invalid := errs.New(errs.ErrInvalidToken, "the enrollment token is not valid")
 	t, err := store.GetToken(ctx, p.id)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, errs.ErrNotFound) {
 		return nil, invalid
 	}
 	if err != nil {
@@ -85,44 +85,10 @@ func checkToken(ctx context.Context, store tokenStore, p *parsedToken, now time.
 		return nil, invalid
 	}
 	if !t.UsedAt.IsZero() {
-		return nil, newError(ErrTokenUsed, "the enrollment token was already used")
+		return nil, errs.New(errs.ErrTokenUsed, "the enrollment token was already used")
 	}
 	if !now.Before(t.ExpiresAt) {
-		return nil, newError(ErrTokenExpired, "the enrollment token has expired")
+		return nil, errs.New(errs.ErrTokenExpired, "the enrollment token has expired")
 	}
 	return t, nil
-}
-
-// sealer encrypts secret values at rest with AES-256-GCM. The secret's name
-// is the additional data, so a sealed value cannot be moved to another name.
-type sealer struct{ aead cipher.AEAD }
-
-func newSealer(key []byte) (*sealer, error) {
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, fmt.Errorf("secrets key: %w", err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("secrets key: %w", err)
-	}
-	return &sealer{aead: aead}, nil
-}
-
-// seal returns nonce || ciphertext.
-func (s *sealer) seal(name string, value []byte) []byte {
-	nonce := randomBytes(s.aead.NonceSize())
-	return s.aead.Seal(nonce, nonce, value, []byte(name))
-}
-
-func (s *sealer) open(name string, sealed []byte) ([]byte, error) {
-	n := s.aead.NonceSize()
-	if len(sealed) < n {
-		return nil, errors.New("open secret: sealed value too short")
-	}
-	v, err := s.aead.Open(nil, sealed[:n], sealed[n:], []byte(name))
-	if err != nil {
-		return nil, fmt.Errorf("open secret %s: %w", name, err)
-	}
-	return v, nil
 }

@@ -1,0 +1,61 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/stream"
+)
+
+// handleListEvents lists fleet events newest first (docs/monitoring.md,
+// "Events").
+func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	pg, err := parsePage(r)
+	if err != nil {
+		return err
+	}
+	f := store.EventFilter{Kind: q.Get("kind"), Pipe: q.Get("pipe"), Agent: q.Get("agent"), Limit: pg.limit + 1}
+	var details []api.Detail
+	if f.Kind != "" && !slices.Contains(eventKinds, f.Kind) {
+		details = append(details, api.Detail{Field: "kind", Message: "not an event kind (" + strings.Join(eventKinds, ", ") + ")"})
+	}
+	if f.Pipe != "" && !manifest.ValidName(f.Pipe) {
+		details = append(details, api.Detail{Field: "pipe", Message: "not a pipe name"})
+	}
+	if len(f.Agent) > 128 || stream.CleanText(f.Agent, 128, false) != f.Agent {
+		details = append(details, api.Detail{Field: "agent", Message: "at most 128 printable characters"})
+	}
+	if f.Since, err = queryTime(r, "since"); err != nil {
+		details = append(details, errs.Details(err)...)
+	}
+	if len(details) > 0 {
+		return errs.New(errs.ErrInvalidRequest, "invalid event filter", details...)
+	}
+	if pg.cursor != "" {
+		n, err := strconv.ParseInt(pg.cursor, 10, 64)
+		if err != nil || n <= 0 {
+			return errBadCursor
+		}
+		f.BeforeID = n
+	}
+	evs, err := s.store.ListEvents(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	out := api.EventList{Events: make([]api.Event, 0, len(evs))}
+	for i, e := range evs {
+		if i == pg.limit {
+			out.NextCursor = encodeCursor(strconv.FormatInt(evs[i-1].ID, 10))
+			break
+		}
+		out.Events = append(out.Events, api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
+	}
+	return writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,89 @@
+package server
+
+import (
+	"encoding/base64"
+	"fmt"
+	"math"
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
+)
+
+// Lists are paginated: ?limit=N (1-1000, default 100) and ?cursor=C, where
+// C is the next_cursor of the previous page; a page without next_cursor is
+// the last. Cursors are opaque (base64url of the last item's sort key), so
+// a page continues after the last item seen even when items are added or
+// removed in between.
+
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+type page struct {
+	limit  int
+	cursor string // decoded sort key, "" for the first page
+}
+
+var errBadCursor = errs.New(errs.ErrInvalidRequest, "invalid cursor", api.Detail{Field: "cursor", Message: "not a next_cursor of this list"})
+
+func parsePage(r *http.Request) (page, error) {
+	q := r.URL.Query()
+	pg := page{limit: defaultPageSize}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > maxPageSize {
+			return pg, errs.New(errs.ErrInvalidRequest, "invalid limit", api.Detail{Field: "limit", Message: fmt.Sprintf("must be 1-%d", maxPageSize)})
+		}
+		pg.limit = n
+	}
+	if c := q.Get("cursor"); c != "" {
+		b, err := base64.RawURLEncoding.DecodeString(c)
+		if err != nil || len(b) == 0 {
+			return pg, errBadCursor
+		}
+		pg.cursor = string(b)
+	}
+	return pg, nil
+}
+
+func encodeCursor(key string) string { return base64.RawURLEncoding.EncodeToString([]byte(key)) }
+
+// paginate sorts items by key (unique keys) and returns the page after the
+// cursor, and the next cursor.
+func paginate[T any](items []T, key func(T) string, pg page) ([]T, string) {
+	sort.SliceStable(items, func(i, j int) bool { return key(items[i]) < key(items[j]) })
+	start := 0
+	if pg.cursor != "" {
+		start = sort.Search(len(items), func(i int) bool { return key(items[i]) > pg.cursor })
+	}
+	end := min(start+pg.limit, len(items))
+	next := ""
+	if end < len(items) {
+		next = encodeCursor(key(items[end-1]))
+	}
+	return items[start:end], next
+}
+
+// timeKey renders t so that keys sort by time.
+func timeKey(t time.Time) string { return fmt.Sprintf("%020d", t.UnixNano()) }
+
+// newestFirstKey renders t so that keys sort newest first.
+func newestFirstKey(t time.Time) string { return fmt.Sprintf("%020d", math.MaxInt64-t.UnixNano()) }
+
+// queryTime parses an RFC 3339 query parameter; "" is the zero time.
+func queryTime(r *http.Request, name string) (time.Time, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, errs.New(errs.ErrInvalidRequest, "invalid "+name, api.Detail{Field: name, Message: fmt.Sprintf("%q is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z)", v)})
+	}
+	return t, nil
+}

@@ -1,0 +1,202 @@
+// Package sqlite is the embedded store: one SQLite file in WAL mode holding
+// everything the server keeps (store.Store), one file per entity, with its
+// schema migrations embedded. Only the server's wiring and tools (the
+// drover-server CLI) open it; everything else goes through package store's
+// interfaces.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// DB is the embedded store: one SQLite file in WAL mode. All writes
+// go through one connection (SQLite has one writer anyway, and this keeps
+// BEGIN IMMEDIATE from ever waiting on itself); reads use a pool of
+// read-only connections that WAL lets run beside the writer.
+type DB struct {
+	w *sql.DB
+	r *sql.DB
+}
+
+// Open opens (creating if needed) the database at path and applies the
+// embedded migrations. synchronous is "full" or "normal".
+func Open(ctx context.Context, path, synchronous string) (*DB, error) {
+	if synchronous == "" {
+		synchronous = "full"
+	}
+	// SQLite creates files with the process umask; create the database
+	// 0600 first (its -wal and -shm files inherit the mode).
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	f.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	base := path + "?_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_pragma=synchronous(" + synchronous + ")"
+	w, err := sql.Open("sqlite", base+"&_pragma=journal_mode(WAL)&_pragma=cache_size(-65536)&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxIdleTime(0)
+	w.SetConnMaxLifetime(0)
+	if err := migrate(ctx, w); err != nil {
+		w.Close()
+		return nil, err
+	}
+	r, err := sql.Open("sqlite", base+"&_pragma=query_only(1)&_pragma=cache_size(-16384)")
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	r.SetMaxOpenConns(4)
+	r.SetMaxIdleConns(4)
+	r.SetConnMaxIdleTime(0)
+	return &DB{w: w, r: r}, nil
+}
+
+// InTx runs fn in one write transaction: for tests and tools that seed or
+// inspect the file directly.
+func (s *DB) InTx(ctx context.Context, fn func(*sql.Tx) error) error { return withTx(ctx, s.w, fn) }
+
+// Reader is the pool of read-only connections, for tests and tools that
+// inspect the file directly.
+func (s *DB) Reader() *sql.DB { return s.r }
+
+// Close closes both pools.
+func (s *DB) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// migrate applies migrations/NNNN_*.sql above PRAGMA user_version, each in
+// its own transaction together with the version bump.
+func migrate(ctx context.Context, db *sql.DB) error {
+	files, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	sort.Strings(files)
+	for _, f := range files {
+		n, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(f, "migrations/"), "_", 2)[0])
+		if err != nil {
+			return fmt.Errorf("migrate: bad migration name %s", f)
+		}
+		body, err := migrations.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		if err := withTx(ctx, db, func(tx *sql.Tx) error {
+			var v int
+			if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+				return err
+			}
+			if v >= n {
+				return nil
+			}
+			if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+				return fmt.Errorf("%s: %w", f, err)
+			}
+			_, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", n))
+			return err
+		}); err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+	}
+	return nil
+}
+
+func withTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func ns(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNS(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+func jsonText(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only maps and slices of plain values are stored
+	}
+	return string(b)
+}
+
+// queryAll runs a query on db and scans every row with scan; the result is
+// empty, not nil, when no row matches.
+func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row interface{ Scan(...any) error }) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer rows.Close()
+	out := []T{}
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}
+
+// rowErr is the error of a one-row query: ErrNotFound naming noun when
+// there is no row, else err wrapped in what.
+func rowErr(err error, noun, what string) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return errs.NotFound(noun)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// compile-time check that DB is a complete Store.
+var _ store.Store = (*DB)(nil)

@@ -1,0 +1,179 @@
+package stream
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	agentpb "github.com/drover/drover/proto"
+)
+
+// Notifier is how the rest of the server reaches the agents' live
+// streams: commands to push and streams to close. Hub is the in-memory,
+// single-replica implementation; several replicas need one that reaches
+// the replica holding the stream.
+type Notifier interface {
+	// SyncNow tells the agent that manifest serial is out.
+	SyncNow(agentID string, serial uint64) bool
+	// RunNow asks the agent to run a pipe now.
+	RunNow(agentID, pipe, requestID string) bool
+	// Cancel asks the agent to cancel a run.
+	Cancel(agentID, runID string) bool
+	// Online reports whether the agent has a live stream.
+	Online(agentID string) bool
+	// Close ends the agent's live stream with cause (revoked, deleted).
+	Close(agentID string, cause error)
+	// Retire ends the agent's live stream unless it was opened with the
+	// certificate serial now current.
+	Retire(agentID, serial string)
+}
+
+var _ Notifier = (*Hub)(nil)
+
+// Hub tracks the live telemetry streams, at most one per agent, so that the
+// server can push SyncNow and RunNow, and close an agent's stream when it
+// is revoked, deleted, or its certificate retired. A new stream of the same
+// identity (and machine) replaces the old one, which is closed.
+type Hub struct {
+	mu    sync.Mutex
+	conns map[string]*streamConn
+}
+
+// streamConn is one live AgentStream.
+type streamConn struct {
+	agentID string
+	serial  string // of the client certificate the stream was opened with
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	// out carries commands to the stream's sender; when it is full a
+	// command is dropped (SyncNow: the agent also polls).
+	out chan *agentpb.ServerMessage
+	// committed is the highest seq committed for this stream; kick wakes
+	// the sender to send an Ack for it.
+	committed atomic.Uint64
+	kick      chan struct{}
+	// inflight counts records handed to the ingester and not yet
+	// committed; once draining is set no more are handed over.
+	inflight atomic.Int64
+	draining atomic.Bool
+}
+
+// NewHub returns a hub with no streams.
+func NewHub() *Hub { return &Hub{conns: map[string]*streamConn{}} }
+
+// add makes c the agent's live stream and closes the one it replaces.
+func (h *Hub) add(c *streamConn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if old := h.conns[c.agentID]; old != nil && old != c {
+		old.cancel(ErrReplaced)
+	}
+	h.conns[c.agentID] = c
+}
+
+// remove forgets c unless a newer stream replaced it.
+func (h *Hub) remove(c *streamConn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conns[c.agentID] == c {
+		delete(h.conns, c.agentID)
+	}
+}
+
+// current reports whether c is its agent's live stream.
+func (h *Hub) current(c *streamConn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conns[c.agentID] == c
+}
+
+// Online reports whether the agent has a live stream.
+func (h *Hub) Online(agentID string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conns[agentID] != nil
+}
+
+// Count is the number of live streams (one per agent).
+func (h *Hub) Count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.conns)
+}
+
+// SyncNow queues a SyncNow for serial; it reports whether the agent had a
+// live stream with room for it.
+func (h *Hub) SyncNow(agentID string, serial uint64) bool { return h.send(agentID, syncNow(serial)) }
+
+// RunNow queues a RunNow of pipe.
+func (h *Hub) RunNow(agentID, pipe, requestID string) bool {
+	return h.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_RunNow{RunNow: &agentpb.RunNow{Pipe: pipe, RequestId: requestID}}})
+}
+
+// Cancel queues a CancelRun of runID.
+func (h *Hub) Cancel(agentID, runID string) bool {
+	return h.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_CancelRun{CancelRun: &agentpb.CancelRun{RunId: runID}}})
+}
+
+func syncNow(serial uint64) *agentpb.ServerMessage {
+	return &agentpb.ServerMessage{Body: &agentpb.ServerMessage_SyncNow{SyncNow: &agentpb.SyncNow{Serial: serial}}}
+}
+
+// send queues msg on the agent's live stream and reports whether there was
+// one with room for it.
+func (h *Hub) send(agentID string, msg *agentpb.ServerMessage) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.conns[agentID]
+	if c == nil {
+		return false
+	}
+	select {
+	case c.out <- msg:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close ends the agent's live stream with cause.
+func (h *Hub) Close(agentID string, cause error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.conns[agentID]; c != nil {
+		c.cancel(cause)
+	}
+}
+
+// Retire ends the agent's live stream unless it was opened with the
+// certificate serial now current (a renewal was promoted).
+func (h *Hub) Retire(agentID, serial string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.conns[agentID]; c != nil && c.serial != serial {
+		c.cancel(ErrRetired)
+	}
+}
+
+// CloseAll ends every live stream (shutdown).
+func (h *Hub) CloseAll(cause error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns {
+		c.cancel(cause)
+	}
+}
+
+// acked records that every record up to seq on c is committed.
+func (c *streamConn) acked(seq uint64) {
+	for {
+		cur := c.committed.Load()
+		if seq <= cur || c.committed.CompareAndSwap(cur, seq) {
+			break
+		}
+	}
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,104 @@
+package stream
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
+)
+
+// ingestItem is one record on its way to the database. A nil rec is a
+// record that was refused as invalid: it is acknowledged in order with the
+// others so that the agent does not resend it forever.
+type ingestItem struct {
+	rec  *store.Record
+	conn *streamConn
+	seq  uint64 // 0: nothing to acknowledge
+}
+
+// Ingester commits records from every stream in batched transactions: while
+// one transaction commits, the next batch gathers, so the commit rate adapts
+// to the load. Acks are sent only after the commit, in seq order per stream.
+type Ingester struct {
+	store    store.IngestStore
+	in       chan ingestItem
+	batch    int
+	lim      store.IngestLimits
+	log      *slog.Logger
+	quit     chan struct{}
+	done     chan struct{}
+	onCommit func([]*store.Record)
+}
+
+// NewIngester returns an ingester committing to st in batches of up to
+// batch records within lim; onCommit, if set, is called with every
+// committed batch.
+func NewIngester(st store.IngestStore, batch int, lim store.IngestLimits, log *slog.Logger, onCommit func([]*store.Record)) *Ingester {
+	return &Ingester{store: st, onCommit: onCommit, in: make(chan ingestItem, 4*batch), batch: batch, lim: lim, log: log,
+		quit: make(chan struct{}), done: make(chan struct{})}
+}
+
+// Run commits batches until stop is called, then commits what is queued.
+func (g *Ingester) Run() {
+	defer close(g.done)
+	items := make([]ingestItem, 0, g.batch)
+	for {
+		select {
+		case it := <-g.in:
+			g.commit(g.gather(append(items[:0], it)))
+		case <-g.quit:
+			for {
+				batch := g.gather(items[:0])
+				if len(batch) == 0 {
+					return
+				}
+				g.commit(batch)
+			}
+		}
+	}
+}
+
+// Stop ends Run after the queued records are committed.
+func (g *Ingester) Stop() {
+	close(g.quit)
+	<-g.done
+}
+
+// gather adds whatever is queued, up to a batch, without waiting.
+func (g *Ingester) gather(items []ingestItem) []ingestItem {
+	for len(items) < g.batch {
+		select {
+		case it := <-g.in:
+			items = append(items, it)
+		default:
+			return items
+		}
+	}
+	return items
+}
+
+func (g *Ingester) commit(items []ingestItem) {
+	recs := make([]*store.Record, 0, len(items))
+	for _, it := range items {
+		if it.rec != nil {
+			recs = append(recs, it.rec)
+		}
+	}
+	err := g.store.ApplyRecords(context.Background(), recs, g.lim)
+	if err != nil {
+		// Nothing of the batch is acknowledged; the streams are closed so
+		// that their agents reconnect and replay.
+		g.log.Error("committing agent records failed", "records", len(recs), "err", err)
+	} else if g.onCommit != nil {
+		g.onCommit(recs)
+	}
+	for _, it := range items {
+		if err != nil {
+			it.conn.cancel(errs.New(errs.ErrUnavailable, "the server could not store records; reconnect and resend"))
+		} else if it.seq > 0 {
+			it.conn.acked(it.seq)
+		}
+		it.conn.inflight.Add(-1)
+	}
+}
