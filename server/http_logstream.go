@@ -247,6 +247,14 @@ func (f *logFollower) follow(ctx context.Context, wake <-chan struct{}) error {
 				return f.fail(err)
 			}
 			if done {
+				// Chunks committed between this pass's read of the log and
+				// its read of the run would otherwise be left out: send
+				// them before the end.
+				if _, gone, err := f.sendChunks(ctx); gone {
+					return nil
+				} else if err != nil {
+					return f.fail(err)
+				}
 				b, _ := json.Marshal(runJSON(run))
 				fmt.Fprintf(f.w, "event: end\ndata: %s\n\n", b)
 				_ = f.rc.Flush()
