@@ -56,7 +56,7 @@ bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./...
 
 # A simulated fleet (drover-sim) against a fresh local drover-server: one
-# line per step of BENCH_AGENTS. The issue-17 line (needs the machine to
+# line per step of BENCH_AGENTS. The full fleet line (needs the machine to
 # itself; see the README's "Simulated fleet"):
 #   make bench-fleet BENCH_AGENTS=1000,5000,10000,19500 \
 #     BENCH_FLEET_FLAGS='--no-verify --run-every 5m --log-bytes 4096 --window 60s'

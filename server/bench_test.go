@@ -14,7 +14,7 @@ import (
 	"github.com/drover/drover/server/store/sqlite"
 )
 
-// Benchmarks of the three targets (figures in the README):
+// Benchmarks of the server's three scale targets (figures in the README):
 //
 //	go test ./server -run '^$' -bench . -benchtime 3s
 func benchManifestGET(b *testing.B, conditional bool) {

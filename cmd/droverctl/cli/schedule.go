@@ -15,7 +15,7 @@ import (
 
 const maxExplainCount = 1000
 
-// explanation is the JSON form of `schedule explain` (pinned by the issue).
+// explanation is the JSON form of `schedule explain` (scripts read its field names: keep them).
 type explanation struct {
 	OnCalendar []string `json:"oncalendar"`
 	Next       []string `json:"next"`
