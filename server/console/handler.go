@@ -194,10 +194,19 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, sessionInfo{Principal: p, CSRF: s.CSRF})
 }
 
+// session answers the page's "am I logged in?": the session's principal
+// and CSRF token, or 204 without a live session (not an error: the page
+// then shows the login form).
 func (h *Handler) session(w http.ResponseWriter, r *http.Request) error {
+	if SessionID(r) == "" {
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	p, s, err := h.cfg.Auth.Session(r)
 	if err != nil {
-		return err
+		setCookie(w, "", 0)
+		w.WriteHeader(http.StatusNoContent)
+		return nil
 	}
 	return writeJSON(w, http.StatusOK, sessionInfo{Principal: p, CSRF: s.CSRF})
 }

@@ -596,6 +596,7 @@
     if (live) { live.close(); live = null; }
     const view = $('view');
     view.replaceChildren();
+    view.removeAttribute('data-ready');
     if (!me) return;
     const hash = location.hash.replace(/^#\/?/, '') || 'fleet';
     const [pathPart, query] = hash.split('?');
@@ -647,6 +648,9 @@
       showLogin();
     });
     window.addEventListener('hashchange', render);
-    try { loggedIn(await api('GET', '/ui/session')); } catch (e) { showLogin(); }
+    try {
+      const s = await api('GET', '/ui/session');
+      if (s) loggedIn(s); else showLogin();
+    } catch (e) { showLogin(); }
   });
 }());
