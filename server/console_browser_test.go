@@ -227,6 +227,9 @@ func TestConsoleBrowser(t *testing.T) {
 
 	// Run now from the pipe page; the agent gets RunNow.
 	b.show("#/pipe/job", "pipe")
+	if n := b.count(`#run-agent option[value="` + agent.id + `"]`); n != 1 {
+		t.Fatalf("the agent is not offered for run now (%d)", n)
+	}
 	b.run(chromedp.Click(chromedp.CSS(`#run-now button[type=submit]`)), chromedp.WaitVisible(chromedp.CSS(`#run-result a`)))
 	var reqID string
 	testkit.WaitFor(t, 10*time.Second, "RunNow on the agent's stream", func() bool {

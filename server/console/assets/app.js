@@ -329,11 +329,14 @@
 
   views.pipe = async (view, g, params, name) => {
     const p = await api('GET', '/api/v1/pipes/' + enc(name));
+    // The agents it targets: the server filters by the targets' tags.
+    const tg = p.spec.targets || {};
+    const tagQuery = Object.entries(tg.tags || {}).map(([k, v]) => k + '=' + v);
     const [vers, sched, fires, agentsPage] = await Promise.all([
       api('GET', '/api/v1/pipes/' + enc(name) + '/versions' + qs({ limit: 100 })),
       api('GET', '/api/v1/pipes/' + enc(name) + '/schedule' + qs({ count: 5 })),
       api('GET', '/api/v1/pipes/' + enc(name) + '/fires' + qs({ limit: 48 })),
-      api('GET', '/api/v1/agents' + qs({ limit: 1000 })),
+      api('GET', '/api/v1/agents' + qs({ limit: 1000, tag: tagQuery })),
     ]);
     if (g !== gen) return;
     view.append(el('h1', {}, 'Pipe ', el('span', { id: 'pipe-name', text: p.name }), ' ', el('span', { class: 'muted', text: 'v' + p.version })));
@@ -341,7 +344,7 @@
     view.append(el('p', {}, el('strong', { text: scheduleWords(p.spec.schedule) }), ' ', el('code', { text: p.spec.schedule }), ' in ', p.spec.timezone || 'UTC'));
     view.append(table(['Next fire (' + (sched.timezone || 'UTC') + ')', 'Your time (' + viewerZone + ')'],
       (sched.fire_times || []).map((t) => row(fmtTime(t, sched.timezone), fmtTime(t, viewerZone)))));
-    const holders = agentsPage.agents.filter((a) => (a.pipes || []).some((ps) => ps.name === name));
+    const holders = agentsPage.agents.filter((a) => !a.revoked && (!(tg.agents || []).length || tg.agents.includes(a.id) || tg.agents.includes(a.name)));
     if (can('operator')) {
       const mode = el('select', { id: 'run-mode', 'aria-label': 'run on' }, el('option', { value: 'all', text: 'all its agents' }), el('option', { value: 'agent', text: 'one agent' }), el('option', { value: 'tags', text: 'agents with tags' }));
       const agentSel = el('select', { id: 'run-agent', 'aria-label': 'agent', hidden: true }, holders.map((a) => el('option', { value: a.id, text: a.name || a.hostname || a.id })));
@@ -372,13 +375,14 @@
     view.append(el('h2', { text: 'Fire times (24 h)' }));
     view.append((fires.fires || []).length === 0 ? msg('No fire times in the window.') : table(['Fire time', 'Expected', ...RUN_STATUSES, 'unreported'],
       fires.fires.map((f) => row(fmtTime(f.at, fires.timezone), f.expected, ...RUN_STATUSES.map((s) => (f.counts || {})[s] || ''), f.unreported || ''))));
-    view.append(el('h2', { text: 'Agents holding it' }));
-    view.append(holders.length === 0 ? msg('No agent holds it.') : table(['Agent', 'State', 'Version', 'Next fire', 'Apply error'],
-      holders.map((a) => {
-        const ps = a.pipes.find((x) => x.name === name);
-        return row(link('#/agent/' + enc(a.id), a.name || a.hostname || a.id), status(a.online ? 'online' : 'offline'), 'v' + ps.version,
+    view.append(el('h2', { text: 'Agents holding it (targeted)' }));
+    view.append(holders.length === 0 ? msg('No agent holds it.') : table(['Agent', 'State', 'Applied version', 'Next fire (reported)', 'Apply error'],
+      holders.slice(0, 200).map((a) => {
+        const ps = (a.pipes || []).find((x) => x.name === name) || {};
+        return row(link('#/agent/' + enc(a.id), a.name || a.hostname || a.id), status(a.online ? 'online' : 'offline'), ps.version ? 'v' + ps.version : 'not reported',
           ps.next_fire_times && ps.next_fire_times[0] ? fmtTime(ps.next_fire_times[0], p.spec.timezone) : '—', ps.apply_error || '');
       })));
+    if (holders.length > 200) view.append(msg(holders.length + ' agents; the first 200 are shown.'));
     view.append(el('h2', { text: 'Spec' }), el('pre', { class: 'spec', id: 'spec', text: specText(p) }));
     view.append(el('h2', { text: 'Versions' }));
     const diffOut = el('div', { id: 'diff' });
