@@ -32,7 +32,23 @@
     constructor(status, code, message) { super(message); this.status = status; this.code = code; }
   }
 
+  // At most maxInFlight API calls at once: the server bounds the requests
+  // in flight per token, and a page of pipes asks for two things per row.
+  const maxInFlight = 8;
+  let inFlight = 0;
+  const waiting = [];
   async function api(method, path, body) {
+    if (inFlight >= maxInFlight) await new Promise((resolve) => waiting.push(resolve)); // handed a slot
+    else inFlight++;
+    try {
+      return await call(method, path, body);
+    } finally {
+      const next = waiting.shift();
+      if (next) next(); else inFlight--;
+    }
+  }
+
+  async function call(method, path, body) {
     const headers = { Accept: 'application/json' };
     const opts = { method, headers, credentials: 'same-origin' };
     if (method !== 'GET' && method !== 'HEAD') headers['X-CSRF-Token'] = me ? me.csrf : '';
