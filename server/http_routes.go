@@ -189,6 +189,7 @@ func (s *Server) routes() http.Handler {
 	}
 	// The web console: its page and assets, login, session and logout.
 	mux.Handle("/ui/", s.newConsole())
+	mux.Handle("GET /ui/fleet", s.serve(s.handleConsoleFleet))
 	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	return s.classify(withErrorsAsJSON(mux))
 }

@@ -4,7 +4,6 @@
 (function () {
   const ROLES = { viewer: 1, operator: 2, admin: 3 };
   const RUN_STATUSES = ['succeeded', 'failed', 'timed_out', 'canceled', 'skipped', 'missed', 'running', 'pending'];
-  const WORST = ['failed', 'timed_out', 'missed', 'canceled', 'running', 'pending', 'skipped', 'succeeded'];
   let me = null; // {id, name, role, csrf}
   let gen = 0; // render generation: a stale view stops drawing
   let live = null; // the EventSource of the run page
@@ -204,81 +203,47 @@
   // ---- views ----
   const views = {};
 
+  // The fleet page is counted on the server (GET /ui/fleet), so that it
+  // stays small with any number of agents and runs.
   views.fleet = async (view, g) => {
     view.append(el('h1', { text: 'Fleet' }));
-    const since = new Date(Date.now() - 24 * 3600 * 1000);
-    const agents = [];
-    let cursor = '';
-    for (let i = 0; i < 10; i++) {
-      const page = await api('GET', '/api/v1/agents' + qs({ limit: 1000, cursor }));
-      agents.push(...page.agents);
-      cursor = page.next_cursor || '';
-      if (!cursor) break;
-    }
-    const runs = (await api('GET', '/api/v1/runs' + qs({ limit: 1000, since: since.toISOString() }))).runs;
+    const f = await api('GET', '/ui/fleet');
     if (g !== gen) return;
-    const n = { online: 0, offline: 0, revoked: 0, stale: 0, identity: 0 };
-    const problems = [];
-    for (const a of agents) {
-      if (a.revoked) n.revoked++; else if (a.online) n.online++; else n.offline++;
-      const stale = !a.revoked && (a.manifest_expired || a.manifest_error || a.manifest_state === 'rejected' || (a.manifest && a.applied_serial < a.manifest.serial));
-      if (stale) n.stale++;
-      if (a.identity_conflicts > 0) n.identity++;
-      if (stale || a.identity_conflicts > 0 || (!a.online && !a.revoked)) problems.push(a);
-    }
+    const n = f.agents;
     const card = (label, v, href) => el('a', { class: 'card', href, 'data-count': label }, el('div', { class: 'n', text: v }), el('div', { text: label }));
     view.append(el('div', { class: 'cards' },
       card('online', n.online, '#/agents?status=online'), card('offline', n.offline, '#/agents?status=offline'),
       card('revoked', n.revoked, '#/agents?status=revoked'), card('stale manifest', n.stale, '#/agents'),
-      card('identity problems', n.identity, '#/agents'), card('runs (24 h)', runs.length, '#/runs')));
-    // Pipes failing or missed in the last 24 h.
-    const bad = new Map();
-    for (const r of runs) {
-      if (r.status === 'failed' || r.status === 'timed_out' || r.status === 'missed') {
-        const b = bad.get(r.pipe) || { failed: 0, missed: 0, last: r };
-        if (r.status === 'missed') b.missed++; else b.failed++;
-        bad.set(r.pipe, b);
-      }
-    }
+      card('identity problems', n.identity, '#/agents'), card('runs (24 h)', f.runs + (f.runs_truncated ? '+' : ''), '#/runs')));
     view.append(el('h2', { text: 'Pipes failing or missed (24 h)' }));
-    view.append(bad.size === 0 ? msg('None.') : table(['Pipe', 'Failed', 'Missed', 'Last bad run'],
-      [...bad.entries()].map(([p, b]) => row(link('#/pipe/' + enc(p), p), b.failed, b.missed, link('#/run/' + enc(b.last.id), b.last.status + ' ' + ago(b.last.created_at))))));
-    // Heatmap: pipe × hour, the worst status of the hour.
+    view.append(f.bad.length === 0 ? msg('None.') : table(['Pipe', 'Failed', 'Missed', 'Last bad run'],
+      f.bad.slice(0, 100).map((b) => row(link('#/pipe/' + enc(b.pipe), b.pipe), b.failed, b.missed, link('#/run/' + enc(b.last_id), b.last_status + ' ' + ago(b.last_at))))));
     view.append(el('h2', { text: 'Runs by hour (24 h)' }));
-    const pipes = [...new Set(runs.map((r) => r.pipe))].sort();
-    if (pipes.length === 0) view.append(msg('No runs in the last 24 hours.'));
+    if (f.heat.length === 0) view.append(msg('No runs in the last 24 hours.'));
     else {
-      const start = Math.floor(since.getTime() / 3600000);
-      const grid = el('div', { class: 'heat', style: null });
-      grid.style.gridTemplateColumns = 'minmax(6rem, 12rem) repeat(25, 1fr)';
-      const cells = new Map();
-      for (const r of runs) {
-        const t = new Date(r.scheduled_at || r.started_at || r.created_at).getTime();
-        const k = r.pipe + '\u0000' + (Math.floor(t / 3600000) - start);
-        const c = cells.get(k) || {};
-        c[r.status] = (c[r.status] || 0) + 1;
-        cells.set(k, c);
-      }
-      for (const p of pipes) {
-        grid.append(el('a', { class: 'label', href: '#/pipe/' + enc(p), text: p }));
-        for (let h = 0; h <= 24; h++) {
-          const c = cells.get(p + '\u0000' + h);
+      const since = new Date(f.since).getTime();
+      const grid = el('div', { class: 'heat' });
+      grid.style.gridTemplateColumns = 'minmax(6rem, 12rem) repeat(' + f.heat[0].cells.length + ', 1fr)';
+      for (const r of f.heat) {
+        grid.append(el('a', { class: 'label', href: '#/pipe/' + enc(r.pipe), text: r.pipe }));
+        r.cells.forEach((c, h) => {
           const cell = el('div', { class: 'cell' });
           if (c) {
-            const worst = WORST.find((s) => c[s]);
-            cell.classList.add('s-' + worst);
-            cell.title = new Date((start + h) * 3600000).toISOString().slice(0, 13) + 'h: ' + Object.entries(c).map(([s, k]) => s + ' ' + k).join(', ');
+            cell.classList.add('s-' + c.split(' ')[0]);
+            cell.title = new Date(since + h * 3600000).toISOString().slice(0, 13) + 'h: worst ' + c + ' runs';
           }
           grid.append(cell);
-        }
+        });
       }
-      view.append(grid, msg('Each cell is one hour, coloured by its worst run: failed, missed, canceled, running, succeeded.'));
+      view.append(grid, msg('Each cell is one hour, coloured by its worst run: failed, missed, canceled, running, succeeded.' +
+        (f.heat_pipes > f.heat.length ? ' ' + f.heat.length + ' of ' + f.heat_pipes + ' pipes shown, the failing first.' : '')));
     }
     view.append(el('h2', { text: 'Agents needing attention' }));
-    view.append(problems.length === 0 ? msg('None.') : table(['Agent', 'State', 'Manifest', 'Identity'],
-      problems.slice(0, 100).map((a) => row(link('#/agent/' + enc(a.id), a.name || a.hostname || a.id), status(a.online ? 'online' : 'offline'),
+    view.append(f.problems.length === 0 ? msg('None.') : table(['Agent', 'State', 'Manifest', 'Identity'],
+      f.problems.map((a) => row(link('#/agent/' + enc(a.id), a.name || a.hostname || a.id), status(a.revoked ? 'revoked' : a.online ? 'online' : 'offline'),
         (a.manifest_state || '') + (a.manifest_expired ? ' expired' : '') + (a.manifest_error ? ': ' + a.manifest_error : ''),
         a.identity_conflicts > 0 ? a.identity_conflicts + ' conflicts' : ''))));
+    if (f.problems_total > f.problems.length) view.append(msg(f.problems_total + ' agents need attention; the first ' + f.problems.length + ' are shown.'));
   };
 
   async function nextFire(name) {
