@@ -21,6 +21,7 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/server/store"
 )
 
 // browser is a headless Chromium driven over the DevTools protocol, with
@@ -375,4 +376,75 @@ func TestConsoleBrowser(t *testing.T) {
 	if len(dialogs) > 0 {
 		t.Fatalf("dialogs opened (script ran): %q", dialogs)
 	}
+}
+
+// The fleet page with 10,000 agents, 1,000 pipes and 24 hours of runs:
+// time to first contentful paint, to the page drawn, and the bytes
+// transferred, measured in the browser (the figures are in the README).
+func TestConsoleBrowserLargeFleet(t *testing.T) {
+	testkit.RequireCommand(t, "chromium", "Debian package chromium; scripts/deps.sh installs it")
+	ts := startServer(t)
+	ctx := context.Background()
+	for i := range 1000 {
+		spec := map[string]any{"schedule": "0 * * * *", "script": "true", "targets": map[string]any{"tags": map[string]string{"role": "web", "pipe": fmt.Sprint(i)}}}
+		ts.adminOK("PUT", fmt.Sprintf("/api/v1/pipes/p%04d", i), map[string]any{"spec": spec}, nil)
+	}
+	db := ts.db()
+	seedAgents(t, db, 10000)
+	// Runs of the last 24 hours: per pipe one an hour, some failed.
+	start := time.Now().Add(-23 * time.Hour).Truncate(time.Hour)
+	var recs []*store.Record
+	flush := func() {
+		if err := db.ApplyRecords(ctx, recs, store.IngestLimits{MaxLogBytes: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+		recs = recs[:0]
+	}
+	for p := range 1000 {
+		for h := range 24 {
+			at := start.Add(time.Duration(h) * time.Hour)
+			id := fmt.Sprintf("r-%04d-%02d", p, h)
+			status := "succeeded"
+			if (p+h)%97 == 0 {
+				status = "failed"
+			}
+			agent := fmt.Sprintf("agt-bench-%05d", (p*24+h)%10000)
+			recs = append(recs, &store.Record{AgentID: agent, Received: at, RunStarted: &store.Run{ID: id, Pipe: fmt.Sprintf("p%04d", p), PipeVersion: 1, Trigger: "schedule", StartedAt: at, ScheduledAt: at}},
+				&store.Record{AgentID: agent, Received: at, RunFinished: &store.Run{ID: id, Pipe: fmt.Sprintf("p%04d", p), PipeVersion: 1, Trigger: "schedule", Status: status, StartedAt: at, FinishedAt: at.Add(time.Second), ScheduledAt: at}})
+			if len(recs) >= 2000 {
+				flush()
+			}
+		}
+	}
+	flush()
+
+	b := startBrowser(t, ts)
+	b.run(chromedp.Navigate(ts.base + "/ui/"))
+	b.login(ts.admin)
+	b.run(chromedp.WaitVisible(chromedp.CSS(`#view[data-ready="true"][data-view="fleet"]`)))
+	// Measure a fresh load of the page with the session.
+	b.run(js(`window.onbeforeunload = null`), chromedp.Navigate(ts.base+"/ui/#/fleet"), chromedp.WaitVisible(chromedp.CSS(`#view[data-ready="true"][data-view="fleet"]`)))
+	type figures struct {
+		FCP   float64 `json:"fcp"`
+		Ready float64 `json:"ready"`
+		Bytes float64 `json:"bytes"`
+	}
+	f := eval[figures](b, `(() => {
+		const fcp = performance.getEntriesByType('paint').find((e) => e.name === 'first-contentful-paint');
+		const nav = performance.getEntriesByType('navigation')[0];
+		let bytes = nav.transferSize;
+		for (const e of performance.getEntriesByType('resource')) bytes += e.transferSize || e.encodedBodySize;
+		return {fcp: fcp ? fcp.startTime : -1, ready: performance.now(), bytes};
+	})()`)
+	if got := b.text(`[data-count="offline"] .n`); got != "10000" {
+		t.Fatalf("offline agents %q", got)
+	}
+	t.Logf("fleet page, 10,000 agents, 1,000 pipes, 24,000 runs: first contentful paint %.0f ms, drawn %.0f ms, %.0f KB transferred", f.FCP, f.Ready, f.Bytes/1024)
+	if f.FCP < 0 || f.FCP > 1000 {
+		t.Errorf("first contentful paint %.0f ms, want under 1 s", f.FCP)
+	}
+	if f.Bytes > 500<<10 {
+		t.Errorf("%.0f KB transferred, want under 500 KB", f.Bytes/1024)
+	}
+	b.shoot("fleet-10k")
 }

@@ -108,7 +108,8 @@ type consoleFleet struct {
 	Since         time.Time   `json:"since"` // the runs counted: created at or after
 	Runs          int         `json:"runs"`
 	RunsTruncated bool        `json:"runs_truncated,omitempty"`
-	Bad           []fleetBad  `json:"bad"`  // pipes with failed or missed runs, worst first
+	Bad           []fleetBad  `json:"bad"` // the first fleetProblems pipes with failed or missed runs, worst first
+	BadTotal      int         `json:"bad_total"`
 	Heat          []fleetHeat `json:"heat"` // pipe × hour, the first fleetHeatPipes pipes
 	HeatPipes     int         `json:"heat_pipes"`
 }
@@ -239,6 +240,8 @@ func (s *Server) handleConsoleFleet(w http.ResponseWriter, r *http.Request) erro
 		}
 		return out.Bad[i].Pipe < out.Bad[j].Pipe
 	})
+	out.BadTotal = len(out.Bad)
+	out.Bad = out.Bad[:min(len(out.Bad), fleetProblems)]
 	// The heatmap shows the pipes with bad runs first, then the others by name.
 	pipes := make([]string, 0, len(heat))
 	for p := range heat {

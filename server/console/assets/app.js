@@ -217,7 +217,8 @@
       card('identity problems', n.identity, '#/agents'), card('runs (24 h)', f.runs + (f.runs_truncated ? '+' : ''), '#/runs')));
     view.append(el('h2', { text: 'Pipes failing or missed (24 h)' }));
     view.append(f.bad.length === 0 ? msg('None.') : table(['Pipe', 'Failed', 'Missed', 'Last bad run'],
-      f.bad.slice(0, 100).map((b) => row(link('#/pipe/' + enc(b.pipe), b.pipe), b.failed, b.missed, link('#/run/' + enc(b.last_id), b.last_status + ' ' + ago(b.last_at))))));
+      f.bad.map((b) => row(link('#/pipe/' + enc(b.pipe), b.pipe), b.failed, b.missed, link('#/run/' + enc(b.last_id), b.last_status + ' ' + ago(b.last_at))))));
+    if (f.bad_total > f.bad.length) view.append(msg(f.bad_total + ' pipes failed or missed; the ' + f.bad.length + ' worst are shown.'));
     view.append(el('h2', { text: 'Runs by hour (24 h)' }));
     if (f.heat.length === 0) view.append(msg('No runs in the last 24 hours.'));
     else {
