@@ -25,6 +25,7 @@ declare -A pkg_of=(
   [systemd-nspawn]=systemd-container
   [rpm]=rpm
   [dpkg-deb]=dpkg
+  [chromium]=chromium
 )
 missing=()
 for cmd in "${!pkg_of[@]}"; do

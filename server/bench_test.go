@@ -105,7 +105,7 @@ func BenchmarkStreamIngest(b *testing.B) {
 }
 
 // seedAgents inserts n agents tagged role=web straight into the store.
-func seedAgents(b *testing.B, db *sqlite.DB, n int) {
+func seedAgents(b testing.TB, db *sqlite.DB, n int) {
 	now := time.Now().UnixNano()
 	err := db.InTx(context.Background(), func(tx *sql.Tx) error {
 		st, err := tx.Prepare(`INSERT INTO agents(id, name, tags, created_at, updated_at, cert_serial) VALUES(?,?,?,?,?,?)`)

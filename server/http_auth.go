@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/drover/drover/server/console"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
@@ -107,6 +108,10 @@ type authenticator struct {
 
 	mu      sync.Mutex
 	touched map[string]time.Time // last last_used_at write per token
+
+	// sessions are the web console's logins (cookie → token id); a
+	// request without an Authorization header may use one.
+	sessions console.Sessions
 }
 
 // touchEvery bounds how often a token's last_used_at is written.
@@ -121,6 +126,10 @@ var errNoBearer = errs.New(errs.ErrUnauthenticated, "an Authorization: Bearer to
 // authenticate checks the request's bearer token.
 func (a *authenticator) authenticate(r *http.Request) (*principal, error) {
 	h := r.Header.Get("Authorization")
+	if h == "" && a.sessions != nil && console.SessionID(r) != "" {
+		p, _, err := a.authenticateSession(r)
+		return p, err
+	}
 	tok, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok {
 		tok, ok = strings.CutPrefix(h, "bearer ")
@@ -149,6 +158,11 @@ func (a *authenticator) authenticate(r *http.Request) (*principal, error) {
 	if subtle.ConstantTimeCompare(sum[:], t.SecretHash) != 1 {
 		return nil, invalid
 	}
+	return a.checkToken(r.Context(), t, invalid)
+}
+
+// checkToken refuses a revoked or expired token and makes its principal.
+func (a *authenticator) checkToken(ctx context.Context, t *store.APIToken, invalid error) (*principal, error) {
 	now := a.clock.Now()
 	if !t.RevokedAt.IsZero() {
 		return nil, errs.New(errs.ErrTokenRevoked, "the API token "+t.ID+" was revoked")
@@ -160,7 +174,7 @@ func (a *authenticator) authenticate(r *http.Request) (*principal, error) {
 	if !ok {
 		return nil, invalid
 	}
-	a.touch(r.Context(), t.ID, now)
+	a.touch(ctx, t.ID, now)
 	return &principal{ID: t.ID, Name: t.Name, Role: rl}, nil
 }
 

@@ -187,6 +187,10 @@ func (s *Server) routes() http.Handler {
 	for _, rt := range s.routeTable() {
 		mux.Handle(rt.method+" "+rt.path, s.wrap(rt))
 	}
+	// The web console: its page and assets, login, session and logout.
+	mux.Handle("/ui/", s.newConsole())
+	mux.Handle("GET /ui/fleet", s.serve(s.handleConsoleFleet))
+	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
 	return s.classify(withErrorsAsJSON(mux))
 }
 
@@ -207,6 +211,9 @@ func (s *Server) classify(next http.Handler) http.Handler {
 		start := time.Now()
 		pool, budget := public, hc.PublicBodyTimeout
 		auth := r.Header.Get("Authorization")
+		if auth == "" {
+			auth = consoleSessionKey(r) // a console session counts as its token
+		}
 		switch {
 		case r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
 			pool, budget = agents, hc.BodyTimeout
