@@ -54,9 +54,11 @@ type NotifyStore interface {
 	RouteEvents(ctx context.Context, cursor int64, state map[string]string, ds []*Delivery) error
 	// EnqueueDeliveries queues deliveries outside routing (a channel test).
 	EnqueueDeliveries(ctx context.Context, ds []*Delivery) error
-	// ClaimDeliveries returns up to limit pending deliveries due at now,
-	// oldest first, and moves their next attempt to now+lease, so that a
-	// crash before the outcome is recorded retries them.
+	// ClaimDeliveries returns, for up to limit channels, the channel's
+	// oldest pending delivery if it is due at now (so a channel receives
+	// its notifications in order), and moves their next attempt to
+	// now+lease, so that a crash before the outcome is recorded retries
+	// them.
 	ClaimDeliveries(ctx context.Context, now time.Time, lease time.Duration, limit int) ([]*Delivery, error)
 	// DeliveryDone records a delivery as delivered.
 	DeliveryDone(ctx context.Context, id int64, now time.Time) error

@@ -192,8 +192,10 @@ func (s *DB) EnqueueDeliveries(ctx context.Context, ds []*store.Delivery) error 
 func (s *DB) ClaimDeliveries(ctx context.Context, now time.Time, lease time.Duration, limit int) ([]*store.Delivery, error) {
 	var out []*store.Delivery
 	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT id, channel, event_id, body, created_at, next_at, attempts, last_error FROM notify_deliveries
-			WHERE state='pending' AND next_at<=? ORDER BY next_at, id LIMIT ?`, ns(now), limit)
+		rows, err := tx.QueryContext(ctx, `SELECT id, channel, event_id, body, created_at, next_at, attempts, last_error FROM notify_deliveries d
+			WHERE state='pending' AND next_at<=?
+			AND NOT EXISTS (SELECT 1 FROM notify_deliveries o WHERE o.channel=d.channel AND o.state='pending' AND o.id<d.id)
+			ORDER BY id LIMIT ?`, ns(now), limit)
 		if err != nil {
 			return err
 		}
