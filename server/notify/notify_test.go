@@ -76,8 +76,10 @@ func TestRouteOncePerChange(t *testing.T) {
 			{Name: "all", Kinds: []string{"run.failed", "run.missed", "agent.offline"}, Channels: []string{"am", "hook"}, Severity: "critical"},
 			{Name: "prod", Kinds: []string{"run.failed"}, Tags: map[string]string{"env": "prod"}, Pipes: []string{"backup"}, Channels: []string{"hook"}},
 		},
-		Channels:  map[string]*store.NotifyChannel{"am": {Name: "am", Kind: "alertmanager"}, "hook": {Name: "hook", Kind: "webhook"}},
-		TagsOf:    func(id string) map[string]string { return map[string]string{"env": map[string]string{"a1": "prod"}[id]} },
+		Channels: map[string]*store.NotifyChannel{"am": {Name: "am", Kind: "alertmanager"}, "hook": {Name: "hook", Kind: "webhook"}},
+		TagsOf: func(id string) map[string]string {
+			return map[string]string{"env": map[string]string{"a1": "prod"}[id]}
+		},
 		AlertHold: time.Hour, OneOffHold: time.Minute,
 	}
 	ev := func(id int64, kind, agent, pipe string) *store.Event {
