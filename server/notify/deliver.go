@@ -23,18 +23,20 @@ import (
 // Config bounds delivery.
 type Config struct {
 	// Poll is how often the queue is looked at (a Wake looks at once).
-	Poll time.Duration
+	Poll time.Duration `yaml:"poll"`
 	// RetryMin and RetryMax bound the exponential backoff between the
 	// attempts of one delivery (with jitter: each wait is between half
 	// and all of min(RetryMin·2^attempts, RetryMax)).
-	RetryMin, RetryMax time.Duration
+	RetryMin time.Duration `yaml:"retry_min"`
+	RetryMax time.Duration `yaml:"retry_max"`
 	// MaxAge is how long a delivery is retried before it is given up.
-	MaxAge time.Duration
+	MaxAge time.Duration `yaml:"max_age"`
 	// Timeout bounds one attempt.
-	Timeout time.Duration
+	Timeout time.Duration `yaml:"timeout"`
 	// AlertHold is the endsAt of a firing alert (Drover resolves it on
 	// recovery); OneOffHold that of an event with no recovery.
-	AlertHold, OneOffHold time.Duration
+	AlertHold  time.Duration `yaml:"alert_hold"`
+	OneOffHold time.Duration `yaml:"one_off_hold"`
 }
 
 // DefaultConfig is the delivery configuration of a server.
