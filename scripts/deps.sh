@@ -25,6 +25,8 @@ declare -A pkg_of=(
   [systemd-nspawn]=systemd-container
   [rpm]=rpm
   [dpkg-deb]=dpkg
+  [prometheus-alertmanager]=prometheus-alertmanager
+  [promtool]=prometheus
 )
 missing=()
 for cmd in "${!pkg_of[@]}"; do
