@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 )
 
@@ -184,8 +185,10 @@ func (d *Deliverer) deliver(ctx context.Context) error {
 			}
 			ch, ok := chans[x.Channel]
 			if !ok {
-				if ch, err = d.st.GetChannel(ctx, x.Channel); err != nil {
+				if ch, err = d.st.GetChannel(ctx, x.Channel); errors.Is(err, errs.ErrNotFound) {
 					ch = nil
+				} else if err != nil {
+					return err
 				}
 				chans[x.Channel] = ch
 			}
