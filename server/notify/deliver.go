@@ -89,9 +89,16 @@ func (d *Deliverer) Wake() {
 func (d *Deliverer) Run(ctx context.Context) {
 	t := time.NewTicker(d.cfg.Poll)
 	defer t.Stop()
+	var pruned time.Time
 	for {
 		if err := d.Pass(ctx); err != nil && ctx.Err() == nil {
 			d.log.Error("notifications", "err", err)
+		}
+		if now := d.now(); now.Sub(pruned) >= time.Hour {
+			pruned = now
+			if _, err := d.st.PruneDeliveries(ctx, now.Add(-keepDelivered)); err != nil && ctx.Err() == nil {
+				d.log.Error("pruning notification deliveries", "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -112,6 +119,9 @@ func (d *Deliverer) Pass(ctx context.Context) error {
 }
 
 const routeBatch = 500
+
+// keepDelivered is how long finished deliveries stay for the status.
+const keepDelivered = 7 * 24 * time.Hour
 
 func (d *Deliverer) router(ctx context.Context) (*Router, error) {
 	rules, err := d.st.ListRules(ctx)
