@@ -286,3 +286,41 @@ func TestNotifyWebhookOutageAndRestart(t *testing.T) {
 		t.Errorf("status after the outage: %+v", c)
 	}
 }
+
+// notifyRoutes calls every notification route successfully (for
+// TestAPIEndpoints): viewers read, admins write, each write audited.
+func (ts *testServer) notifyRoutes(t *testing.T, audit func(action, target, actorID string, before, after bool) api.AuditEntry) {
+	t.Helper()
+	viewer, _ := ts.apiToken("notify-viewer", "viewer", "")
+	hook := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go hook.Serve(ln)
+	defer hook.Close()
+	secret := "s3cret-for-the-hook"
+	ch := api.NotifyChannel{Kind: "webhook", URL: "http://" + ln.Addr().String() + "/hook", Secret: &secret}
+	ts.as(viewer, 403, "PUT", "/api/v1/notify/channels/hook", ch, nil)
+	ts.as(ts.admin, 200, "PUT", "/api/v1/notify/channels/hook", ch, nil)
+	audit("notify.channels.write", "channel/hook", "", false, true)
+	ts.as(viewer, 200, "GET", "/api/v1/notify/channels", nil, nil)
+	if r := ts.as(viewer, 200, "GET", "/api/v1/notify/channels/hook", nil, nil); strings.Contains(string(r.body), secret) {
+		t.Fatalf("a channel's secret in an answer: %s", r.body)
+	}
+	ts.as(ts.admin, 200, "PUT", "/api/v1/notify/rules/all", api.NotifyRule{Kinds: []string{"run.failed"}, Channels: []string{"hook"}}, nil)
+	audit("notify.rules.write", "rule/all", "", false, true)
+	ts.as(viewer, 200, "GET", "/api/v1/notify/rules", nil, nil)
+	ts.as(viewer, 200, "GET", "/api/v1/notify/rules/all", nil, nil)
+	var tr api.NotifyTestResponse
+	ts.as(ts.admin, 200, "POST", "/api/v1/notify/channels/hook/test", nil, &tr)
+	if !tr.OK {
+		t.Fatalf("channel test: %+v", tr)
+	}
+	audit("notify.channels.test", "channel/hook", "", false, false)
+	ts.as(viewer, 200, "GET", "/api/v1/notify/status", nil, nil)
+	ts.as(ts.admin, 204, "DELETE", "/api/v1/notify/rules/all", nil, nil)
+	audit("notify.rules.delete", "rule/all", "", true, false)
+	ts.as(ts.admin, 204, "DELETE", "/api/v1/notify/channels/hook", nil, nil)
+	audit("notify.channels.delete", "channel/hook", "", true, false)
+}
