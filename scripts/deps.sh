@@ -26,6 +26,8 @@ declare -A pkg_of=(
   [rpm]=rpm
   [dpkg-deb]=dpkg
   [chromium]=chromium
+  [prometheus-alertmanager]=prometheus-alertmanager
+  [promtool]=prometheus
 )
 missing=()
 for cmd in "${!pkg_of[@]}"; do

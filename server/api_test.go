@@ -629,6 +629,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatal("a secret value reached the audit log")
 	}
 
+	ts.notifyRoutes(t, audit) // notify_test.go
 	// the agents' own routes
 	for _, p := range []string{"/api/v1/agents/self/manifest", "/api/v1/agents/self/trust", "/api/v1/agents/self/secrets",
 		"/api/v1/agents/self/payloads/" + cur.Payload.Digest} {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/server/notify"
 	"io"
 	"net"
 	"net/url"
@@ -60,6 +61,8 @@ type Config struct {
 	Signing    SigningConfig    `yaml:"signing"`
 	Store      StoreConfig      `yaml:"store"`
 	Runs       RunsConfig       `yaml:"runs"`
+	// Notify bounds notification delivery (docs/monitoring.md).
+	Notify notify.Config `yaml:"notify"`
 	// Agents bounds what one agent may make the server store and serve
 	// (limits.go).
 	Agents AgentLimits `yaml:"agents"`
@@ -255,6 +258,7 @@ func DefaultConfig() Config {
 			MaxPerToken:  8,
 			IdleTimeout:  10 * time.Minute,
 		},
+		Notify: notify.DefaultConfig(),
 		Runs: RunsConfig{
 			MaxLogBytes:       1 << 20,
 			MaxChunkBytes:     256 << 10,
@@ -442,6 +446,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("http.read_header_timeout", c.HTTP.ReadHeaderTimeout)
+	for f, d := range map[string]time.Duration{"poll": c.Notify.Poll, "retry_min": c.Notify.RetryMin, "retry_max": c.Notify.RetryMax, "max_age": c.Notify.MaxAge, "timeout": c.Notify.Timeout, "alert_hold": c.Notify.AlertHold, "one_off_hold": c.Notify.OneOffHold} {
+		positive("notify."+f, d)
+	}
 	positive("http.read_timeout", c.HTTP.ReadTimeout)
 	positive("http.write_timeout", c.HTTP.WriteTimeout)
 	positive("http.idle_timeout", c.HTTP.IdleTimeout)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/server/notify"
 	"log/slog"
 	"net"
 	"net/http"
@@ -62,6 +63,7 @@ type Server struct {
 	ingest     *stream.Ingester
 	monitor    *monitor // missed.go, events.go
 	leader     leader
+	notifier   *notify.Deliverer // http_notify.go
 	streams    *stream.Service
 	publicHost string
 
@@ -167,6 +169,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	s.compiler = compilerSeam{&compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}}
 	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
+	s.notifier = notify.NewDeliverer(s.store, s.sealer.Open, clock.Now, logger, cfg.Notify)
 	s.streams = stream.NewService(stream.Config{MaxStreams: cfg.GRPC.MaxStreams, PendingStreams: cfg.Agents.PendingStreams,
 		HelloTimeout: cfg.Agents.HelloTimeout, MaxChunkBytes: cfg.Runs.MaxChunkBytes, MaxRunningIDs: cfg.Agents.MaxRunningIDs},
 		streamHost{s}, hub, s.ingest, clock, logger)
@@ -291,6 +294,7 @@ func (s *Server) afterCommit(recs []*store.Record) {
 	s.metrics.committed(recs, s.clock.Now())
 	s.logWatch.notify(recs)
 	s.monitor.observe(recs)
+	s.notifier.Wake()
 }
 
 // published tells an agent's live stream that a new manifest is out.
@@ -340,6 +344,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { defer bgWG.Done(); s.watchdog(bg) }()
 	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.leader.lead(bg, "monitor", s.monitor.run) }()
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "notify", s.notifier.Run) }()
 	if s.cfg.InternalAgent.Enabled {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()

@@ -27,6 +27,7 @@ type Store interface {
 	AuthStore
 	AuditStore
 	MonitorStore
+	NotifyStore
 	Close() error
 }
 

@@ -163,6 +163,7 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 		a.newAuditCmd(),
 		a.newCompletionCmd(root),
 		a.newLoginCmd(),
+		a.newNotifyCmd(),
 	)
 	return root
 }

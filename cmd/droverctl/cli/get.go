@@ -21,6 +21,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // resource names accepted by get, with their aliases.
 var resourceAliases = map[string]string{
 	"pipes": "pipes", "pipe": "pipes",
+	"channels": "channels", "channel": "channels", "rules": "rules", "rule": "rules", // notify.go
 	"agents": "agents", "agent": "agents",
 	"runs": "runs", "run": "runs",
 	"tokens": "tokens", "token": "tokens", "enrollment-tokens": "tokens",
@@ -196,6 +197,8 @@ func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) 
 		return a.getList(ctx, c, names, "/api/v1/secrets", "secrets", a.secretsTable)
 	case "api-tokens":
 		return a.getList(ctx, c, names, "/api/v1/api-tokens", "tokens", a.apiTokensTable)
+	case "channels", "rules":
+		return a.getNotify(ctx, c, kind, names)
 	}
 	return usagef("unknown resource %q", kind)
 }

@@ -32,6 +32,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"APITokensAndAudit", testAPITokensAndAudit},
 		{"Ingestion", testIngestion},
 		{"Events", testEvents},
+		{"NotifyConfig", testNotifyConfig},
+		{"NotifyQueue", testNotifyQueue},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
