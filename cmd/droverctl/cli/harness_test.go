@@ -35,7 +35,7 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
-	"github.com/drover/drover/server"
+	"github.com/drover/drover/server/servertest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
@@ -53,52 +53,14 @@ type testServer struct {
 	caFile string
 	http   *http.Client
 	stop   func()
+	srv    *servertest.Server
 }
 
 // startServer starts drover-server on 127.0.0.1:0 with a fresh data dir.
 func startServer(t *testing.T) *testServer {
 	t.Helper()
-	dir := t.TempDir()
-	cfg := server.DefaultConfig()
-	cfg.DataDir = dir
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.GRPCAddr = "127.0.0.1:0"
-	cfg.Store.Synchronous = "normal"
-	var s *server.Server
-	var err error
-	for attempt := 0; ; attempt++ {
-		if s, err = server.New(cfg, nil, nil); err == nil || attempt == 2 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("server.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	ts := &testServer{t: t, dir: dir, base: "https://" + s.HTTPAddr(), caFile: filepath.Join(dir, "ca.crt")}
-	ts.stop = func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("server Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the server did not stop within 30s")
-		}
-	}
-	t.Cleanup(ts.stop)
-	if ts.admin, err = server.ReadAdminToken(dir); err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(s.CACertPEM())
-	ts.http = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	t.Cleanup(ts.http.CloseIdleConnections)
-	return ts
+	ss := servertest.Start(t)
+	return &testServer{t: t, dir: ss.Dir, base: ss.URL, admin: ss.Admin, caFile: ss.CAFile, http: ss.Client, stop: ss.Stop, srv: ss}
 }
 
 // env is the environment droverctl sees: the server, its admin token and CA.
@@ -146,23 +108,7 @@ func (ts *testServer) ctlOK(args ...string) result {
 // api calls the admin API directly; it returns the status and body.
 func (ts *testServer) api(method, path string, body any) (int, []byte) {
 	ts.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, ts.base+path, rd)
-	req.Header.Set("Authorization", "Bearer "+ts.admin)
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := ts.http.Do(req)
-	if err != nil {
-		ts.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return ts.srv.API(method, path, body)
 }
 
 // hasEndpoint reports whether the server routes method+path (anything but
