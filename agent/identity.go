@@ -6,15 +6,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/drover/drover/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/drover/drover/internal/atomicfile"
+	"github.com/drover/drover/internal/pemutil"
 )
 
 // Files in the data directory. identity.json is written last at enrollment,
@@ -152,16 +153,14 @@ func readPrivate(path string) ([]byte, error) {
 // encodeCredentials returns the agent.pem bytes: the certificate chain PEM
 // followed by the private key.
 func encodeCredentials(chainPEM []byte, key *ecdsa.PrivateKey) ([]byte, error) {
-	der, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := pemutil.ECKey(key)
 	if err != nil {
 		return nil, err
 	}
 	var b bytes.Buffer
 	b.Write(bytes.TrimSpace(chainPEM))
 	b.WriteByte('\n')
-	if err := pem.Encode(&b, &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}); err != nil {
-		return nil, err
-	}
+	b.Write(keyPEM)
 	return b.Bytes(), nil
 }
 

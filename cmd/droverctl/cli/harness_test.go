@@ -3,14 +3,9 @@ package cli
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/pemutil"
 	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/server/servertest"
@@ -177,16 +173,11 @@ func (ts *testServer) enroll(hostname string, tags map[string]string, connect bo
 func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgent {
 	t := ts.t
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, csr, err := pemutil.NewKeyAndCSR(hostname)
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: hostname}}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "1.0.0-test",
-		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))})
+	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "1.0.0-test", CSR: csr})
 	resp, err := ts.http.Post(ts.base+"/api/v1/agents/enroll", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -204,11 +195,11 @@ func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgen
 	if !connect {
 		return fa
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := pemutil.ECKey(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := tls.X509KeyPair([]byte(er.Certificate), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	cert, err := tls.X509KeyPair([]byte(er.Certificate), keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
