@@ -49,12 +49,9 @@ func startIdleAgent(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	stop := testkit.Go(t, "agent", time.Minute, a.Run)
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		stop()
 		st.Close()
 	})
 	deadline := time.Now().Add(5 * time.Second)

@@ -8,7 +8,6 @@ package servertest
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 )
 
@@ -61,27 +61,9 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatalf("server.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
 	ts := &Server{Server: s, Dir: cfg.DataDir, URL: "https://" + s.HTTPAddr(), CAPEM: s.CACertPEM(),
 		CAFile: filepath.Join(cfg.DataDir, "ca.crt"), t: t}
-	stopped := false
-	ts.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("server Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the server did not stop within 30s")
-		}
-	}
+	ts.stop = testkit.Go(t, "server", 30*time.Second, s.Run)
 	t.Cleanup(ts.stop)
 	if ts.Admin, err = server.ReadAdminToken(cfg.DataDir); err != nil {
 		t.Fatal(err)
