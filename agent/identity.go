@@ -56,20 +56,8 @@ var errNotEnrolled = errors.New("not enrolled")
 
 // ensureDataDir creates dir with mode 0700, and tightens an existing one.
 func ensureDataDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := atomicfile.PrivateDir(dir); err != nil {
 		return fmt.Errorf("data dir: %w", err)
-	}
-	st, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("data dir: %s is not a directory", dir)
-	}
-	if st.Mode().Perm() != 0o700 {
-		if err := os.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("data dir: %w", err)
-		}
 	}
 	return nil
 }
