@@ -92,7 +92,7 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	if err != nil {
 		return nil, fmt.Errorf("enroll: key: %w", err)
 	}
-	c := newHTTPClient(server, pinnedConfig(hostName, tok.Pin), timeout, log)
+	c := newHTTPClient(server, pemutil.PinnedTLS(hostName, tok.Pin), timeout, log)
 	var out api.EnrollResponse
 	body := api.EnrollRequest{
 		Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
@@ -128,12 +128,12 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	}
 	pinned := false
 	for _, ca := range cas {
-		if SPKIPin(ca) == tok.Pin {
+		if pemutil.Pin(ca) == tok.Pin {
 			pinned = true
 		}
 	}
 	if !pinned {
-		return nil, fmt.Errorf("enroll: ca_bundle: %w", ErrPinMismatch)
+		return nil, fmt.Errorf("enroll: ca_bundle: %w", pemutil.ErrPinMismatch)
 	}
 	if _, err := checkIssued([]byte(out.Certificate), caPEM, key, now()); err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)

@@ -3,6 +3,7 @@ package pemutil
 import (
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"testing"
 )
 
@@ -31,5 +32,11 @@ func TestKeyCSRAndCertificates(t *testing.T) {
 	}
 	if _, err := Certificates([]byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")); err == nil {
 		t.Fatal("a broken certificate parsed")
+	}
+}
+
+func TestVerifyPinnedRefusesUnpinned(t *testing.T) {
+	if err := VerifyPinned(nil, "h", "00"); !errors.Is(err, ErrPinMismatch) {
+		t.Fatalf("empty chain: %v", err)
 	}
 }

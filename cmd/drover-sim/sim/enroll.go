@@ -54,7 +54,7 @@ func enroll(ctx context.Context, server, host, token, hostname string, src net.I
 		return nil, fmt.Errorf("key: %w", err)
 	}
 	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim", CSR: csr})
-	tr := &http.Transport{TLSClientConfig: pinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
+	tr := &http.Transport{TLSClientConfig: pemutil.PinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Timeout: timeout, Transport: tr}
 	req, err := http.NewRequestWithContext(ctx, "POST", server+"/api/v1/agents/enroll", bytes.NewReader(body))
@@ -85,7 +85,7 @@ func enroll(ctx context.Context, server, host, token, hostname string, src net.I
 	pinned := false
 	for _, ca := range cas {
 		pool.AddCert(ca)
-		pinned = pinned || spkiPin(ca) == pin
+		pinned = pinned || pemutil.Pin(ca) == pin
 	}
 	if !pinned {
 		return nil, errors.New("ca_bundle: no CA matches the token's pin")
