@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -31,13 +30,7 @@ func startRealServer(t *testing.T) *realServer {
 // api calls the admin API and decodes the JSON answer into out.
 func (rs *realServer) api(method, path string, body, out any) {
 	rs.t.Helper()
-	code, b := rs.srv.API(method, path, body)
-	if code/100 != 2 {
-		rs.t.Fatalf("%s %s: %d %s", method, path, code, b)
-	}
-	if out != nil {
-		must(rs.t, json.Unmarshal(b, out))
-	}
+	rs.srv.Admin().JSON(rs.t, method, path, body, out)
 }
 
 // TestRealServer runs the agent against drover-server in-process: token

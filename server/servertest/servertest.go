@@ -7,11 +7,8 @@
 package servertest
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -29,8 +26,8 @@ type Server struct {
 	Dir string
 	// URL is the HTTPS base URL (https://127.0.0.1:port).
 	URL string
-	// Admin is the bootstrap admin API token.
-	Admin string
+	// AdminToken is the bootstrap admin API token.
+	AdminToken string
 	// CAPEM is the server's CA certificate; CAFile the file holding it.
 	CAPEM  []byte
 	CAFile string
@@ -65,7 +62,7 @@ func Start(t testing.TB) *Server {
 		CAFile: filepath.Join(cfg.DataDir, "ca.crt"), t: t}
 	ts.stop = testkit.Go(t, "server", 30*time.Second, s.Run)
 	t.Cleanup(ts.stop)
-	if ts.Admin, err = server.ReadAdminToken(cfg.DataDir); err != nil {
+	if ts.AdminToken, err = server.ReadAdminToken(cfg.DataDir); err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
@@ -84,27 +81,14 @@ func (ts *Server) Stop() { ts.stop() }
 // test.
 func (ts *Server) API(method, path string, body any) (int, []byte) {
 	ts.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			ts.t.Fatalf("%s %s: %v", method, path, err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, ts.URL+path, rd)
+	code, b, err := ts.Admin().Call(method, path, body)
 	if err != nil {
 		ts.t.Fatalf("%s %s: %v", method, path, err)
 	}
-	req.Header.Set("Authorization", "Bearer "+ts.Admin)
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := ts.Client.Do(req)
-	if err != nil {
-		ts.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return code, b
+}
+
+// Admin is an API client with the admin token.
+func (ts *Server) Admin() testkit.APIClient {
+	return testkit.APIClient{HTTP: ts.Client, Base: ts.URL, Token: ts.AdminToken}
 }

@@ -29,11 +29,11 @@ func TestMain(m *testing.M) {
 func startServer(t *testing.T) (*server.Server, string, *admin) {
 	t.Helper()
 	ss := servertest.Start(t)
-	adm, err := newAdmin(ss.URL, ss.Admin, ss.CAPEM)
+	adm, err := newAdmin(ss.URL, ss.AdminToken, ss.CAPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ss.Server, ss.Admin, adm
+	return ss.Server, ss.AdminToken, adm
 }
 
 // TestFleetAgainstRealServer runs 150 simulated agents in two worker

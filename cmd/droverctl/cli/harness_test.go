@@ -56,7 +56,7 @@ type testServer struct {
 func startServer(t *testing.T) *testServer {
 	t.Helper()
 	ss := servertest.Start(t)
-	return &testServer{t: t, dir: ss.Dir, base: ss.URL, admin: ss.Admin, caFile: ss.CAFile, http: ss.Client, stop: ss.Stop, srv: ss}
+	return &testServer{t: t, dir: ss.Dir, base: ss.URL, admin: ss.AdminToken, caFile: ss.CAFile, http: ss.Client, stop: ss.Stop, srv: ss}
 }
 
 // env is the environment droverctl sees: the server, its admin token and CA.
@@ -528,21 +528,15 @@ func (fa *fakeAgent) serveRunNow(ts *testServer) {
 // pipeScript is a pipe's script and version as the server holds them; it
 // does not fail the test (the fake agent calls it from its own goroutine).
 func (ts *testServer) pipeScript(name string) (string, uint64, error) {
-	req, err := http.NewRequest("GET", ts.base+"/api/v1/pipes/"+name, nil)
+	code, b, err := ts.srv.Admin().Call("GET", "/api/v1/pipes/"+name, nil)
 	if err != nil {
 		return "", 0, err
 	}
-	req.Header.Set("Authorization", "Bearer "+ts.admin)
-	resp, err := ts.http.Do(req)
-	if err != nil {
-		return "", 0, err
-	}
-	defer resp.Body.Close()
 	var p api.Pipe
-	if resp.StatusCode != 200 {
-		return "", 0, fmt.Errorf("GET pipe %s: HTTP %d", name, resp.StatusCode)
+	if code != 200 {
+		return "", 0, fmt.Errorf("GET pipe %s: HTTP %d", name, code)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+	if err := json.Unmarshal(b, &p); err != nil {
 		return "", 0, err
 	}
 	if p.Spec.Script == "" {
