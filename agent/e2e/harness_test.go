@@ -216,11 +216,6 @@ func (s *serverProc) token(tags map[string]string) string {
 	return tok
 }
 
-// call makes an admin API request and returns the status and body.
-func (s *serverProc) call(method, path string, body any) (int, []byte, error) {
-	return testkit.APIClient{HTTP: s.client, Base: s.base, Token: s.admin}.Call(method, path, body)
-}
-
 // api makes an admin API request, fails the test on an error status, and
 // decodes the JSON answer into out (when not nil).
 func (s *serverProc) api(method, path string, body, out any) {
