@@ -3,7 +3,6 @@ package agent
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -80,53 +79,6 @@ func mtlsConfig(host string, pool *x509.CertPool, get func() *tls.Certificate) *
 			return get(), nil
 		},
 	}
-}
-
-// ErrPinMismatch: no certificate the server presented matches the token's pin.
-var ErrPinMismatch = errors.New("server CA does not match the enrollment token's pin")
-
-// pinnedConfig is the TLS configuration of the enrollment request. The only
-// trust anchor is the CA whose SubjectPublicKeyInfo hash is pin: some
-// certificate of the chain the server presents must be it, and the leaf must
-// verify under it for host. Both checks happen in the handshake, so nothing
-// is sent to a server that fails them.
-func pinnedConfig(host, pin string) *tls.Config {
-	return &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		CipherSuites:       signing.TLSCipherSuites(),
-		ServerName:         host,
-		InsecureSkipVerify: true, // replaced by VerifyConnection below
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			return verifyPinned(cs.PeerCertificates, host, pin)
-		},
-	}
-}
-
-func verifyPinned(chain []*x509.Certificate, host, pin string) error {
-	if len(chain) == 0 {
-		return fmt.Errorf("%w: the server sent no certificate", ErrPinMismatch)
-	}
-	var ca *x509.Certificate
-	for _, c := range chain {
-		if SPKIPin(c) == pin {
-			ca = c
-			break
-		}
-	}
-	if ca == nil {
-		return ErrPinMismatch
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca)
-	inter := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		inter.AddCert(c)
-	}
-	opts := x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: host}
-	if _, err := chain[0].Verify(opts); err != nil {
-		return fmt.Errorf("server certificate does not verify under the pinned CA: %w", err)
-	}
-	return nil
 }
 
 // restyLogger sends resty's own messages to the agent's log at debug level.

@@ -1,20 +1,15 @@
 package agent
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
 
+	"github.com/drover/drover/internal/config"
 	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 )
@@ -122,112 +117,25 @@ func (c *Config) SocketPath() string {
 // an error only when required. It does not Validate: flags come later.
 func LoadConfig(path string, required bool, env []string) (Config, error) {
 	cfg := DefaultConfig()
-	if path != "" {
-		b, err := os.ReadFile(path)
-		switch {
-		case err == nil:
-			if err := DecodeConfig(b, &cfg); err != nil {
-				return cfg, fmt.Errorf("config %s: %w", path, err)
-			}
-		case errors.Is(err, os.ErrNotExist) && !required:
-		default:
-			return cfg, fmt.Errorf("read config: %w", err)
-		}
-	}
-	if err := cfg.ApplyEnv(env); err != nil {
-		return cfg, err
-	}
-	return cfg, nil
+	err := config.Load(path, required, env, &cfg)
+	return cfg, err
 }
 
 // DecodeConfig decodes YAML over cfg, refusing unknown fields.
-func DecodeConfig(b []byte, cfg *Config) error {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("decode yaml: %w", err)
-	}
-	return nil
-}
-
-// envVars maps each DROVER_* variable to the config field it sets. The
-// enrollment token value (DROVER_ENROLL_TOKEN) is not configuration: the
-// daemon reads it itself.
-var envVars = []struct {
-	name string
-	set  func(c *Config, v string) error
-}{
-	{"DROVER_SERVER", func(c *Config, v string) error { c.Server = v; return nil }},
-	{"DROVER_DATA_DIR", func(c *Config, v string) error { c.DataDir = v; return nil }},
-	{"DROVER_TOKEN_FILE", func(c *Config, v string) error { c.TokenFile = v; return nil }},
-	{"DROVER_BACKEND", func(c *Config, v string) error { c.Backend = v; return nil }},
-	{"DROVER_SCOPE", func(c *Config, v string) error { c.Scope = v; return nil }},
-	{"DROVER_CONTROL_SOCKET", func(c *Config, v string) error { c.ControlSocket = v; return nil }},
-	{"DROVER_AGENT_PATH", func(c *Config, v string) error { c.AgentPath = v; return nil }},
-	{"DROVER_SYNC_INTERVAL", func(c *Config, v string) error { return setDuration(&c.SyncInterval, v) }},
-	{"DROVER_HEARTBEAT_INTERVAL", func(c *Config, v string) error { return setDuration(&c.HeartbeatInterval, v) }},
-	{"DROVER_OUTBOX_MAX_BYTES", func(c *Config, v string) error { return setInt64(&c.OutboxMaxBytes, v) }},
-	{"DROVER_MAX_MANIFEST_BYTES", func(c *Config, v string) error {
-		var n int64
-		err := setInt64(&n, v)
-		c.MaxManifestBytes = int(n)
-		return err
-	}},
-	{"DROVER_MAX_PAYLOAD_BYTES", func(c *Config, v string) error { return setInt64(&c.MaxPayloadBytes, v) }},
-	{"DROVER_MAX_BACKOFF", func(c *Config, v string) error { return setDuration(&c.MaxBackoff, v) }},
-	{"DROVER_REQUEST_TIMEOUT", func(c *Config, v string) error { return setDuration(&c.RequestTimeout, v) }},
-	{"DROVER_MACHINE_ID_FILE", func(c *Config, v string) error { c.MachineIDFile = v; return nil }},
-	{"DROVER_LOG_LEVEL", func(c *Config, v string) error { c.LogLevel = v; return nil }},
-	{"DROVER_LOG_FORMAT", func(c *Config, v string) error { c.LogFormat = v; return nil }},
-}
-
-func setDuration(d *time.Duration, v string) error {
-	x, err := time.ParseDuration(v)
-	if err != nil {
-		return err
-	}
-	*d = x
-	return nil
-}
-
-func setInt64(n *int64, v string) error {
-	x, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return err
-	}
-	*n = x
-	return nil
-}
+func DecodeConfig(b []byte, cfg *Config) error { return config.Decode(b, cfg) }
 
 // ApplyEnv applies the DROVER_* variables of env (os.Environ form) that name
-// agent settings. Other DROVER_ variables are ignored: the server and
-// droverctl share the prefix.
-func (c *Config) ApplyEnv(env []string) error {
-	vars := map[string]string{}
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "DROVER_") {
-			vars[k] = v
-		}
-	}
-	for _, e := range envVars {
-		v, ok := vars[e.name]
-		if !ok {
-			continue
-		}
-		if err := e.set(c, v); err != nil {
-			return fmt.Errorf("environment %s: %w", e.name, err)
-		}
-	}
-	return nil
-}
+// agent settings: DROVER_<YAML NAME>, e.g. DROVER_DATA_DIR. Other DROVER_
+// variables are ignored: the server and droverctl share the prefix. The
+// enrollment token value (DROVER_ENROLL_TOKEN) is not configuration: the
+// daemon reads it itself.
+func (c *Config) ApplyEnv(env []string) error { return config.ApplyEnv(c, env) }
 
 // Validate checks every field and returns all problems at once as a
 // *manifest.ValidationError whose fields are the YAML names.
 func (c *Config) Validate() error {
-	var ps []manifest.FieldError
-	add := func(field, format string, args ...any) {
-		ps = append(ps, manifest.FieldError{Field: field, Message: fmt.Sprintf(format, args...)})
-	}
+	var ps config.Problems
+	add := ps.Add
 	if c.Server != "" {
 		if err := checkServerURL(c.Server); err != nil {
 			add("server", "%v", err)
@@ -249,16 +157,8 @@ func (c *Config) Validate() error {
 	if len(c.SocketPath()) > 100 {
 		add("control_socket", "%q is longer than a unix socket path may be", c.SocketPath())
 	}
-	switch c.Backend {
-	case BackendAuto, BackendSystemd, BackendCron:
-	default:
-		add("backend", "%q is not one of auto, systemd, cron", c.Backend)
-	}
-	switch c.Scope {
-	case ScopeSystem, ScopeUser:
-	default:
-		add("scope", "%q is not one of system, user", c.Scope)
-	}
+	ps.OneOf("backend", c.Backend, BackendAuto, BackendSystemd, BackendCron)
+	ps.OneOf("scope", c.Scope, ScopeSystem, ScopeUser)
 	atLeast := func(field string, d, min time.Duration) {
 		if d < min {
 			add(field, "must be at least %s", min)
@@ -277,20 +177,8 @@ func (c *Config) Validate() error {
 	if c.MaxPayloadBytes < 1024 {
 		add("max_payload_bytes", "must be at least 1024")
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		add("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
-	}
-	switch c.LogFormat {
-	case "text", "json":
-	default:
-		add("log_format", "%q is not one of text, json", c.LogFormat)
-	}
-	if len(ps) > 0 {
-		return &manifest.ValidationError{Problems: ps}
-	}
-	return nil
+	ps.Logging(c.LogLevel, c.LogFormat)
+	return ps.Err()
 }
 
 func checkServerURL(s string) error {
@@ -304,11 +192,7 @@ func checkServerURL(s string) error {
 // EnvNames returns the DROVER_* variables ApplyEnv reads, and
 // DROVER_ENROLL_TOKEN.
 func EnvNames() []string {
-	names := []string{"DROVER_ENROLL_TOKEN"}
-	for _, e := range envVars {
-		names = append(names, e.name)
-	}
-	return names
+	return append([]string{"DROVER_ENROLL_TOKEN"}, config.EnvNames(&Config{})...)
 }
 
 // ResolveAgentPath fills an empty AgentPath with the running binary

@@ -4,21 +4,19 @@ import (
 	"bytes"
 	"context"
 	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/drover/drover/api"
 	"log/slog"
 	"net"
 	"os"
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/pemutil"
 
 	"github.com/drover/drover/signing"
 )
@@ -33,48 +31,10 @@ type HostInfo struct {
 	MachineID string
 }
 
-// newKeyAndCSR generates an ECDSA P-256 key and a CSR for it.
-func newKeyAndCSR(hostname string) (*ecdsa.PrivateKey, string, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, "", err
-	}
-	tmpl := &x509.CertificateRequest{Subject: pkix.Name{CommonName: hostname}}
-	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
-	if err != nil {
-		return nil, "", err
-	}
-	return key, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})), nil
-}
-
-// parseChain parses the PEM certificates in b.
-func parseChain(b []byte) ([]*x509.Certificate, error) {
-	var out []*x509.Certificate
-	for {
-		var block *pem.Block
-		block, b = pem.Decode(b)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no certificate")
-	}
-	return out, nil
-}
-
 // checkIssued checks that certPEM's leaf is for key and verifies as a client
 // certificate under the CAs of caPEM.
 func checkIssued(certPEM, caPEM []byte, key *ecdsa.PrivateKey, now time.Time) (*x509.Certificate, error) {
-	chain, err := parseChain(certPEM)
+	chain, err := pemutil.Certificates(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("certificate: %w", err)
 	}
@@ -83,7 +43,7 @@ func checkIssued(certPEM, caPEM []byte, key *ecdsa.PrivateKey, now time.Time) (*
 	if !ok || !pub.Equal(&key.PublicKey) {
 		return nil, errors.New("certificate: not for the key this agent generated")
 	}
-	cas, err := parseChain(caPEM)
+	cas, err := pemutil.Certificates(caPEM)
 	if err != nil {
 		return nil, fmt.Errorf("ca_bundle: %w", err)
 	}
@@ -128,11 +88,11 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	if err != nil {
 		return nil, err
 	}
-	key, csr, err := newKeyAndCSR(host.Hostname)
+	key, csr, err := pemutil.NewKeyAndCSR(host.Hostname)
 	if err != nil {
 		return nil, fmt.Errorf("enroll: key: %w", err)
 	}
-	c := newHTTPClient(server, pinnedConfig(hostName, tok.Pin), timeout, log)
+	c := newHTTPClient(server, pemutil.PinnedTLS(hostName, tok.Pin), timeout, log)
 	var out api.EnrollResponse
 	body := api.EnrollRequest{
 		Token: tok.Raw, Hostname: host.Hostname, OS: host.OS, Arch: host.Arch,
@@ -162,18 +122,18 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 		return nil, fmt.Errorf("enroll: grpc_addr %q: %w", out.GRPCAddr, err)
 	}
 	caPEM := []byte(out.CABundle)
-	cas, err := parseChain(caPEM)
+	cas, err := pemutil.Certificates(caPEM)
 	if err != nil {
 		return nil, fmt.Errorf("enroll: ca_bundle: %w", err)
 	}
 	pinned := false
 	for _, ca := range cas {
-		if SPKIPin(ca) == tok.Pin {
+		if pemutil.Pin(ca) == tok.Pin {
 			pinned = true
 		}
 	}
 	if !pinned {
-		return nil, fmt.Errorf("enroll: ca_bundle: %w", ErrPinMismatch)
+		return nil, fmt.Errorf("enroll: ca_bundle: %w", pemutil.ErrPinMismatch)
 	}
 	if _, err := checkIssued([]byte(out.Certificate), caPEM, key, now()); err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)

@@ -109,8 +109,8 @@ type testAgent struct {
 	backend apply.Backend
 	fake    *fakeBackend
 	logs    *testkit.Buffer
-	cancel  context.CancelFunc
-	done    chan error
+	// halt stops the agent's Run (nil once stopped).
+	halt func()
 }
 
 // testConfig is a configuration for an agent of srv in a fresh directory.
@@ -138,7 +138,7 @@ func startAgent(t *testing.T, cfg Config, backend apply.Backend, opts ...Option)
 	must(t, os.MkdirAll(cfg.DataDir, 0o700))
 	st, err := OpenStore(cfg.DataDir, cfg.OutboxMaxBytes, nil)
 	must(t, err)
-	ta := &testAgent{t: t, cfg: cfg, store: st, logs: &testkit.Buffer{}, done: make(chan error, 1)}
+	ta := &testAgent{t: t, cfg: cfg, store: st, logs: &testkit.Buffer{}}
 	if backend == nil {
 		ta.fake = &fakeBackend{}
 		backend = ta.fake
@@ -148,9 +148,7 @@ func startAgent(t *testing.T, cfg Config, backend apply.Backend, opts ...Option)
 	all := append([]Option{WithStore(st), WithBackend(backend), WithSpoolRoots(filepath.Join(cfg.DataDir, "runs"))}, opts...)
 	ta.a, err = New(cfg, log, all...)
 	must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	ta.cancel = cancel
-	go func() { ta.done <- ta.a.Run(ctx) }()
+	ta.halt = testkit.Go(t, "agent", 15*time.Second, ta.a.Run)
 	t.Cleanup(func() {
 		ta.stop()
 		if t.Failed() {
@@ -162,19 +160,11 @@ func startAgent(t *testing.T, cfg Config, backend apply.Backend, opts ...Option)
 
 // stop stops the agent and closes its store (idempotent).
 func (ta *testAgent) stop() {
-	if ta.cancel == nil {
+	if ta.halt == nil {
 		return
 	}
-	ta.cancel()
-	select {
-	case err := <-ta.done:
-		if err != nil {
-			ta.t.Errorf("agent Run: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		ta.t.Errorf("agent did not stop")
-	}
-	ta.cancel = nil
+	ta.halt()
+	ta.halt = nil
 	ta.store.Close()
 }
 

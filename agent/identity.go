@@ -6,15 +6,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"github.com/drover/drover/internal/atomicfile"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/drover/drover/internal/atomicfile"
+	"github.com/drover/drover/internal/pemutil"
 )
 
 // Files in the data directory. identity.json is written last at enrollment,
@@ -55,20 +56,8 @@ var errNotEnrolled = errors.New("not enrolled")
 
 // ensureDataDir creates dir with mode 0700, and tightens an existing one.
 func ensureDataDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := atomicfile.PrivateDir(dir); err != nil {
 		return fmt.Errorf("data dir: %w", err)
-	}
-	st, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("data dir: %s is not a directory", dir)
-	}
-	if st.Mode().Perm() != 0o700 {
-		if err := os.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("data dir: %w", err)
-		}
 	}
 	return nil
 }
@@ -152,16 +141,14 @@ func readPrivate(path string) ([]byte, error) {
 // encodeCredentials returns the agent.pem bytes: the certificate chain PEM
 // followed by the private key.
 func encodeCredentials(chainPEM []byte, key *ecdsa.PrivateKey) ([]byte, error) {
-	der, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := pemutil.ECKey(key)
 	if err != nil {
 		return nil, err
 	}
 	var b bytes.Buffer
 	b.Write(bytes.TrimSpace(chainPEM))
 	b.WriteByte('\n')
-	if err := pem.Encode(&b, &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}); err != nil {
-		return nil, err
-	}
+	b.Write(keyPEM)
 	return b.Bytes(), nil
 }
 

@@ -1,89 +1,36 @@
 package agent
 
 import (
-	"bytes"
-	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/json"
-	"github.com/drover/drover/api"
-	"io"
-	"log/slog"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
+
 	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/internal/sdtest"
 	"github.com/drover/drover/internal/testkit"
-	"github.com/drover/drover/server"
+	"github.com/drover/drover/server/servertest"
 	"github.com/drover/drover/units"
 )
 
 // realServer is drover-server running in-process on 127.0.0.1.
 type realServer struct {
-	t      *testing.T
-	s      *server.Server
-	base   string
-	admin  string
-	client *http.Client
+	t   *testing.T
+	srv *servertest.Server
 }
 
 func startRealServer(t *testing.T) *realServer {
 	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.GRPCAddr = "127.0.0.1:0"
-	cfg.Store.Synchronous = "normal"
-	s, err := server.New(cfg, slog.New(slog.DiscardHandler), server.SystemClock())
-	must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("server did not stop")
-		}
-	})
-	admin, err := server.ReadAdminToken(cfg.DataDir)
-	must(t, err)
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(s.CACertPEM())
-	return &realServer{t: t, s: s, base: "https://" + s.HTTPAddr(), admin: admin,
-		client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}
+	ss := servertest.Start(t)
+	return &realServer{t: t, srv: ss}
 }
 
 // api calls the admin API and decodes the JSON answer into out.
 func (rs *realServer) api(method, path string, body, out any) {
 	rs.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		must(rs.t, err)
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, rs.base+path, rd)
-	must(rs.t, err)
-	req.Header.Set("Authorization", "Bearer "+rs.admin)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := rs.client.Do(req)
-	must(rs.t, err)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode/100 != 2 {
-		rs.t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
-	}
-	if out != nil {
-		must(rs.t, json.Unmarshal(b, out))
-	}
+	rs.srv.Admin().JSON(rs.t, method, path, body, out)
 }
 
 // TestRealServer runs the agent against drover-server in-process: token
@@ -97,7 +44,7 @@ func TestRealServer(t *testing.T) {
 	rs.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: map[string]string{"role": "agenttest"}}, &tok)
 
 	cfg := testConfig(t, nil)
-	cfg.Server = rs.base
+	cfg.Server = rs.srv.URL
 	var backend apply.Backend
 	if sdtest.Available() == nil {
 		cfg.Backend = BackendSystemd
@@ -189,7 +136,7 @@ func TestRealServerReenroll(t *testing.T) {
 		return tok.Token
 	}
 	cfg := testConfig(t, nil)
-	cfg.Server = rs.base
+	cfg.Server = rs.srv.URL
 	backend, err := apply.Select(t.Context(), apply.BackendCron, apply.Config{DataDir: cfg.DataDir, Scope: units.ScopeUser, AgentPath: "/bin/true"})
 	must(t, err)
 	t.Cleanup(func() { backend.Close() })

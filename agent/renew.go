@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/pemutil"
 )
 
 // renewLoop renews the client certificate at two thirds of its lifetime,
@@ -42,7 +43,7 @@ func (a *Agent) renewLoop(ctx context.Context) {
 // renew obtains a new certificate for a new key over mTLS and installs it.
 func (a *Agent) renew(ctx context.Context) error {
 	id := a.identity()
-	key, csr, err := newKeyAndCSR(a.host.Hostname)
+	key, csr, err := pemutil.NewKeyAndCSR(a.host.Hostname)
 	if err != nil {
 		return err
 	}

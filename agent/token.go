@@ -1,9 +1,6 @@
 package agent
 
 import (
-	"crypto/sha256"
-	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -52,10 +49,3 @@ func ParseToken(s string) (Token, error) {
 
 // String hides the secret.
 func (t Token) String() string { return "drv1." + t.ID + ".***." + t.Pin }
-
-// SPKIPin returns the pin of a certificate: lowercase hex sha256 of its
-// SubjectPublicKeyInfo DER.
-func SPKIPin(c *x509.Certificate) string {
-	sum := sha256.Sum256(c.RawSubjectPublicKeyInfo)
-	return hex.EncodeToString(sum[:])
-}

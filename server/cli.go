@@ -9,18 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
@@ -42,18 +40,12 @@ func Main(version string, args, env []string, stdout, stderr io.Writer) int {
 
 Environment variables DROVER_<SETTING> (e.g. DROVER_DATA_DIR) override the
 configuration file; flags override both.`,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Version:       version,
-		Args:          noArgs,
-		RunE:          func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, serve) },
+		Version: version,
+		Args:    noArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, serve) },
 	}
-	root.CompletionOptions.DisableDefaultCmd = true
+	command.SetupRoot(root, doubleDash(args), stdout, stderr)
 	cf.register(root.PersistentFlags())
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.SetArgs(doubleDash(args))
-	root.SetOut(stdout)
-	root.SetErr(stderr)
 	root.AddCommand(
 		&cobra.Command{Use: "serve", Short: "Run the control plane (the default)", Args: noArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error { return cf.run(cmd, env, serve) }},
@@ -66,19 +58,17 @@ configuration file; flags override both.`,
 		group("tokens", "Manage enrollment tokens", newTokensCreateCmd(&cf, env)),
 		group("api-tokens", "Manage API tokens", newAPITokensCreateCmd(&cf, env)),
 	)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := command.SignalContext()
 	defer stop()
 	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return 0
+	var ue command.UsageError
+	switch {
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "drover-server: %v\n", ue.Err)
+	case err != nil:
+		fmt.Fprintf(stderr, "drover-server: %s\n", describe(err))
 	}
-	var ue usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "drover-server: %v\n", ue.err)
-		return 2
-	}
-	fmt.Fprintf(stderr, "drover-server: %s\n", describe(err))
-	return 1
+	return command.ExitCode(err)
 }
 
 // longFlags are the flags a single dash also names ("-data-dir"), as it
@@ -102,13 +92,6 @@ func doubleDash(args []string) []string {
 	return out
 }
 
-// usageError is a command line or configuration the server cannot start
-// with (exit code 2).
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
 		if cmd.HasSubCommands() {
@@ -116,9 +99,9 @@ func noArgs(cmd *cobra.Command, args []string) error {
 			if cmd.HasParent() {
 				name = cmd.Name() + " " + name
 			}
-			return usageError{fmt.Errorf("unknown command %q", name)}
+			return command.Usage(fmt.Errorf("unknown command %q", name))
 		}
-		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
+		return command.Usage(fmt.Errorf("unexpected argument %q", args[0]))
 	}
 	return nil
 }
@@ -127,7 +110,7 @@ func noArgs(cmd *cobra.Command, args []string) error {
 func group(name, short string, subs ...*cobra.Command) *cobra.Command {
 	c := &cobra.Command{Use: name, Short: short, Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return usageError{fmt.Errorf("unknown command %q", cmd.Name())}
+			return command.Usage(fmt.Errorf("unknown command %q", cmd.Name()))
 		}}
 	c.AddCommand(subs...)
 	return c
@@ -156,7 +139,7 @@ func (f *cliFlags) config(env []string) (Config, error) {
 	}
 	cfg, err := LoadConfig(path, required, env)
 	if err != nil {
-		return cfg, usageError{err}
+		return cfg, command.Usage(err)
 	}
 	for _, o := range []struct {
 		v  string
@@ -170,7 +153,7 @@ func (f *cliFlags) config(env []string) (Config, error) {
 		cfg.InternalAgent.Enabled = true
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, usageError{err}
+		return cfg, command.Usage(err)
 	}
 	return cfg, nil
 }
@@ -264,19 +247,8 @@ func describe(err error) string {
 	return msg
 }
 
-// newLogger returns the slog logger the configuration asks for, on w.
-func newLogger(cfg Config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	opts := &slog.HandlerOptions{Level: level}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
 func serve(ctx context.Context, cfg Config, _, stderr io.Writer) error {
-	s, err := New(cfg, newLogger(cfg, stderr), SystemClock())
+	s, err := New(cfg, command.NewLogger(cfg.LogLevel, cfg.LogFormat, stderr), SystemClock())
 	if err != nil {
 		return err
 	}

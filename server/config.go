@@ -1,22 +1,16 @@
 package server
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"github.com/drover/drover/server/notify"
-	"io"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
+	"github.com/drover/drover/internal/config"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/signing"
 )
@@ -276,19 +270,7 @@ func DefaultConfig() Config {
 // validates the result.
 func LoadConfig(path string, required bool, env []string) (Config, error) {
 	cfg := DefaultConfig()
-	if path != "" {
-		b, err := os.ReadFile(path)
-		switch {
-		case err == nil:
-			if err := DecodeConfig(b, &cfg); err != nil {
-				return cfg, fmt.Errorf("config %s: %w", path, err)
-			}
-		case errors.Is(err, os.ErrNotExist) && !required:
-		default:
-			return cfg, fmt.Errorf("read config: %w", err)
-		}
-	}
-	if err := cfg.ApplyEnv(env); err != nil {
+	if err := config.Load(path, required, env, &cfg); err != nil {
 		return cfg, err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -298,95 +280,19 @@ func LoadConfig(path string, required bool, env []string) (Config, error) {
 }
 
 // DecodeConfig decodes YAML over cfg, refusing unknown fields.
-func DecodeConfig(b []byte, cfg *Config) error {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("decode yaml: %w", err)
-	}
-	return nil
-}
+func DecodeConfig(b []byte, cfg *Config) error { return config.Decode(b, cfg) }
 
 // ApplyEnv applies DROVER_<PATH> variables, where PATH is the upper-cased
 // YAML path joined by '_': DROVER_HTTP_ADDR, DROVER_DATA_DIR,
 // DROVER_ENROLLMENT_CERT_LIFETIME, DROVER_TLS_SANS (comma-separated). Unknown
 // DROVER_ variables are ignored: the agent and droverctl share the prefix.
-func (c *Config) ApplyEnv(env []string) error {
-	vars := map[string]string{}
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "DROVER_") {
-			vars[k] = v
-		}
-	}
-	if len(vars) == 0 {
-		return nil
-	}
-	return applyEnv(reflect.ValueOf(c).Elem(), "DROVER", vars)
-}
-
-var durationType = reflect.TypeOf(time.Duration(0))
-
-func applyEnv(v reflect.Value, prefix string, vars map[string]string) error {
-	t := v.Type()
-	for i := 0; i < t.NumField(); i++ {
-		tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-		if tag == "" || tag == "-" {
-			continue
-		}
-		name := prefix + "_" + strings.ToUpper(tag)
-		fv := v.Field(i)
-		if fv.Kind() == reflect.Struct {
-			if err := applyEnv(fv, name, vars); err != nil {
-				return err
-			}
-			continue
-		}
-		s, ok := vars[name]
-		if !ok {
-			continue
-		}
-		bad := func(err error) error { return fmt.Errorf("environment %s: %w", name, err) }
-		switch {
-		case fv.Type() == durationType:
-			d, err := time.ParseDuration(s)
-			if err != nil {
-				return bad(err)
-			}
-			fv.SetInt(int64(d))
-		case fv.Kind() == reflect.String:
-			fv.SetString(s)
-		case fv.Kind() == reflect.Int || fv.Kind() == reflect.Int64:
-			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				return bad(err)
-			}
-			fv.SetInt(n)
-		case fv.Kind() == reflect.Bool:
-			b, err := strconv.ParseBool(s)
-			if err != nil {
-				return bad(err)
-			}
-			fv.SetBool(b)
-		case fv.Kind() == reflect.Slice && fv.Type().Elem().Kind() == reflect.String:
-			var list []string
-			for _, p := range strings.Split(s, ",") {
-				if p = strings.TrimSpace(p); p != "" {
-					list = append(list, p)
-				}
-			}
-			fv.Set(reflect.ValueOf(list))
-		}
-	}
-	return nil
-}
+func (c *Config) ApplyEnv(env []string) error { return config.ApplyEnv(c, env) }
 
 // Validate checks every field and returns all problems at once as a
 // *manifest.ValidationError with YAML field paths.
 func (c *Config) Validate() error {
-	var ps []manifest.FieldError
-	add := func(field, format string, args ...any) {
-		ps = append(ps, manifest.FieldError{Field: field, Message: fmt.Sprintf(format, args...)})
-	}
+	var ps config.Problems
+	add := ps.Add
 	if c.DataDir == "" {
 		add("data_dir", "required")
 	}
@@ -430,16 +336,7 @@ func (c *Config) Validate() error {
 			add("internal_agent.scope", "%q is not one of system, user", ia.Scope)
 		}
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		add("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
-	}
-	switch c.LogFormat {
-	case "text", "json":
-	default:
-		add("log_format", "%q is not one of text, json", c.LogFormat)
-	}
+	ps.Logging(c.LogLevel, c.LogFormat)
 	positive := func(field string, d time.Duration) {
 		if d <= 0 {
 			add(field, "must be a positive duration")
@@ -516,13 +413,6 @@ func (c *Config) Validate() error {
 	atLeast("runs.max_log_bytes", c.Runs.MaxLogBytes, 1024)
 	atLeast("runs.max_chunk_bytes", int64(c.Runs.MaxChunkBytes), 1024)
 	atLeast("runs.retention_per_pipe", int64(c.Runs.RetentionPerPipe), 1)
-	switch c.Store.Synchronous {
-	case "full", "normal":
-	default:
-		add("store.synchronous", "%q is not one of full, normal", c.Store.Synchronous)
-	}
-	if len(ps) > 0 {
-		return &manifest.ValidationError{Problems: ps}
-	}
-	return nil
+	ps.OneOf("store.synchronous", c.Store.Synchronous, "full", "normal")
+	return ps.Err()
 }

@@ -3,32 +3,18 @@ package server
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/drover/drover/internal/atomicfile"
 )
 
 // ensureDataDir creates dir with mode 0700, or checks that an existing one
-// is a directory not writable by group or others, and tightens it to 0700.
+// is a directory and tightens it to 0700.
 func ensureDataDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("create data dir: %w", err)
-		}
-		return os.Chmod(dir, 0o700)
-	}
-	if err != nil {
+	if err := atomicfile.PrivateDir(dir); err != nil {
 		return fmt.Errorf("data dir: %w", err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("data dir %s is not a directory", dir)
-	}
-	if fi.Mode().Perm() != 0o700 {
-		if err := os.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("data dir: %w", err)
-		}
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/apply"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/internal/testkit"
 )
 
@@ -48,12 +49,9 @@ func startIdleAgent(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	stop := testkit.Go(t, "agent", time.Minute, a.Run)
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		stop()
 		st.Close()
 	})
 	deadline := time.Now().Add(5 * time.Second)
@@ -95,7 +93,7 @@ func TestStatusCommand(t *testing.T) {
 func TestSyncCommandNotEnrolled(t *testing.T) {
 	data := startIdleAgent(t)
 	code, _, errOut := runAgent(t, "sync", "--data-dir", data)
-	if code != ExitError || !strings.Contains(errOut, "not enrolled") {
+	if code != command.ExitError || !strings.Contains(errOut, "not enrolled") {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 }
@@ -104,17 +102,17 @@ func TestCommandsWithoutDaemon(t *testing.T) {
 	data := filepath.Join(t.TempDir(), "d")
 	for _, cmd := range []string{"status", "sync"} {
 		code, _, errOut := runAgent(t, cmd, "--data-dir", data)
-		if code != ExitError || !strings.Contains(errOut, "not running") {
+		if code != command.ExitError || !strings.Contains(errOut, "not running") {
 			t.Errorf("%s: exit %d: %s", cmd, code, errOut)
 		}
 	}
 }
 
 func TestEnrollCommandUsage(t *testing.T) {
-	if code, _, errOut := runAgent(t, "enroll"); code != ExitUsage || !strings.Contains(errOut, "--token") {
+	if code, _, errOut := runAgent(t, "enroll"); code != command.ExitUsage || !strings.Contains(errOut, "--token") {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	if code, _, errOut := runAgent(t, "enroll", "--token", "nope"); code != ExitUsage || !strings.Contains(errOut, "malformed") {
+	if code, _, errOut := runAgent(t, "enroll", "--token", "nope"); code != command.ExitUsage || !strings.Contains(errOut, "malformed") {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 }
@@ -125,15 +123,15 @@ func TestDaemonBadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, _, errOut := runAgent(t, "--config", cfgFile)
-	if code != ExitUsage || !strings.Contains(errOut, "scope") {
+	if code != command.ExitUsage || !strings.Contains(errOut, "scope") {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	code, _, errOut = runAgent(t, "--config", filepath.Join(t.TempDir(), "missing.yaml"))
-	if code != ExitError || !strings.Contains(errOut, "missing.yaml") {
+	if code != command.ExitError || !strings.Contains(errOut, "missing.yaml") {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	code, _, errOut = runAgent(t, "bogus")
-	if code != ExitUsage {
+	if code != command.ExitUsage {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 }

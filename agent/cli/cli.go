@@ -7,7 +7,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,24 +14,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/agent"
+	"github.com/drover/drover/internal/command"
 )
 
 // Version is the build's version, set by Main.
 var Version = "dev"
-
-// Exit codes.
-const (
-	ExitOK    = 0
-	ExitError = 1
-	ExitUsage = 2
-)
-
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // Env is what a command may read from its surroundings; tests replace it.
 type Env struct {
@@ -60,12 +46,10 @@ func Run(ctx context.Context, args []string, env Env) int {
 /etc/drover/enroll.token (or DROVER_ENROLL_TOKEN) when not enrolled, pulls and
 verifies its signed manifest, installs the pipes as systemd timers (or runs them
 on its internal cron scheduler), and reports runs to the server.`,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Version:       Version,
+		Version: Version,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("unknown command %q", args[0])
+				return command.Usagef("unknown command %q", args[0])
 			}
 			return nil
 		},
@@ -74,21 +58,12 @@ on its internal cron scheduler), and reports runs to the server.`,
 			return runDaemon(cmd.Context(), &env, &cf)
 		},
 	}
-	root.CompletionOptions.DisableDefaultCmd = true
+	command.SetupRoot(root, args, env.Stdout, env.Stderr)
 	cf.register(root.Flags())
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.SetArgs(args)
-	root.SetOut(env.Stdout)
-	root.SetErr(env.Stderr)
 	root.AddCommand(newRenderCmd(&env), newRunCmd(), newStatusCmd(&env), newSyncCmd(&env), newEnrollCmd(&env))
 	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return ExitOK
+	if err != nil {
+		fmt.Fprintln(env.Stderr, "drover-agent:", err)
 	}
-	fmt.Fprintln(env.Stderr, "drover-agent:", err)
-	var ue usageError
-	if errors.As(err, &ue) {
-		return ExitUsage
-	}
-	return ExitError
+	return command.ExitCode(err)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/runner"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/units"
 )
 
@@ -78,13 +79,7 @@ func (f *configFlags) load(env *Env) (agent.Config, error) {
 }
 
 func newLogger(cfg agent.Config, w io.Writer) *slog.Logger {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
-	opts := &slog.HandlerOptions{Level: lvl}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return command.NewLogger(cfg.LogLevel, cfg.LogFormat, w)
 }
 
 // runDaemon is `drover-agent [flags]`: the daemon, until SIGINT or SIGTERM.
@@ -94,7 +89,7 @@ func runDaemon(ctx context.Context, env *Env, cf *configFlags) error {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
-		return usageError{fmt.Errorf("configuration: %w", err)}
+		return command.Usage(fmt.Errorf("configuration: %w", err))
 	}
 	if err := cfg.ResolveAgentPath(); err != nil {
 		return err
@@ -222,17 +217,17 @@ func newEnrollCmd(env *Env) *cobra.Command {
 				token = env.Getenv("DROVER_ENROLL_TOKEN")
 			}
 			if token == "" {
-				return usagef("--token is required")
+				return command.Usagef("--token is required")
 			}
 			if _, err := agent.ParseToken(token); err != nil {
-				return usageError{err}
+				return command.Usage(err)
 			}
 			cfg, err := cf.load(env)
 			if err != nil {
 				return err
 			}
 			if err := cfg.Validate(); err != nil {
-				return usageError{fmt.Errorf("configuration: %w", err)}
+				return command.Usage(fmt.Errorf("configuration: %w", err))
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
 			defer cancel()

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/internal/atomicfile"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
@@ -30,24 +31,24 @@ a render at --now (RFC 3339, default the current time): the DST changes of
 the pipe's zone within 400 days of that day.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usagef("unexpected argument %q", args[0])
+				return command.Usagef("unexpected argument %q", args[0])
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if pipeFile == "" {
-				return usagef("--pipe is required")
+				return command.Usagef("--pipe is required")
 			}
 			opts := units.Options{AgentPath: agentPath, Scope: units.Scope(scope), DataDir: dataDir}
 			if now != "" {
 				t, err := time.Parse(time.RFC3339, now)
 				if err != nil {
-					return usagef("--now %q is not an RFC 3339 time (e.g. 2027-03-01T00:00:00Z)", now)
+					return command.Usagef("--now %q is not an RFC 3339 time (e.g. 2027-03-01T00:00:00Z)", now)
 				}
 				opts.Now = t
 			}
 			if opts.Scope != units.ScopeSystem && opts.Scope != units.ScopeUser {
-				return usagef("--scope %q: use system or user", scope)
+				return command.Usagef("--scope %q: use system or user", scope)
 			}
 			data, err := os.ReadFile(pipeFile)
 			if err != nil {

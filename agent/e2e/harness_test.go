@@ -8,7 +8,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"github.com/drover/drover/api"
 	"io"
 	"net/http"
 	"net/url"
@@ -21,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/agent/internal/sdtest"
@@ -215,49 +216,11 @@ func (s *serverProc) token(tags map[string]string) string {
 	return tok
 }
 
-// call makes an admin API request and returns the status and body.
-func (s *serverProc) call(method, path string, body any) (int, []byte, error) {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return 0, nil, err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, s.base+path, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+s.admin)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
-}
-
 // api makes an admin API request, fails the test on an error status, and
 // decodes the JSON answer into out (when not nil).
 func (s *serverProc) api(method, path string, body, out any) {
 	s.t.Helper()
-	code, b, err := s.call(method, path, body)
-	if err != nil {
-		s.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	if code/100 != 2 {
-		s.t.Fatalf("%s %s: %d %s", method, path, code, b)
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			s.t.Fatalf("%s %s: decode %s: %v", method, path, b, err)
-		}
-	}
+	testkit.APIClient{HTTP: s.client, Base: s.base, Token: s.admin}.JSON(s.t, method, path, body, out)
 }
 
 // pipeSpec is a pipe as the tests write it.

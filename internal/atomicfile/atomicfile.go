@@ -2,7 +2,7 @@
 // after a crash, sees either the old content or the new one, complete:
 // a temporary file in the same directory is written with its final mode
 // (and owner), synced, renamed over the target, then the directory is
-// synced.
+// synced. PrivateDir makes the 0700 data directories such files live in.
 //
 // Any package of this module may import it; it imports only the standard
 // library.
@@ -110,4 +110,24 @@ func SyncDir(dir string) error {
 		return nil
 	}
 	return fmt.Errorf("sync %s: %w", dir, err)
+}
+
+// PrivateDir creates dir (and its parents) with mode 0700, or checks that
+// an existing dir is a directory and tightens it to 0700: the data
+// directories of the agent and the server hold keys.
+func PrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if st.Mode().Perm() != 0o700 {
+		return os.Chmod(dir, 0o700)
+	}
+	return nil
 }

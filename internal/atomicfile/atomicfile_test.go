@@ -83,3 +83,26 @@ func TestWriteFailureLeavesTarget(t *testing.T) {
 		t.Fatalf("SyncDir of a missing dir: %v", err)
 	}
 }
+
+func TestPrivateDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	if err := PrivateDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := PrivateDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("mode %v %v", st.Mode(), err)
+	}
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := PrivateDir(file); err == nil {
+		t.Fatal("a file passed as a directory")
+	}
+}

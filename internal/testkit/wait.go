@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -37,4 +38,30 @@ func Eventually(timeout time.Duration, cond func() bool) bool {
 		interval = min(2*interval, pollMax)
 	}
 	return true
+}
+
+// Go runs run in a goroutine with a context that stop cancels. stop then
+// waits at most timeout for run to return, and fails the test if it
+// returned an error or did not return; later calls do nothing. name says
+// what ran ("server", "agent").
+func Go(t testing.TB, name string, timeout time.Duration, run func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	stopped := false
+	return func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s Run: %v", name, err)
+			}
+		case <-time.After(timeout):
+			t.Errorf("%s did not stop within %s", name, timeout)
+		}
+	}
 }

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/pemutil"
 	"github.com/drover/drover/server/errs"
 )
 
@@ -69,10 +70,7 @@ func (c *CA) Pool() *x509.CertPool { return c.pool }
 
 // CAPin returns the enrollment-token pin of a CA certificate: the lowercase
 // hex sha256 of its SubjectPublicKeyInfo DER.
-func CAPin(cert *x509.Certificate) string {
-	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
-	return hex.EncodeToString(sum[:])
-}
+func CAPin(cert *x509.Certificate) string { return pemutil.Pin(cert) }
 
 // LoadOrCreateCA reads ca.key/ca.crt from dir, creating them on first start.
 func LoadOrCreateCA(dir string, now time.Time) (*CA, error) {

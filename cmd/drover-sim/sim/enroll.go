@@ -3,14 +3,9 @@ package sim
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +16,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/pemutil"
 	"github.com/drover/drover/signing"
 )
 
@@ -53,17 +49,12 @@ func enroll(ctx context.Context, server, host, token, hostname string, src net.I
 	if err != nil {
 		return nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, csr, err := pemutil.NewKeyAndCSR(hostname)
 	if err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: hostname}}, key)
-	if err != nil {
-		return nil, fmt.Errorf("csr: %w", err)
-	}
-	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim",
-		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))})
-	tr := &http.Transport{TLSClientConfig: pinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
+	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim", CSR: csr})
+	tr := &http.Transport{TLSClientConfig: pemutil.PinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Timeout: timeout, Transport: tr}
 	req, err := http.NewRequestWithContext(ctx, "POST", server+"/api/v1/agents/enroll", bytes.NewReader(body))
@@ -86,25 +77,24 @@ func enroll(ctx context.Context, server, host, token, hostname string, src net.I
 	if _, _, err := net.SplitHostPort(out.GRPCAddr); err != nil || out.AgentID == "" {
 		return nil, fmt.Errorf("enrollment answer: agent_id %q, grpc_addr %q", out.AgentID, out.GRPCAddr)
 	}
+	cas, err := pemutil.Certificates([]byte(out.CABundle))
+	if err != nil {
+		return nil, fmt.Errorf("ca_bundle: %w", err)
+	}
 	pool := x509.NewCertPool()
 	pinned := false
-	for rest := []byte(out.CABundle); ; {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			break
-		}
-		ca, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("ca_bundle: %w", err)
-		}
+	for _, ca := range cas {
 		pool.AddCert(ca)
-		pinned = pinned || spkiPin(ca) == pin
+		pinned = pinned || pemutil.Pin(ca) == pin
 	}
 	if !pinned {
 		return nil, errors.New("ca_bundle: no CA matches the token's pin")
 	}
-	cert, err := tls.X509KeyPair([]byte(out.Certificate), pemKey(key))
+	keyPEM, err := pemutil.ECKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	cert, err := tls.X509KeyPair([]byte(out.Certificate), keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("certificate: %w", err)
 	}
@@ -125,9 +115,4 @@ func enroll(ctx context.Context, server, host, token, hostname string, src net.I
 		return nil, fmt.Errorf("trust_root: %w", err)
 	}
 	return &identity{agentID: out.AgentID, grpcAddr: out.GRPCAddr, cert: cert, caPool: pool, trust: trust}, nil
-}
-
-func pemKey(k *ecdsa.PrivateKey) []byte {
-	der, _ := x509.MarshalECPrivateKey(k)
-	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
 }

@@ -3,10 +3,8 @@ package sim
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,45 +61,6 @@ func dialer(src net.IP, timeout time.Duration) func(ctx context.Context, network
 		d.LocalAddr = &net.TCPAddr{IP: src}
 	}
 	return d.DialContext
-}
-
-// spkiPin is the pin of a certificate: hex sha256 of its SubjectPublicKeyInfo.
-func spkiPin(c *x509.Certificate) string {
-	sum := sha256.Sum256(c.RawSubjectPublicKeyInfo)
-	return hex.EncodeToString(sum[:])
-}
-
-// pinnedTLS checks, in the handshake, that the server's chain holds the CA
-// the token pins and that the leaf verifies under it for host: nothing is
-// sent to a server that fails it.
-func pinnedTLS(host, pin string) *tls.Config {
-	return &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         host,
-		InsecureSkipVerify: true, // replaced by VerifyConnection
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			var ca *x509.Certificate
-			for _, c := range cs.PeerCertificates {
-				if spkiPin(c) == pin {
-					ca = c
-					break
-				}
-			}
-			if ca == nil || len(cs.PeerCertificates) == 0 {
-				return errors.New("the server's CA does not match the token's pin")
-			}
-			roots := x509.NewCertPool()
-			roots.AddCert(ca)
-			inter := x509.NewCertPool()
-			for _, c := range cs.PeerCertificates[1:] {
-				inter.AddCert(c)
-			}
-			if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: host}); err != nil {
-				return fmt.Errorf("the server certificate does not verify under the pinned CA: %w", err)
-			}
-			return nil
-		},
-	}
 }
 
 // admin calls the operator API with an API token.

@@ -2,8 +2,6 @@ package sim
 
 import (
 	"bytes"
-	"context"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server"
+	"github.com/drover/drover/server/servertest"
 )
 
 // TestMain lets the test binary serve as the simulator's worker process:
@@ -29,36 +28,12 @@ func TestMain(m *testing.M) {
 // TLS listeners and a real SQLite file.
 func startServer(t *testing.T) (*server.Server, string, *admin) {
 	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.DataDir = t.TempDir()
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.GRPCAddr = "127.0.0.1:0"
-	cfg.Store.Synchronous = "normal"
-	s, err := server.New(cfg, slog.New(slog.DiscardHandler), server.SystemClock())
+	ss := servertest.Start(t)
+	adm, err := newAdmin(ss.URL, ss.AdminToken, ss.CAPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("server did not stop")
-		}
-	})
-	tok, err := server.ReadAdminToken(cfg.DataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := "https://" + s.HTTPAddr()
-	adm, err := newAdmin(base, tok, s.CACertPEM())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, tok, adm
+	return ss.Server, ss.AdminToken, adm
 }
 
 // TestFleetAgainstRealServer runs 150 simulated agents in two worker

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/manifest"
 )
 
@@ -22,7 +23,7 @@ func (a *app) newAgentsCmd() *cobra.Command {
 unless --replace is given, which makes the listed tags the whole set.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 && !(replace && len(args) == 1) {
-				return usagef("%s wants an agent id and at least one k=v or k-", cmd.CommandPath())
+				return command.Usagef("%s wants an agent id and at least one k=v or k-", cmd.CommandPath())
 			}
 			return nil
 		},
@@ -32,7 +33,7 @@ unless --replace is given, which makes the listed tags the whole set.`,
 				return err
 			}
 			if replace && len(remove) > 0 {
-				return usagef("k- has no meaning with --replace")
+				return command.Usagef("k- has no meaning with --replace")
 			}
 			return a.tagAgent(cmd.Context(), args[0], set, remove, replace)
 		},
@@ -72,7 +73,7 @@ func parseTagEdits(args []string) (set map[string]string, remove []string, err e
 	for _, t := range args {
 		if k, ok := strings.CutSuffix(t, "-"); ok && !strings.Contains(t, "=") {
 			if !manifest.ValidTagKey(k) {
-				return nil, nil, usagef("tag %q: not a valid key", k)
+				return nil, nil, command.Usagef("tag %q: not a valid key", k)
 			}
 			remove = append(remove, k)
 			continue

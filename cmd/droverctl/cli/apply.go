@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/manifest"
 )
 
@@ -61,7 +62,7 @@ reaches, and changes nothing.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(files) == 0 {
-				return usagef("apply needs -f FILE or -f DIR")
+				return command.Usagef("apply needs -f FILE or -f DIR")
 			}
 			return a.apply(cmd.Context(), files, prune, dryRun, maxPayload)
 		},
@@ -87,7 +88,7 @@ delete are shown too. Nothing changes on the server.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(files) == 0 {
-				return usagef("diff needs -f FILE or -f DIR")
+				return command.Usagef("diff needs -f FILE or -f DIR")
 			}
 			return a.diff(cmd.Context(), files, prune, maxPayload)
 		},
@@ -101,7 +102,7 @@ delete are shown too. Nothing changes on the server.`,
 // loadValid loads the files and prints every problem; it fails when there is one.
 func (a *app) loadValid(files []string, maxPayload int64) ([]*localPipe, error) {
 	if maxPayload <= 0 {
-		return nil, usagef("--max-payload-bytes must be positive")
+		return nil, command.Usagef("--max-payload-bytes must be positive")
 	}
 	pipes, probs := loadPipes(files, a.env.Stdin, a.warnf, maxPayload)
 	if len(probs) == 0 {

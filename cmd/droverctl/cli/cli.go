@@ -6,35 +6,19 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/drover/drover/internal/command"
 )
 
 // Version is the build's version, set by Main.
 var Version = "dev"
-
-// Exit codes.
-const (
-	ExitOK    = 0
-	ExitError = 1
-	ExitUsage = 2
-)
-
-// usageError marks a mistake in how the command was called (exit 2).
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // reportedError is an error whose details were already written to stderr;
 // Run prints only its summary.
@@ -53,7 +37,7 @@ type Env struct {
 // Main runs droverctl with the process's arguments and returns its exit code.
 func Main(version string) int {
 	Version = version
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := command.SignalContext()
 	defer stop()
 	return Run(ctx, os.Args[1:], Env{Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin, Getenv: os.Getenv, Now: time.Now})
 }
@@ -77,23 +61,16 @@ func Run(ctx context.Context, args []string, env Env) int {
 	}
 	a := &app{env: &env}
 	root := a.newRoot()
-	root.SetArgs(args)
-	root.SetOut(env.Stdout)
-	root.SetErr(env.Stderr)
+	command.SetupRoot(root, args, env.Stdout, env.Stderr)
 	root.SetIn(env.Stdin)
 	err := root.ExecuteContext(ctx)
 	if a.client != nil {
 		a.client.close()
 	}
-	if err == nil {
-		return ExitOK
+	if err != nil {
+		fmt.Fprintln(env.Stderr, "droverctl:", sanitizeText(err.Error()))
 	}
-	fmt.Fprintln(env.Stderr, "droverctl:", sanitizeText(err.Error()))
-	var ue usageError
-	if errors.As(err, &ue) {
-		return ExitUsage
-	}
-	return ExitError
+	return command.ExitCode(err)
 }
 
 // app holds the global flags and the lazily built API client of one run.
@@ -124,27 +101,23 @@ DROVER_SERVER, DROVER_TOKEN and DROVER_CA, else from the file written by
 
 Every command prints a table (or text) by default and the API's own objects
 with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Args:          noArgs,
-		Version:       Version,
-		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		Args:    noArgs,
+		Version: Version,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			switch a.output {
 			case "", "table", "wide", "json", "yaml":
 				return nil
 			}
-			return usagef("-o %q: use table, wide, json or yaml", a.output)
+			return command.Usagef("-o %q: use table, wide, json or yaml", a.output)
 		},
 	}
-	root.CompletionOptions.DisableDefaultCmd = true
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.server, "server", "", "server URL, e.g. https://drover.example:8443 (env DROVER_SERVER)")
 	pf.StringVar(&a.token, "token", "", "API bearer token (env DROVER_TOKEN); prefer the environment or login")
 	pf.StringVar(&a.ca, "ca", "", "PEM file with the CA that signed the server's certificate, e.g. the server's ca.crt (env DROVER_CA)")
 	pf.StringVar(&a.config, "config", "", "config file (default $XDG_CONFIG_HOME/drover/config.yaml)")
 	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), wide (a table with more columns), json or yaml")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		newScheduleCmd(a),
 		a.newApplyCmd(),
@@ -170,7 +143,7 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+		return command.Usagef("unknown command %q for %q", args[0], cmd.CommandPath())
 	}
 	return nil
 }
@@ -179,7 +152,7 @@ func noArgs(cmd *cobra.Command, args []string) error {
 func exactArgs(n int, what string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
-			return usagef("%s wants %s (got %d arguments)", cmd.CommandPath(), what, len(args))
+			return command.Usagef("%s wants %s (got %d arguments)", cmd.CommandPath(), what, len(args))
 		}
 		return nil
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/manifest"
 )
 
@@ -35,12 +36,12 @@ object.
 			switch kind {
 			case "pipes", "agents", "runs":
 			default:
-				return usagef("describe %q: use pipe, agent or run", args[0])
+				return command.Usagef("describe %q: use pipe, agent or run", args[0])
 			}
 			var n uint64
 			if cmd.Flags().Changed("version") {
 				if kind != "pipes" {
-					return usagef("--version applies to describe pipe only")
+					return command.Usagef("--version applies to describe pipe only")
 				}
 				var err error
 				if n, err = parseVersion("--version", version); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/manifest"
 )
 
@@ -73,11 +74,11 @@ WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLI
 		ValidArgs: []string{"pipes", "agents", "runs", "fires", "events", "tokens", "secrets", "api-tokens"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return usagef("get wants a resource: pipes, agents, runs, fires, events, tokens, secrets or api-tokens")
+				return command.Usagef("get wants a resource: pipes, agents, runs, fires, events, tokens, secrets or api-tokens")
 			}
 			kind, ok := resourceAliases[args[0]]
 			if !ok {
-				return usagef("unknown resource %q: use pipes, agents, runs, fires, events, tokens, secrets or api-tokens", args[0])
+				return command.Usagef("unknown resource %q: use pipes, agents, runs, fires, events, tokens, secrets or api-tokens", args[0])
 			}
 			if err := o.check(cmd, kind); err != nil {
 				return err
@@ -119,7 +120,7 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 				}
 			}
 			if bad == nil {
-				bad = usagef("--%s does not apply to get %s", f.Name, kind)
+				bad = command.Usagef("--%s does not apply to get %s", f.Name, kind)
 			}
 		}
 	})
@@ -130,15 +131,15 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 		switch o.status {
 		case "", "online", "offline", "revoked":
 		default:
-			return usagef("--status %q: agents are online, offline or revoked", o.status)
+			return command.Usagef("--status %q: agents are online, offline or revoked", o.status)
 		}
 	}
 	if kind == "runs" || kind == "fires" || kind == "events" {
 		if o.limit < 1 || o.limit > 1000 {
-			return usagef("--limit %d out of range 1-1000", o.limit)
+			return command.Usagef("--limit %d out of range 1-1000", o.limit)
 		}
 		if o.status != "" && !api.KnownStatus(o.status) {
-			return usagef("--status %q is not a run status (%s)", o.status, strings.Join(api.RunStatuses, ", "))
+			return command.Usagef("--status %q is not a run status (%s)", o.status, strings.Join(api.RunStatuses, ", "))
 		}
 	}
 	_, err := parseTags(o.tags)
@@ -151,10 +152,10 @@ func parseTags(args []string) (map[string]string, error) {
 	for _, t := range args {
 		k, v, ok := strings.Cut(t, "=")
 		if !ok || !manifest.ValidTagKey(k) || !manifest.ValidTagValue(v) {
-			return nil, usagef("tag %q: use key=value (key: letters, digits, '.', '_', '/', '-'; value: at most 63 letters, digits, '.', '_', '-')", t)
+			return nil, command.Usagef("tag %q: use key=value (key: letters, digits, '.', '_', '/', '-'; value: at most 63 letters, digits, '.', '_', '-')", t)
 		}
 		if _, dup := tags[k]; dup {
-			return nil, usagef("tag %q given twice", k)
+			return nil, command.Usagef("tag %q given twice", k)
 		}
 		tags[k] = v
 	}
@@ -172,7 +173,7 @@ func (a *app) parseWhen(flag, s string) (time.Time, error) {
 	if d, err := time.ParseDuration(s); err == nil && d >= 0 {
 		return a.env.Now().Add(-d), nil
 	}
-	return time.Time{}, usagef("--%s %q: use an RFC 3339 time (2026-12-01T00:00:00Z) or a duration before now (2h)", flag, s)
+	return time.Time{}, command.Usagef("--%s %q: use an RFC 3339 time (2026-12-01T00:00:00Z) or a duration before now (2h)", flag, s)
 }
 
 func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) error {
@@ -200,7 +201,7 @@ func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) 
 	case "channels", "rules":
 		return a.getNotify(ctx, c, kind, names)
 	}
-	return usagef("unknown resource %q", kind)
+	return command.Usagef("unknown resource %q", kind)
 }
 
 // printList prints items as {"<key>": [...]} or as a table.
@@ -224,7 +225,7 @@ func (a *app) printOne(raw json.RawMessage, table func([]json.RawMessage) error)
 
 func (a *app) getList(ctx context.Context, c *client, names []string, path, key string, table func([]json.RawMessage) error) error {
 	if len(names) > 0 {
-		return usagef("get %s takes no names", strings.TrimPrefix(path, "/api/v1/"))
+		return command.Usagef("get %s takes no names", strings.TrimPrefix(path, "/api/v1/"))
 	}
 	items, err := c.list(ctx, path, key, nil)
 	if err != nil {

@@ -3,14 +3,9 @@ package cli
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,9 +28,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/pemutil"
 	"github.com/drover/drover/internal/testkit"
 	agentpb "github.com/drover/drover/proto"
-	"github.com/drover/drover/server"
+	"github.com/drover/drover/server/servertest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
@@ -53,52 +49,14 @@ type testServer struct {
 	caFile string
 	http   *http.Client
 	stop   func()
+	srv    *servertest.Server
 }
 
 // startServer starts drover-server on 127.0.0.1:0 with a fresh data dir.
 func startServer(t *testing.T) *testServer {
 	t.Helper()
-	dir := t.TempDir()
-	cfg := server.DefaultConfig()
-	cfg.DataDir = dir
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.GRPCAddr = "127.0.0.1:0"
-	cfg.Store.Synchronous = "normal"
-	var s *server.Server
-	var err error
-	for attempt := 0; ; attempt++ {
-		if s, err = server.New(cfg, nil, nil); err == nil || attempt == 2 {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("server.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	ts := &testServer{t: t, dir: dir, base: "https://" + s.HTTPAddr(), caFile: filepath.Join(dir, "ca.crt")}
-	ts.stop = func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("server Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the server did not stop within 30s")
-		}
-	}
-	t.Cleanup(ts.stop)
-	if ts.admin, err = server.ReadAdminToken(dir); err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(s.CACertPEM())
-	ts.http = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	t.Cleanup(ts.http.CloseIdleConnections)
-	return ts
+	ss := servertest.Start(t)
+	return &testServer{t: t, dir: ss.Dir, base: ss.URL, admin: ss.AdminToken, caFile: ss.CAFile, http: ss.Client, stop: ss.Stop, srv: ss}
 }
 
 // env is the environment droverctl sees: the server, its admin token and CA.
@@ -146,23 +104,7 @@ func (ts *testServer) ctlOK(args ...string) result {
 // api calls the admin API directly; it returns the status and body.
 func (ts *testServer) api(method, path string, body any) (int, []byte) {
 	ts.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, ts.base+path, rd)
-	req.Header.Set("Authorization", "Bearer "+ts.admin)
-	if rd != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := ts.http.Do(req)
-	if err != nil {
-		ts.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return ts.srv.API(method, path, body)
 }
 
 // hasEndpoint reports whether the server routes method+path (anything but
@@ -231,16 +173,11 @@ func (ts *testServer) enroll(hostname string, tags map[string]string, connect bo
 func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgent {
 	t := ts.t
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, csr, err := pemutil.NewKeyAndCSR(hostname)
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: hostname}}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "1.0.0-test",
-		CSR: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))})
+	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "1.0.0-test", CSR: csr})
 	resp, err := ts.http.Post(ts.base+"/api/v1/agents/enroll", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -258,11 +195,11 @@ func (ts *testServer) enrollWith(token, hostname string, connect bool) *fakeAgen
 	if !connect {
 		return fa
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := pemutil.ECKey(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := tls.X509KeyPair([]byte(er.Certificate), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	cert, err := tls.X509KeyPair([]byte(er.Certificate), keyPEM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -591,21 +528,15 @@ func (fa *fakeAgent) serveRunNow(ts *testServer) {
 // pipeScript is a pipe's script and version as the server holds them; it
 // does not fail the test (the fake agent calls it from its own goroutine).
 func (ts *testServer) pipeScript(name string) (string, uint64, error) {
-	req, err := http.NewRequest("GET", ts.base+"/api/v1/pipes/"+name, nil)
+	code, b, err := ts.srv.Admin().Call("GET", "/api/v1/pipes/"+name, nil)
 	if err != nil {
 		return "", 0, err
 	}
-	req.Header.Set("Authorization", "Bearer "+ts.admin)
-	resp, err := ts.http.Do(req)
-	if err != nil {
-		return "", 0, err
-	}
-	defer resp.Body.Close()
 	var p api.Pipe
-	if resp.StatusCode != 200 {
-		return "", 0, fmt.Errorf("GET pipe %s: HTTP %d", name, resp.StatusCode)
+	if code != 200 {
+		return "", 0, fmt.Errorf("GET pipe %s: HTTP %d", name, code)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+	if err := json.Unmarshal(b, &p); err != nil {
 		return "", 0, err
 	}
 	if p.Spec.Script == "" {

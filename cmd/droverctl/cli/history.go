@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 )
 
 // versionsPath is the path of a pipe's versions, or of one with version > 0.
@@ -25,7 +26,7 @@ func versionsPath(pipe string, version uint64) string {
 func parseVersion(what, s string) (uint64, error) {
 	n, err := strconv.ParseUint(s, 10, 64)
 	if err != nil || n == 0 {
-		return 0, usagef("%s %q: want a version number, a positive integer (1, 2, ...)", what, s)
+		return 0, command.Usagef("%s %q: want a version number, a positive integer (1, 2, ...)", what, s)
 	}
 	return n, nil
 }

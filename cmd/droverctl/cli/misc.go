@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 )
 
 // ---- audit
@@ -27,7 +28,7 @@ func (a *app) newAuditCmd() *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit < 1 || limit > 10000 {
-				return usagef("--limit %d out of range 1-10000", limit)
+				return command.Usagef("--limit %d out of range 1-10000", limit)
 			}
 			from, err := a.parseWhen("since", since)
 			if err != nil {
@@ -108,7 +109,7 @@ func (a *app) newCompletionCmd(root *cobra.Command) *cobra.Command {
 			case "fish":
 				return root.GenFishCompletion(out, true)
 			}
-			return usagef("completion %q: use bash, zsh or fish", args[0])
+			return command.Usagef("completion %q: use bash, zsh or fish", args[0])
 		},
 	}
 }
@@ -130,7 +131,7 @@ in the data dir (/var/lib/drover-server/admin.token) and the CA next to it
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if tokenFile != "" && tokenStdin {
-				return usagef("use --token-file or --token-stdin, not both")
+				return command.Usagef("use --token-file or --token-stdin, not both")
 			}
 			path := a.configPath()
 			if path == "" {
@@ -188,7 +189,7 @@ func (a *app) loginConn(prev *fileConfig, tokenFile string, tokenStdin bool) (*c
 		token = prev.Token
 	}
 	if token == "" {
-		return nil, usagef("no token: use --token-file, --token-stdin, --token or DROVER_TOKEN")
+		return nil, command.Usagef("no token: use --token-file, --token-stdin, --token or DROVER_TOKEN")
 	}
 	server := a.server
 	if server == "" {
@@ -198,7 +199,7 @@ func (a *app) loginConn(prev *fileConfig, tokenFile string, tokenStdin bool) (*c
 		server = prev.Server
 	}
 	if server == "" {
-		return nil, usagef("--server is required")
+		return nil, command.Usagef("--server is required")
 	}
 	server, err := normalizeServer(server)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/manifest"
 )
 
@@ -20,10 +21,10 @@ var fireStatusOrder = []string{api.StatusSucceeded, api.StatusFailed, api.Status
 
 func (a *app) getFires(ctx context.Context, c *client, names []string, o listOpts) error {
 	if len(names) != 1 {
-		return usagef("get fires takes one pipe name")
+		return command.Usagef("get fires takes one pipe name")
 	}
 	if !manifest.ValidName(names[0]) {
-		return usagef("%q is not a pipe name", names[0])
+		return command.Usagef("%q is not a pipe name", names[0])
 	}
 	q := url.Values{}
 	for flag, v := range map[string]string{"since": o.since, "until": o.until} {
@@ -90,10 +91,10 @@ var eventKinds = []string{"run.failed", "run.missed", "run.long", "run.recovered
 
 func (a *app) getEvents(ctx context.Context, c *client, names []string, o listOpts) error {
 	if len(names) > 0 {
-		return usagef("get events takes no names")
+		return command.Usagef("get events takes no names")
 	}
 	if o.kind != "" && !slices.Contains(eventKinds, o.kind) {
-		return usagef("--kind %q is not an event kind (%s)", o.kind, strings.Join(eventKinds, ", "))
+		return command.Usagef("--kind %q is not an event kind (%s)", o.kind, strings.Join(eventKinds, ", "))
 	}
 	q := url.Values{}
 	for k, v := range map[string]string{"kind": o.kind, "pipe": o.pipe, "agent": o.agent} {

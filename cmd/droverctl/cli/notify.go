@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/drover/drover/internal/command"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
@@ -48,7 +49,7 @@ secret stored on the server.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(files) == 0 {
-				return usagef("notify apply wants -f FILE")
+				return command.Usagef("notify apply wants -f FILE")
 			}
 			return a.notifyApply(cmd.Context(), files)
 		},
@@ -108,7 +109,7 @@ secret stored on the server.`,
 			case "rule", "rules":
 				path = "/api/v1/notify/rules/"
 			default:
-				return usagef("notify delete %q: use channel or rule", args[0])
+				return command.Usagef("notify delete %q: use channel or rule", args[0])
 			}
 			c, err := a.apiClient()
 			if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 )
 
 // pollInterval is how often logs -f polls a server without live logs.
@@ -389,13 +390,13 @@ agent was offline (it did not run the pipe).`,
 		Args: exactArgs(1, "a pipe name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if agent != "" && len(tagArgs) > 0 {
-				return usagef("use --agent or --tag, not both")
+				return command.Usagef("use --agent or --tag, not both")
 			}
 			if cmd.Flags().Changed("timeout") && !wait {
-				return usagef("--timeout applies to --wait only")
+				return command.Usagef("--timeout applies to --wait only")
 			}
 			if timeout < 0 {
-				return usagef("--timeout %s: must not be negative (0 waits until interrupted)", timeout)
+				return command.Usagef("--timeout %s: must not be negative (0 waits until interrupted)", timeout)
 			}
 			tags, err := parseTags(tagArgs)
 			if err != nil {

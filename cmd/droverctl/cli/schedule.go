@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/drover/drover/internal/command"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -44,16 +45,16 @@ count from --after as the timer's activation.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if expr == "" {
-				return usagef("--cron is required")
+				return command.Usagef("--cron is required")
 			}
 			if count < 1 || count > maxExplainCount {
-				return usagef("--count %d out of range 1-%d", count, maxExplainCount)
+				return command.Usagef("--count %d out of range 1-%d", count, maxExplainCount)
 			}
 			base := env.Now().UTC().Truncate(time.Second)
 			if after != "" {
 				t, err := time.Parse(time.RFC3339, after)
 				if err != nil {
-					return usagef("--after %q is not an RFC 3339 time (e.g. 2026-12-01T00:00:00Z)", after)
+					return command.Usagef("--after %q is not an RFC 3339 time (e.g. 2026-12-01T00:00:00Z)", after)
 				}
 				base = t
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 )
 
 // maxSecretBytes is the server's cap on one value.
@@ -31,14 +32,14 @@ trailing newline removed), or, discouraged, from --value, which leaves it in
 the shell history and the process list. It is never taken as an argument.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
-				return usagef("%s wants exactly one NAME; the value comes from --from-file, --from-stdin or --value, never from an argument", cmd.CommandPath())
+				return command.Usagef("%s wants exactly one NAME; the value comes from --from-file, --from-stdin or --value, never from an argument", cmd.CommandPath())
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			if !secretNameRE.MatchString(name) || strings.HasPrefix(name, "DROVER_") {
-				return usagef("secret name %q: use letters, digits and '_', not starting with a digit or DROVER_", name)
+				return command.Usagef("secret name %q: use letters, digits and '_', not starting with a digit or DROVER_", name)
 			}
 			n := 0
 			for _, given := range []bool{fromFile != "", fromStdin, cmd.Flags().Changed("value")} {
@@ -47,7 +48,7 @@ the shell history and the process list. It is never taken as an argument.`,
 				}
 			}
 			if n != 1 {
-				return usagef("give the value with exactly one of --from-file, --from-stdin or --value")
+				return command.Usagef("give the value with exactly one of --from-file, --from-stdin or --value")
 			}
 			var v []byte
 			var err error

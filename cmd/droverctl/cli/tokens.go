@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/command"
 )
 
 // tokenShapeRE is the pinned shape of an enrollment token; only tokens of
@@ -41,7 +42,7 @@ host to enroll: paste it there or hand it to config management.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if ttl != "" {
 				if _, err := time.ParseDuration(ttl); err != nil {
-					return usagef("--ttl %q is not a duration (e.g. 30m, 24h)", ttl)
+					return command.Usagef("--ttl %q is not a duration (e.g. 30m, 24h)", ttl)
 				}
 			}
 			tags, err := parseTags(tagArgs)
@@ -49,10 +50,10 @@ host to enroll: paste it there or hand it to config management.`,
 				return err
 			}
 			if dropinPath != defaultDropinPath && !dropin {
-				return usagef("--dropin-path is used only with --print-dropin")
+				return command.Usagef("--dropin-path is used only with --print-dropin")
 			}
 			if !safePathRE.MatchString(dropinPath) || path.Clean(dropinPath) != dropinPath || path.Dir(dropinPath) == "/" {
-				return usagef("--dropin-path %q: use a clean absolute path of letters, digits, '.', '_', '-' and '/' below a directory", dropinPath)
+				return command.Usagef("--dropin-path %q: use a clean absolute path of letters, digits, '.', '_', '-' and '/' below a directory", dropinPath)
 			}
 			c, err := a.apiClient()
 			if err != nil {
@@ -154,18 +155,18 @@ func (a *app) newAPITokensCmd() *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if name == "" {
-				return usagef("--name is required")
+				return command.Usagef("--name is required")
 			}
 			ok := false
 			for _, r := range roles {
 				ok = ok || r == role
 			}
 			if !ok {
-				return usagef("--role %q: use %s", role, strings.Join(roles, ", "))
+				return command.Usagef("--role %q: use %s", role, strings.Join(roles, ", "))
 			}
 			if ttl != "" {
 				if _, err := time.ParseDuration(ttl); err != nil {
-					return usagef("--ttl %q is not a duration (e.g. 720h)", ttl)
+					return command.Usagef("--ttl %q is not a duration (e.g. 720h)", ttl)
 				}
 			}
 			c, err := a.apiClient()
