@@ -19,41 +19,36 @@ import (
 // pipeName is the {name} of a pipe route, checked: a bad name is a 400
 // naming the problem, never a lookup.
 func pipeName(r *http.Request) (string, error) {
-	name := r.PathValue("name")
-	if !manifest.ValidName(name) {
-		return "", errs.New(errs.ErrInvalidRequest, "invalid pipe name "+quoteName(name)+" in the path",
-			api.Detail{Field: "name", Message: "use 1-63 lowercase letters, digits and '-', starting with a letter or digit"})
-	}
-	return name, nil
+	return pathParam(r, "name", "pipe name", manifest.ValidName,
+		"use 1-63 lowercase letters, digits and '-', starting with a letter or digit")
 }
 
 func secretName(r *http.Request) (string, error) {
-	name := r.PathValue("name")
-	if !secretNameRE.MatchString(name) || strings.HasPrefix(name, "DROVER_") {
-		return "", errs.New(errs.ErrInvalidRequest, "invalid secret name "+quoteName(name)+" in the path",
-			api.Detail{Field: "name", Message: "use 1-128 letters, digits and '_', not starting with a digit or DROVER_"})
-	}
-	return name, nil
+	return pathParam(r, "name", "secret name", func(name string) bool {
+		return secretNameRE.MatchString(name) && !strings.HasPrefix(name, "DROVER_")
+	}, "use 1-128 letters, digits and '_', not starting with a digit or DROVER_")
 }
 
 // agentIDParam is the {id} of an agent route, checked.
 func agentIDParam(r *http.Request) (string, error) {
-	id := r.PathValue("id")
-	if !manifest.ValidAgentID(id) {
-		return "", errs.New(errs.ErrInvalidRequest, "invalid agent id "+quoteName(id)+" in the path",
-			api.Detail{Field: "id", Message: "an agent id such as agt-..."})
+	return pathParam(r, "id", "agent id", manifest.ValidAgentID, "an agent id such as agt-...")
+}
+
+// pathParam is the path value key of r when valid accepts it, else a 400
+// "invalid <what> ... in the path" whose detail, on field key, is hint.
+func pathParam(r *http.Request, key, what string, valid func(string) bool, hint string) (string, error) {
+	v := r.PathValue(key)
+	if !valid(v) {
+		return "", errs.New(errs.ErrInvalidRequest, "invalid "+what+" "+quoteName(v)+" in the path", api.Detail{Field: key, Message: hint})
 	}
-	return id, nil
+	return v, nil
 }
 
 // tokenIDParam is the {id} of an enrollment-token or API-token route.
 func tokenIDParam(r *http.Request, apiToken bool) (string, error) {
-	id := r.PathValue("id")
-	if tokenIDRE.MatchString(id) || (apiToken && id == bootstrapTokenID) {
-		return id, nil
-	}
-	return "", errs.New(errs.ErrInvalidRequest, "invalid token id "+quoteName(id)+" in the path",
-		api.Detail{Field: "id", Message: "16 lowercase letters and digits 2-7, as listed"})
+	return pathParam(r, "id", "token id", func(id string) bool {
+		return tokenIDRE.MatchString(id) || (apiToken && id == bootstrapTokenID)
+	}, "16 lowercase letters and digits 2-7, as listed")
 }
 
 // decodeOptionalJSON decodes a JSON body like decodeJSON; an empty body

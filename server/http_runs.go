@@ -45,13 +45,9 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := api.RunList{Runs: make([]api.Run, 0, len(runs))}
-	for i, x := range runs {
-		if i == pg.limit {
-			last := runs[i-1]
-			out.NextCursor = encodeCursor(timeKey(last.CreatedAt) + "/" + last.ID)
-			break
-		}
+	runs, next := cutPage(runs, pg, func(x *store.Run) string { return timeKey(x.CreatedAt) + "/" + x.ID })
+	out := api.RunList{Runs: make([]api.Run, 0, len(runs)), NextCursor: next}
+	for _, x := range runs {
 		out.Runs = append(out.Runs, runJSON(x))
 	}
 	return writeJSON(w, http.StatusOK, out)

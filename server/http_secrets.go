@@ -73,11 +73,7 @@ func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	next := ""
-	if len(list) > pg.limit {
-		list = list[:pg.limit]
-		next = encodeCursor(list[len(list)-1].Name)
-	}
+	list, next := cutPage(list, pg, func(s api.Secret) string { return s.Name })
 	return writeJSON(w, http.StatusOK, api.SecretList{Secrets: list, NextCursor: next})
 }
 

@@ -91,15 +91,10 @@ func tokenJSON(t *store.EnrollmentToken, now time.Time) api.EnrollmentToken {
 }
 
 func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
+	items, next, err := listPage(r, s.store.ListTokens, func(t *store.EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID })
 	if err != nil {
 		return err
 	}
-	list, err := s.store.ListTokens(r.Context())
-	if err != nil {
-		return err
-	}
-	items, next := paginate(list, func(t *store.EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID }, pg)
 	out := api.EnrollmentTokenList{Tokens: make([]api.EnrollmentToken, 0, len(items)), NextCursor: next}
 	for _, t := range items {
 		out.Tokens = append(out.Tokens, tokenJSON(t, s.clock.Now()))
@@ -185,15 +180,10 @@ func (s *Server) handleCreateAPIToken(w http.ResponseWriter, r *http.Request) er
 }
 
 func (s *Server) handleListAPITokens(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
+	items, next, err := listPage(r, s.store.ListAPITokens, func(t *store.APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID })
 	if err != nil {
 		return err
 	}
-	list, err := s.store.ListAPITokens(r.Context())
-	if err != nil {
-		return err
-	}
-	items, next := paginate(list, func(t *store.APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID }, pg)
 	out := api.APITokenList{Tokens: make([]api.APIToken, 0, len(items)), NextCursor: next}
 	for _, t := range items {
 		out.Tokens = append(out.Tokens, apiTokenJSON(t))
