@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	_ "embed"
 	"fmt"
 	"mime"
@@ -44,11 +45,48 @@ func pathParam(r *http.Request, key, what string, valid func(string) bool, hint 
 	return v, nil
 }
 
-// tokenIDParam is the {id} of an enrollment-token or API-token route.
-func tokenIDParam(r *http.Request, apiToken bool) (string, error) {
+const tokenIDHint = "16 lowercase letters and digits 2-7, as listed"
+
+// enrollmentTokenID is the {id} of an enrollment-token route.
+func enrollmentTokenID(r *http.Request) (string, error) {
+	return pathParam(r, "id", "token id", tokenIDRE.MatchString, tokenIDHint)
+}
+
+// apiTokenID is the {id} of an API-token route; the bootstrap token's id
+// is one too.
+func apiTokenID(r *http.Request) (string, error) {
 	return pathParam(r, "id", "token id", func(id string) bool {
-		return tokenIDRE.MatchString(id) || (apiToken && id == bootstrapTokenID)
-	}, "16 lowercase letters and digits 2-7, as listed")
+		return tokenIDRE.MatchString(id) || id == bootstrapTokenID
+	}, tokenIDHint)
+}
+
+// fetchParam reads the checked path parameter of r and loads what it
+// names: a bad parameter is a 400 before any lookup.
+func fetchParam[T any](r *http.Request, param func(*http.Request) (string, error), get func(context.Context, string) (T, error)) (string, T, error) {
+	var zero T
+	key, err := param(r)
+	if err != nil {
+		return "", zero, err
+	}
+	v, err := get(r.Context(), key)
+	if err != nil {
+		return "", zero, err
+	}
+	return key, v, nil
+}
+
+// paramBody reads the checked path parameter of r, then decodes its JSON
+// body (at most limit bytes) into a new T.
+func paramBody[T any](w http.ResponseWriter, r *http.Request, param func(*http.Request) (string, error), limit int64) (string, *T, error) {
+	key, err := param(r)
+	if err != nil {
+		return "", nil, err
+	}
+	req := new(T)
+	if err := decodeJSON(w, r, limit, req); err != nil {
+		return "", nil, err
+	}
+	return key, req, nil
 }
 
 // decodeOptionalJSON decodes a JSON body like decodeJSON; an empty body

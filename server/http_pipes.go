@@ -262,11 +262,7 @@ func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
-	name, err := pipeName(r)
-	if err != nil {
-		return err
-	}
-	p, err := s.store.GetPipe(r.Context(), name)
+	_, p, err := fetchParam(r, pipeName, s.store.GetPipe)
 	if err != nil {
 		return err
 	}
@@ -282,11 +278,7 @@ func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error {
-	name, err := pipeName(r)
-	if err != nil {
-		return err
-	}
-	p, err := s.store.GetPipe(r.Context(), name)
+	name, p, err := fetchParam(r, pipeName, s.store.GetPipe)
 	if err != nil {
 		return err
 	}
@@ -472,12 +464,8 @@ func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
-	name, err := pipeName(r)
+	name, req, err := paramBody[api.DryRunRequest](w, r, pipeName, s.pipeBodyLimit())
 	if err != nil {
-		return err
-	}
-	var req api.DryRunRequest
-	if err := decodeJSON(w, r, s.pipeBodyLimit(), &req); err != nil {
 		return err
 	}
 	var cur *store.Pipe

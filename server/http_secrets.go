@@ -16,12 +16,8 @@ var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 const maxSecretBytes = 64 << 10
 
 func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
-	name, err := secretName(r)
+	name, req, err := paramBody[api.SecretRequest](w, r, secretName, maxSecretBytes*2+1024)
 	if err != nil {
-		return err
-	}
-	var req api.SecretRequest
-	if err := decodeJSON(w, r, maxSecretBytes*2+1024, &req); err != nil {
 		return err
 	}
 	switch {
@@ -78,11 +74,7 @@ func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) error {
-	name, err := secretName(r)
-	if err != nil {
-		return err
-	}
-	before, err := s.secretInfo(r.Context(), name)
+	name, before, err := fetchParam(r, secretName, s.secretInfo)
 	if err != nil {
 		return err
 	}

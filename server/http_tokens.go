@@ -103,11 +103,7 @@ func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error {
-	id, err := tokenIDParam(r, false)
-	if err != nil {
-		return err
-	}
-	t, err := s.store.GetToken(r.Context(), id)
+	id, t, err := fetchParam(r, enrollmentTokenID, s.store.GetToken)
 	if err != nil {
 		return err
 	}
@@ -192,11 +188,7 @@ func (s *Server) handleListAPITokens(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) error {
-	id, err := tokenIDParam(r, true)
-	if err != nil {
-		return err
-	}
-	before, err := s.store.GetAPIToken(r.Context(), id)
+	id, before, err := fetchParam(r, apiTokenID, s.store.GetAPIToken)
 	if err != nil {
 		return err
 	}
