@@ -15,7 +15,7 @@ const agentColumns = `id, name, hostname, os, arch, agent_version, tags, created
 	backend, scope, systemd_version, accepted_serial, accepted_digest, applied_serial, manifest_state, manifest_error, pipe_status, status_at,
 	manifest_expired, manifest_expires_at, machine_id, reported_hostname, identity_conflicts, identity_conflict_at, identity_conflict_machine`
 
-func scanAgent(row interface{ Scan(...any) error }) (*store.Agent, error) {
+func scanAgent(row rowScanner) (*store.Agent, error) {
 	var a store.Agent
 	var tags, pipes string
 	var created, certExp, revoked, seen, statusAt, expiresAt, conflictAt int64

@@ -46,20 +46,13 @@ func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]*store.Audit
 	}
 	q += ` ORDER BY id DESC LIMIT ?`
 	args = append(args, f.Limit)
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list audit: %w", err)
-	}
-	defer rows.Close()
-	out := []*store.AuditEntry{}
-	for rows.Next() {
+	return queryAll(ctx, s.r, "list audit", func(row rowScanner) (*store.AuditEntry, error) {
 		var e store.AuditEntry
 		var at int64
-		if err := rows.Scan(&e.ID, &at, &e.ActorID, &e.ActorName, &e.Role, &e.Action, &e.Target, &e.BeforeDigest, &e.AfterDigest, &e.Source); err != nil {
-			return nil, fmt.Errorf("list audit: %w", err)
+		if err := row.Scan(&e.ID, &at, &e.ActorID, &e.ActorName, &e.Role, &e.Action, &e.Target, &e.BeforeDigest, &e.AfterDigest, &e.Source); err != nil {
+			return nil, err
 		}
 		e.At = fromNS(at)
-		out = append(out, &e)
-	}
-	return out, rows.Err()
+		return &e, nil
+	}, q, args...)
 }

@@ -15,43 +15,27 @@ func (s *DB) MonitorInputs(ctx context.Context, withStatus bool) ([]*store.PipeV
 		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, pipeQuery+` ORDER BY p.name`)
+	pipes, err := currentPipes(ctx, tx, "monitor inputs")
 	if err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-	}
-	var pipes []*store.PipeVersion
-	for rows.Next() {
-		p, err := scanPipe(rows)
-		if err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-		}
-		pipes = append(pipes, &p.PipeVersion)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
+		return nil, nil, err
 	}
 	status := `pipe_status`
 	if !withStatus {
 		status = `''`
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, `+status+` FROM agents WHERE revoked_at=0 ORDER BY id`)
-	if err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-	}
-	defer rows.Close()
-	var agents []*store.MonitorAgent
-	for rows.Next() {
+	agents, err := queryAll(ctx, tx, "monitor inputs", func(row rowScanner) (*store.MonitorAgent, error) {
 		var a store.MonitorAgent
 		var created, seen, statusAt int64
-		if err := rows.Scan(&a.ID, &a.TagsJSON, &created, &seen, &statusAt, &a.StatusSeq, &a.PipesJSON); err != nil {
-			return nil, nil, fmt.Errorf("monitor inputs: %w", err)
+		if err := row.Scan(&a.ID, &a.TagsJSON, &created, &seen, &statusAt, &a.StatusSeq, &a.PipesJSON); err != nil {
+			return nil, err
 		}
 		a.CreatedAt, a.LastSeenAt, a.StatusAt = fromNS(created), fromNS(seen), fromNS(statusAt)
-		agents = append(agents, &a)
+		return &a, nil
+	}, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, `+status+` FROM agents WHERE revoked_at=0 ORDER BY id`)
+	if err != nil {
+		return nil, nil, err
 	}
-	return pipes, agents, rows.Err()
+	return pipes, agents, nil
 }
 
 func (s *DB) ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]store.ScheduledRun, error) {
@@ -61,22 +45,13 @@ func (s *DB) ScheduledRuns(ctx context.Context, pipe string, since, until time.T
 		q += ` AND pipe=?`
 		args = append(args, pipe)
 	}
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("scheduled runs: %w", err)
-	}
-	defer rows.Close()
-	var out []store.ScheduledRun
-	for rows.Next() {
+	return queryAll(ctx, s.r, "scheduled runs", func(row rowScanner) (store.ScheduledRun, error) {
 		var r store.ScheduledRun
 		var at int64
-		if err := rows.Scan(&r.Agent, &r.Pipe, &at, &r.Status); err != nil {
-			return nil, fmt.Errorf("scheduled runs: %w", err)
-		}
+		err := row.Scan(&r.Agent, &r.Pipe, &at, &r.Status)
 		r.ScheduledAt = fromNS(at).Unix()
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return r, err
+	}, q, args...)
 }
 
 // sqlMissed stores a missed run unless any run of its agent and pipe
@@ -161,7 +136,7 @@ func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Even
 	}
 	q += ` ORDER BY id DESC LIMIT ?`
 	args = append(args, f.Limit)
-	return queryAll(ctx, s.r, "list events", func(row interface{ Scan(...any) error }) (*store.Event, error) {
+	return queryAll(ctx, s.r, "list events", func(row rowScanner) (*store.Event, error) {
 		var e store.Event
 		var at int64
 		if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
@@ -173,20 +148,7 @@ func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Even
 }
 
 func (s *DB) MonitorState(ctx context.Context) (map[string]string, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT key, value FROM monitor_state`)
-	if err != nil {
-		return nil, fmt.Errorf("monitor state: %w", err)
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var k, v string
-		if err := rows.Scan(&k, &v); err != nil {
-			return nil, fmt.Errorf("monitor state: %w", err)
-		}
-		out[k] = v
-	}
-	return out, rows.Err()
+	return queryMap[string](ctx, s.r, "monitor state", `SELECT key, value FROM monitor_state`)
 }
 
 func (s *DB) SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error {

@@ -51,7 +51,7 @@ func (s *DB) PutPipe(ctx context.Context, p *store.PipeVersion, payload []byte, 
 	return version, created, nil
 }
 
-func scanPipeVersion(row interface{ Scan(...any) error }, extra ...any) (*store.PipeVersion, error) {
+func scanPipeVersion(row rowScanner, extra ...any) (*store.PipeVersion, error) {
 	var v store.PipeVersion
 	var spec string
 	var created int64
@@ -69,7 +69,19 @@ func scanPipeVersion(row interface{ Scan(...any) error }, extra ...any) (*store.
 const pipeQuery = `SELECT v.name, v.version, v.spec, v.payload_digest, v.payload_size, v.created_at, p.created_at, p.updated_at
 	FROM pipes p JOIN pipe_versions v ON v.name=p.name AND v.version=p.current_version WHERE p.deleted_at=0`
 
-func scanPipe(row interface{ Scan(...any) error }) (*store.Pipe, error) {
+// currentPipes reads the current version of every pipe, by name, in db's
+// snapshot.
+func currentPipes(ctx context.Context, db querier, what string) ([]*store.PipeVersion, error) {
+	return queryAll(ctx, db, what, func(row rowScanner) (*store.PipeVersion, error) {
+		p, err := scanPipe(row)
+		if err != nil {
+			return nil, err
+		}
+		return &p.PipeVersion, nil
+	}, pipeQuery+` ORDER BY p.name`)
+}
+
+func scanPipe(row rowScanner) (*store.Pipe, error) {
 	var created, updated int64
 	v, err := scanPipeVersion(row, &created, &updated)
 	if err != nil {
@@ -91,7 +103,7 @@ func (s *DB) ListPipes(ctx context.Context) ([]*store.Pipe, error) {
 }
 
 func (s *DB) ListPipeVersions(ctx context.Context, name string) ([]*store.PipeVersion, error) {
-	return queryAll(ctx, s.r, "list pipe versions", func(r interface{ Scan(...any) error }) (*store.PipeVersion, error) { return scanPipeVersion(r) }, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
+	return queryAll(ctx, s.r, "list pipe versions", func(r rowScanner) (*store.PipeVersion, error) { return scanPipeVersion(r) }, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
 }
 
 func (s *DB) DeletePipe(ctx context.Context, name string, now time.Time) error {

@@ -12,7 +12,7 @@ import (
 const runColumns = `id, agent_id, pipe, pipe_version, trigger, status, exit_code, signal, error, request_id, scheduled_at, started_at, finished_at,
 	duration_ms, log_chunks, log_bytes, log_truncated, created_at, updated_at, reason, attempts, written_by`
 
-func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
+func scanRun(row rowScanner) (*store.Run, error) {
 	var r store.Run
 	var sched, started, finished, created, updated int64
 	var truncated int
@@ -34,7 +34,7 @@ func (s *DB) GetRun(ctx context.Context, id string) (*store.Run, error) {
 }
 
 // scanLogChunk reads run_id, seq, stream, data, at.
-func scanLogChunk(row interface{ Scan(...any) error }) (*store.LogChunk, error) {
+func scanLogChunk(row rowScanner) (*store.LogChunk, error) {
 	var c store.LogChunk
 	var at int64
 	if err := row.Scan(&c.RunID, &c.Seq, &c.Stream, &c.Data, &at); err != nil {
@@ -151,19 +151,5 @@ func (s *DB) CountLogChunks(ctx context.Context, runID string) (uint64, error) {
 }
 
 func (s *DB) RunCounts(ctx context.Context) (map[string]int, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT status, COUNT(*) FROM runs GROUP BY status`)
-	if err != nil {
-		return nil, fmt.Errorf("run counts: %w", err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var st string
-		var n int
-		if err := rows.Scan(&st, &n); err != nil {
-			return nil, fmt.Errorf("run counts: %w", err)
-		}
-		out[st] = n
-	}
-	return out, rows.Err()
+	return queryMap[int](ctx, s.r, "run counts", `SELECT status, COUNT(*) FROM runs GROUP BY status`)
 }

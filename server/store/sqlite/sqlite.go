@@ -160,9 +160,17 @@ func jsonText(v any) string {
 	return string(b)
 }
 
+// rowScanner is a row of a query: *sql.Row or *sql.Rows.
+type rowScanner interface{ Scan(...any) error }
+
+// querier is what runs a query: the pool (*sql.DB) or a transaction.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // queryAll runs a query on db and scans every row with scan; the result is
-// empty, not nil, when no row matches.
-func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row interface{ Scan(...any) error }) (T, error), query string, args ...any) ([]T, error) {
+// empty, not nil, when no row matches. Errors are wrapped in what.
+func queryAll[T any](ctx context.Context, db querier, what string, scan func(row rowScanner) (T, error), query string, args ...any) ([]T, error) {
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -180,6 +188,36 @@ func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
+}
+
+// queryMap runs a query of (key, value) rows on db and returns them as a
+// map. Errors are wrapped in what.
+func queryMap[V any](ctx context.Context, db querier, what string, query string, args ...any) (map[string]V, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer rows.Close()
+	out := map[string]V{}
+	for rows.Next() {
+		var k string
+		var v V
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}
+
+// scanString scans a one-column row of text.
+func scanString(row rowScanner) (string, error) {
+	var s string
+	err := row.Scan(&s)
+	return s, err
 }
 
 // rowErr is the error of a one-row query: ErrNotFound naming noun when
