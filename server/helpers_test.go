@@ -559,3 +559,12 @@ func (s *testStream) close() {
 	s.cancel()
 	s.conn.Close()
 }
+
+// keysOf is key of each item, in order (nil for none).
+func keysOf[T any](items []T, key func(T) string) []string {
+	var out []string
+	for _, x := range items {
+		out = append(out, key(x))
+	}
+	return out
+}

@@ -82,12 +82,7 @@ func TestInternalAgentJobsCannotReadDataDir(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds drover-agent")
 	}
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this proof needs root (to drop to nobody)")
-		}
-		t.Skip("needs root")
-	}
+	testkit.RequireRoot(t, "to drop to nobody")
 	base, bin := buildInternalAgent(t)
 	serverDir := filepath.Join(base, "server")
 	ts := startServer(t, func(c *Config) {

@@ -307,10 +307,7 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 		t.Fatalf("pruned %d (%v), want 7", n, err)
 	}
 	runs, _ := db.ListRuns(t.Context(), store.RunFilter{Limit: 100})
-	var ids []string
-	for _, r := range runs {
-		ids = append(ids, r.ID)
-	}
+	ids := keysOf(runs, func(r *store.Run) string { return r.ID })
 	if !slices.Equal(ids, []string{"r9", "r8", "r7", "r6"}) {
 		t.Fatalf("kept %v", ids)
 	}
@@ -433,11 +430,7 @@ func TestRunRecordFieldsAndFilters(t *testing.T) {
 	ids := func(q string) []string {
 		var list api.RunList
 		ts.adminOK("GET", "/api/v1/runs?"+q, nil, &list)
-		var out []string
-		for _, r := range list.Runs {
-			out = append(out, r.ID)
-		}
-		return out
+		return keysOf(list.Runs, func(r api.Run) string { return r.ID })
 	}
 	if got := ids("reason=oom-kill"); !slices.Equal(got, []string{"r-oom"}) {
 		t.Errorf("reason=oom-kill: %v", got)
