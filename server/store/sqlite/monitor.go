@@ -39,19 +39,15 @@ func (s *DB) MonitorInputs(ctx context.Context, withStatus bool) ([]*store.PipeV
 }
 
 func (s *DB) ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]store.ScheduledRun, error) {
-	q := `SELECT agent_id, pipe, scheduled_at, status FROM runs WHERE scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0`
-	args := []any{ns(since), ns(until)}
-	if pipe != "" {
-		q += ` AND pipe=?`
-		args = append(args, pipe)
-	}
+	q := listQuery{sql: `SELECT agent_id, pipe, scheduled_at, status FROM runs WHERE scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0`, args: []any{ns(since), ns(until)}}
+	q.and(pipe != "", `pipe=?`, pipe)
 	return queryAll(ctx, s.r, "scheduled runs", func(row rowScanner) (store.ScheduledRun, error) {
 		var r store.ScheduledRun
 		var at int64
 		err := row.Scan(&r.Agent, &r.Pipe, &at, &r.Status)
 		r.ScheduledAt = fromNS(at).Unix()
 		return r, err
-	}, q, args...)
+	}, q.sql, q.args...)
 }
 
 // sqlMissed stores a missed run unless any run of its agent and pipe
@@ -113,29 +109,13 @@ func (s *DB) AddEvents(ctx context.Context, evs []*store.Event) error {
 }
 
 func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Event, error) {
-	q := `SELECT id, at, kind, pipe, agent_id, run_id, message, dedupe FROM events WHERE 1=1`
-	var args []any
-	add := func(cond string, v any) {
-		q += ` AND ` + cond
-		args = append(args, v)
-	}
-	if f.Kind != "" {
-		add(`kind=?`, f.Kind)
-	}
-	if f.Pipe != "" {
-		add(`pipe=?`, f.Pipe)
-	}
-	if f.Agent != "" {
-		add(`agent_id=?`, f.Agent)
-	}
-	if !f.Since.IsZero() {
-		add(`at>=?`, ns(f.Since))
-	}
-	if f.BeforeID > 0 {
-		add(`id<?`, f.BeforeID)
-	}
-	q += ` ORDER BY id DESC LIMIT ?`
-	args = append(args, f.Limit)
+	q := listQuery{sql: `SELECT id, at, kind, pipe, agent_id, run_id, message, dedupe FROM events WHERE 1=1`}
+	q.and(f.Kind != "", `kind=?`, f.Kind)
+	q.and(f.Pipe != "", `pipe=?`, f.Pipe)
+	q.and(f.Agent != "", `agent_id=?`, f.Agent)
+	q.and(!f.Since.IsZero(), `at>=?`, ns(f.Since))
+	q.and(f.BeforeID > 0, `id<?`, f.BeforeID)
+	q.append(` ORDER BY id DESC LIMIT ?`, f.Limit)
 	return queryAll(ctx, s.r, "list events", func(row rowScanner) (*store.Event, error) {
 		var e store.Event
 		var at int64
@@ -144,7 +124,7 @@ func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Even
 		}
 		e.At = fromNS(at)
 		return &e, nil
-	}, q, args...)
+	}, q.sql, q.args...)
 }
 
 func (s *DB) MonitorState(ctx context.Context) (map[string]string, error) {

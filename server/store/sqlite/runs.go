@@ -96,46 +96,19 @@ func (s *DB) PruneRuns(ctx context.Context, before time.Time, perPipe int) (int,
 
 // ListRuns lists runs matching f, newest first, at most f.Limit of them.
 func (s *DB) ListRuns(ctx context.Context, f store.RunFilter) ([]*store.Run, error) {
-	q := `SELECT ` + runColumns + ` FROM runs WHERE 1=1`
-	var args []any
-	add := func(cond string, v any) {
-		q += ` AND ` + cond
-		args = append(args, v)
-	}
-	if f.Pipe != "" {
-		add(`pipe=?`, f.Pipe)
-	}
-	if f.Agent != "" {
-		add(`agent_id=?`, f.Agent)
-	}
-	if f.Status != "" {
-		add(`status=?`, f.Status)
-	}
-	if f.RequestID != "" {
-		add(`request_id=?`, f.RequestID)
-	}
-	if f.Reason != "" {
-		add(`reason=?`, f.Reason)
-	}
-	if !f.ScheduledSince.IsZero() {
-		add(`scheduled_at>=?`, ns(f.ScheduledSince))
-	}
-	if !f.ScheduledUntil.IsZero() {
-		add(`scheduled_at<? AND scheduled_at<>0`, ns(f.ScheduledUntil))
-	}
-	if !f.Since.IsZero() {
-		add(`created_at>=?`, ns(f.Since))
-	}
-	if !f.Until.IsZero() {
-		add(`created_at<?`, ns(f.Until))
-	}
-	if !f.BeforeAt.IsZero() {
-		q += ` AND (created_at<? OR (created_at=? AND id<?))`
-		args = append(args, ns(f.BeforeAt), ns(f.BeforeAt), f.BeforeID)
-	}
-	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
-	args = append(args, f.Limit)
-	return queryAll(ctx, s.r, "list runs", scanRun, q, args...)
+	q := listQuery{sql: `SELECT ` + runColumns + ` FROM runs WHERE 1=1`}
+	q.and(f.Pipe != "", `pipe=?`, f.Pipe)
+	q.and(f.Agent != "", `agent_id=?`, f.Agent)
+	q.and(f.Status != "", `status=?`, f.Status)
+	q.and(f.RequestID != "", `request_id=?`, f.RequestID)
+	q.and(f.Reason != "", `reason=?`, f.Reason)
+	q.and(!f.ScheduledSince.IsZero(), `scheduled_at>=?`, ns(f.ScheduledSince))
+	q.and(!f.ScheduledUntil.IsZero(), `scheduled_at<? AND scheduled_at<>0`, ns(f.ScheduledUntil))
+	q.and(!f.Since.IsZero(), `created_at>=?`, ns(f.Since))
+	q.and(!f.Until.IsZero(), `created_at<?`, ns(f.Until))
+	q.and(!f.BeforeAt.IsZero(), `(created_at<? OR (created_at=? AND id<?))`, ns(f.BeforeAt), ns(f.BeforeAt), f.BeforeID)
+	q.append(` ORDER BY created_at DESC, id DESC LIMIT ?`, f.Limit)
+	return queryAll(ctx, s.r, "list runs", scanRun, q.sql, q.args...)
 }
 
 func (s *DB) GetLogsAfter(ctx context.Context, runID string, after int64, limit int) ([]*store.LogChunk, error) {

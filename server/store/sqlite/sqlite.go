@@ -190,6 +190,24 @@ func queryAll[T any](ctx context.Context, db querier, what string, scan func(row
 	return out, nil
 }
 
+// listQuery is a SELECT built from a list filter: and adds a condition
+// when its filter field is set, then the ORDER BY and LIMIT are appended.
+type listQuery struct {
+	sql  string
+	args []any
+}
+
+func (q *listQuery) and(set bool, cond string, args ...any) {
+	if set {
+		q.append(` AND `+cond, args...)
+	}
+}
+
+func (q *listQuery) append(sql string, args ...any) {
+	q.sql += sql
+	q.args = append(q.args, args...)
+}
+
 // queryMap runs a query of (key, value) rows on db and returns them as a
 // map. Errors are wrapped in what.
 func queryMap[V any](ctx context.Context, db querier, what string, query string, args ...any) (map[string]V, error) {
