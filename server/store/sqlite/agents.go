@@ -37,11 +37,7 @@ func scanAgent(row rowScanner) (*store.Agent, error) {
 }
 
 func (s *DB) GetAgent(ctx context.Context, id string) (*store.Agent, error) {
-	a, err := scanAgent(s.r.QueryRowContext(ctx, `SELECT `+agentColumns+` FROM agents WHERE id=?`, id))
-	if err != nil {
-		return nil, rowErr(err, "agent", "get agent")
-	}
-	return a, nil
+	return queryOne(ctx, s.r, "agent", "get agent", scanAgent, `SELECT `+agentColumns+` FROM agents WHERE id=?`, id)
 }
 
 func (s *DB) ListAgents(ctx context.Context) ([]*store.Agent, error) {

@@ -110,10 +110,10 @@ func (s *DB) GetManifest(ctx context.Context, agentID string) (*store.StoredMani
 }
 
 func (s *DB) ManifestsDue(ctx context.Context, issuedBefore time.Time) ([]string, error) {
-	return queryAll(ctx, s.r, "manifests due", scanString, `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id WHERE a.revoked_at=0 AND m.issued_at<?`, ns(issuedBefore))
+	return queryAll(ctx, s.r, "manifests due", scanOne[string], `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id WHERE a.revoked_at=0 AND m.issued_at<?`, ns(issuedBefore))
 }
 
 func (s *DB) AgentsUsingSecret(ctx context.Context, name string) ([]string, error) {
-	return queryAll(ctx, s.r, "agents using secret", scanString, `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id
+	return queryAll(ctx, s.r, "agents using secret", scanOne[string], `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id
 		WHERE a.revoked_at=0 AND EXISTS (SELECT 1 FROM json_each(m.secrets) WHERE value=?)`, name)
 }

@@ -66,6 +66,9 @@ func scanPipeVersion(row rowScanner, extra ...any) (*store.PipeVersion, error) {
 	return &v, nil
 }
 
+// scanVersion scans a row of pipe_versions' columns alone.
+func scanVersion(row rowScanner) (*store.PipeVersion, error) { return scanPipeVersion(row) }
+
 const pipeQuery = `SELECT v.name, v.version, v.spec, v.payload_digest, v.payload_size, v.created_at, p.created_at, p.updated_at
 	FROM pipes p JOIN pipe_versions v ON v.name=p.name AND v.version=p.current_version WHERE p.deleted_at=0`
 
@@ -91,11 +94,7 @@ func scanPipe(row rowScanner) (*store.Pipe, error) {
 }
 
 func (s *DB) GetPipe(ctx context.Context, name string) (*store.Pipe, error) {
-	p, err := scanPipe(s.r.QueryRowContext(ctx, pipeQuery+` AND p.name=?`, name))
-	if err != nil {
-		return nil, rowErr(err, "pipe", "get pipe")
-	}
-	return p, nil
+	return queryOne(ctx, s.r, "pipe", "get pipe", scanPipe, pipeQuery+` AND p.name=?`, name)
 }
 
 func (s *DB) ListPipes(ctx context.Context) ([]*store.Pipe, error) {
@@ -103,7 +102,7 @@ func (s *DB) ListPipes(ctx context.Context) ([]*store.Pipe, error) {
 }
 
 func (s *DB) ListPipeVersions(ctx context.Context, name string) ([]*store.PipeVersion, error) {
-	return queryAll(ctx, s.r, "list pipe versions", func(r rowScanner) (*store.PipeVersion, error) { return scanPipeVersion(r) }, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
+	return queryAll(ctx, s.r, "list pipe versions", scanVersion, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
 }
 
 func (s *DB) DeletePipe(ctx context.Context, name string, now time.Time) error {
@@ -118,41 +117,26 @@ func (s *DB) DeletePipe(ctx context.Context, name string, now time.Time) error {
 }
 
 func (s *DB) PayloadSize(ctx context.Context, digest string) (int64, error) {
-	var n int64
-	err := s.r.QueryRowContext(ctx, `SELECT size FROM payloads WHERE digest=?`, digest).Scan(&n)
-	if err != nil {
-		return 0, rowErr(err, "payload", "payload size")
-	}
-	return n, nil
+	return queryOne(ctx, s.r, "payload", "payload size", scanOne[int64], `SELECT size FROM payloads WHERE digest=?`, digest)
 }
 
 // ReadPayload reads a slice of the payload blob with substr, so that a
 // fetch holds one buffer, not the whole payload.
 func (s *DB) ReadPayload(ctx context.Context, digest string, offset int64, buf []byte) (int, error) {
-	var b []byte
-	err := s.r.QueryRowContext(ctx, `SELECT substr(data, ?, ?) FROM payloads WHERE digest=?`, offset+1, len(buf), digest).Scan(&b)
+	b, err := queryOne(ctx, s.r, "payload", "read payload", scanOne[[]byte], `SELECT substr(data, ?, ?) FROM payloads WHERE digest=?`, offset+1, len(buf), digest)
 	if err != nil {
-		return 0, rowErr(err, "payload", "read payload")
+		return 0, err
 	}
 	return copy(buf, b), nil
 }
 
 func (s *DB) GetPayload(ctx context.Context, digest string) ([]byte, error) {
-	var b []byte
-	err := s.r.QueryRowContext(ctx, `SELECT data FROM payloads WHERE digest=?`, digest).Scan(&b)
-	if err != nil {
-		return nil, rowErr(err, "payload", "get payload")
-	}
-	return b, nil
+	return queryOne(ctx, s.r, "payload", "get payload", scanOne[[]byte], `SELECT data FROM payloads WHERE digest=?`, digest)
 }
 
 func (s *DB) GetPipeVersion(ctx context.Context, name string, version uint64) (*store.PipeVersion, error) {
-	v, err := scanPipeVersion(s.r.QueryRowContext(ctx, `SELECT name, version, spec, payload_digest, payload_size, created_at
-		FROM pipe_versions WHERE name=? AND version=?`, name, version))
-	if err != nil {
-		return nil, rowErr(err, "pipe version", "get pipe version")
-	}
-	return v, nil
+	return queryOne(ctx, s.r, "pipe version", "get pipe version", scanVersion, `SELECT name, version, spec, payload_digest, payload_size, created_at
+		FROM pipe_versions WHERE name=? AND version=?`, name, version)
 }
 
 func (s *DB) PipeState(ctx context.Context, name string) (uint64, bool, error) {

@@ -26,11 +26,7 @@ func scanRun(row rowScanner) (*store.Run, error) {
 }
 
 func (s *DB) GetRun(ctx context.Context, id string) (*store.Run, error) {
-	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE id=?`, id))
-	if err != nil {
-		return nil, rowErr(err, "run", "get run")
-	}
-	return r, nil
+	return queryOne(ctx, s.r, "run", "get run", scanRun, `SELECT `+runColumns+` FROM runs WHERE id=?`, id)
 }
 
 // scanLogChunk reads run_id, seq, stream, data, at.

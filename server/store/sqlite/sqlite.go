@@ -231,11 +231,22 @@ func queryMap[V any](ctx context.Context, db querier, what string, query string,
 	return out, nil
 }
 
-// scanString scans a one-column row of text.
-func scanString(row rowScanner) (string, error) {
-	var s string
-	err := row.Scan(&s)
-	return s, err
+// queryOne runs a one-row query on db and scans the row with scan; no row
+// is ErrNotFound naming noun, any other error is wrapped in what.
+func queryOne[T any](ctx context.Context, db *sql.DB, noun, what string, scan func(row rowScanner) (T, error), query string, args ...any) (T, error) {
+	v, err := scan(db.QueryRowContext(ctx, query, args...))
+	if err != nil {
+		var zero T
+		return zero, rowErr(err, noun, what)
+	}
+	return v, nil
+}
+
+// scanOne scans a one-column row.
+func scanOne[T any](row rowScanner) (T, error) {
+	var v T
+	err := row.Scan(&v)
+	return v, err
 }
 
 // rowErr is the error of a one-row query: ErrNotFound naming noun when

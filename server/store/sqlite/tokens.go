@@ -126,11 +126,7 @@ func (s *DB) EnsureAPIToken(ctx context.Context, t *store.APIToken) error {
 }
 
 func (s *DB) GetAPIToken(ctx context.Context, id string) (*store.APIToken, error) {
-	t, err := scanAPIToken(s.r.QueryRowContext(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id=?`, id))
-	if err != nil {
-		return nil, rowErr(err, "API token", "get api token")
-	}
-	return t, nil
+	return queryOne(ctx, s.r, "API token", "get api token", scanAPIToken, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id=?`, id)
 }
 
 func (s *DB) ListAPITokens(ctx context.Context) ([]*store.APIToken, error) {
