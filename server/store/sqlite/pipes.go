@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 )
 
@@ -106,14 +105,7 @@ func (s *DB) ListPipeVersions(ctx context.Context, name string) ([]*store.PipeVe
 }
 
 func (s *DB) DeletePipe(ctx context.Context, name string, now time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE pipes SET deleted_at=?, updated_at=? WHERE name=? AND deleted_at=0`, ns(now), ns(now), name)
-	if err != nil {
-		return fmt.Errorf("delete pipe: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("pipe")
-	}
-	return nil
+	return execOne(ctx, s.w, "pipe", "delete pipe", `UPDATE pipes SET deleted_at=?, updated_at=? WHERE name=? AND deleted_at=0`, ns(now), ns(now), name)
 }
 
 func (s *DB) PayloadSize(ctx context.Context, digest string) (int64, error) {

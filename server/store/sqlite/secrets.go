@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
-	"github.com/drover/drover/server/errs"
 )
 
 func (s *DB) PutSecret(ctx context.Context, name string, sealed []byte, now time.Time) error {
@@ -32,14 +31,7 @@ func (s *DB) ListSecrets(ctx context.Context, after string, limit int) ([]api.Se
 }
 
 func (s *DB) DeleteSecret(ctx context.Context, name string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM secrets WHERE name=?`, name)
-	if err != nil {
-		return fmt.Errorf("delete secret: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("secret")
-	}
-	return nil
+	return execOne(ctx, s.w, "secret", "delete secret", `DELETE FROM secrets WHERE name=?`, name)
 }
 
 func (s *DB) GetSecrets(ctx context.Context, names []string) (map[string][]byte, error) {

@@ -231,6 +231,21 @@ func queryMap[V any](ctx context.Context, db querier, what string, query string,
 	return out, nil
 }
 
+// execOne runs a statement on db that must change one row: none is
+// ErrNotFound naming noun, any other error is wrapped in what.
+func execOne(ctx context.Context, db interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}, noun, what, query string, args ...any) error {
+	res, err := db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return errs.NotFound(noun)
+	}
+	return nil
+}
+
 // queryOne runs a one-row query on db and scans the row with scan; no row
 // is ErrNotFound naming noun, any other error is wrapped in what.
 func queryOne[T any](ctx context.Context, db *sql.DB, noun, what string, scan func(row rowScanner) (T, error), query string, args ...any) (T, error) {

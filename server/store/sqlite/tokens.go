@@ -84,14 +84,7 @@ func (s *DB) ListTokens(ctx context.Context) ([]*store.EnrollmentToken, error) {
 }
 
 func (s *DB) DeleteToken(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM enrollment_tokens WHERE id=?`, id)
-	if err != nil {
-		return fmt.Errorf("delete token: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("enrollment token")
-	}
-	return nil
+	return execOne(ctx, s.w, "enrollment token", "delete token", `DELETE FROM enrollment_tokens WHERE id=?`, id)
 }
 
 const apiTokenColumns = `id, name, role, secret_hash, created_at, created_by, expires_at, last_used_at, revoked_at`
@@ -134,14 +127,7 @@ func (s *DB) ListAPITokens(ctx context.Context) ([]*store.APIToken, error) {
 }
 
 func (s *DB) RevokeAPIToken(ctx context.Context, id string, now time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE api_tokens SET revoked_at=CASE WHEN revoked_at=0 THEN ? ELSE revoked_at END WHERE id=?`, ns(now), id)
-	if err != nil {
-		return fmt.Errorf("revoke api token: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("API token")
-	}
-	return nil
+	return execOne(ctx, s.w, "API token", "revoke api token", `UPDATE api_tokens SET revoked_at=CASE WHEN revoked_at=0 THEN ? ELSE revoked_at END WHERE id=?`, ns(now), id)
 }
 
 func (s *DB) TouchAPIToken(ctx context.Context, id string, now time.Time) error {
