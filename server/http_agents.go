@@ -43,11 +43,7 @@ func (s *Server) isOnline(a *store.Agent) bool {
 }
 
 func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
-	if err != nil {
-		return err
-	}
-	sel, err := queryTags(r)
+	pg, sel, err := pageAndTags(r)
 	if err != nil {
 		return err
 	}

@@ -78,6 +78,17 @@ func cutPage[T any](list []T, pg page, key func(T) string) ([]T, string) {
 	return list, encodeCursor(key(list[len(list)-1]))
 }
 
+// pageAndTags is the page and the tag selector (?tag=k=v) of a list
+// request.
+func pageAndTags(r *http.Request) (page, map[string]string, error) {
+	pg, err := parsePage(r)
+	if err != nil {
+		return pg, nil, err
+	}
+	sel, err := queryTags(r)
+	return pg, sel, err
+}
+
 // listPage parses the page of r, loads the whole list and returns the page
 // of it in key order, and the next cursor.
 func listPage[T any](r *http.Request, load func(context.Context) ([]T, error), key func(T) string) ([]T, string, error) {

@@ -225,11 +225,7 @@ func checkBundle(b []byte, command []string) string {
 }
 
 func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
-	if err != nil {
-		return err
-	}
-	sel, err := queryTags(r)
+	pg, sel, err := pageAndTags(r)
 	if err != nil {
 		return err
 	}
