@@ -192,11 +192,7 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("enrollment audited as %+v", e)
 	}
 	covered["enrollment_tokens.create"] = false // checked below with a token of its own
-	st, err := web.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := web.mustStream(t)
 	testkit.WaitFor(t, 5*time.Second, "web online", func() bool {
 		var ag api.Agent
 		ts.adminOK("GET", "/api/v1/agents/"+web.id, nil, &ag)

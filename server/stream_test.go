@@ -211,11 +211,7 @@ func TestRunUpsertsAndLogCap(t *testing.T) {
 
 	// Another agent cannot touch this agent's run.
 	b := ts.jobAgent()
-	stb, err := b.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stb.close()
+	stb := b.mustStream(t)
 	hijack := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{RunId: "r1", Status: agentpb.RunStatus_RUN_STATUS_SUCCEEDED}}}
 	sendAll(t, stb, 1, hijack, chunk("r1", 99, 10))
 	ts.adminOK("GET", "/api/v1/runs/r1", nil, &run)
@@ -240,11 +236,7 @@ func TestStreamReportsAgentState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := a.mustStream(t)
 	fire := time.Now().Add(time.Hour).Truncate(time.Second).UTC()
 	sendAll(t, st, 1, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
 		Serial: acc.Manifest.Serial, State: agentpb.ManifestStatus_STATE_APPLIED, AppliedSerial: acc.Manifest.Serial,
@@ -800,11 +792,7 @@ func TestStreamRunQuota(t *testing.T) {
 	// Per pipe too.
 	ts2 := startServer(t, func(c *Config) { c.Agents.PipeRunRecordsPerSecond, c.Agents.PipeRunRecordsBurst = 20, 5 })
 	a2 := ts2.jobAgent()
-	st2, err := a2.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st2.close()
+	st2 := a2.mustStream(t)
 	start = time.Now()
 	sendAll(t, st2, 1, msgs...)
 	if d := time.Since(start); d < 900*time.Millisecond {
@@ -865,11 +853,7 @@ func TestPayloadFetchStreamedAndBounded(t *testing.T) {
 func TestRenewalClosesRetiredStream(t *testing.T) {
 	ts := startServer(t)
 	a := ts.jobAgent()
-	old, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.close()
+	old := a.mustStream(t)
 	sendAll(t, old, 1, finished("r1", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
 	key, certPEM, err := a.renew()
 	if err != nil {
@@ -886,10 +870,6 @@ func TestRenewalClosesRetiredStream(t *testing.T) {
 	if s := old.ended(t, 10*time.Second); s.Code() != codes.Unauthenticated || !strings.Contains(s.Message(), "superseded") {
 		t.Fatalf("old stream ended with %v", s)
 	}
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := a.mustStream(t)
 	sendAll(t, st, 3, finished("r3", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
 }
