@@ -26,6 +26,27 @@ import (
 	agentpb "github.com/drover/drover/proto"
 )
 
+// pagesOfOne lists path as token one item a page (limit=1), following the
+// cursors, and fails unless page i holds want[i] alone and only the last
+// page has no next cursor. keys gives a page's item keys and next cursor.
+func pagesOfOne[L any](ts *testServer, token, path string, keys func(L) ([]string, string), want ...string) {
+	ts.t.Helper()
+	cursor := ""
+	for i, w := range want {
+		q := path + "?limit=1"
+		if cursor != "" {
+			q += "&cursor=" + cursor
+		}
+		var l L
+		ts.as(token, 200, "GET", q, nil, &l)
+		got, next := keys(l)
+		if !slices.Equal(got, []string{w}) || (next == "") != (i == len(want)-1) {
+			ts.t.Fatalf("GET %s: %v (next cursor %q), want [%s]", q, got, next, w)
+		}
+		cursor = next
+	}
+}
+
 // as sends a JSON request with a token and fails unless the status is code.
 func (ts *testServer) as(token string, code int, method, path string, body, out any) *apiResult {
 	ts.t.Helper()
@@ -246,14 +267,9 @@ func TestAPIEndpoints(t *testing.T) {
 			t.Errorf("GET /api/v1/pipes%s: %v, want %v", q, got, want)
 		}
 	}
-	ts.as(viewer, 200, "GET", "/api/v1/pipes?limit=1", nil, &list)
-	if len(list.Pipes) != 1 || list.Pipes[0].Name != "alpha" || list.NextCursor == "" {
-		t.Fatalf("page 1: %+v", list)
-	}
-	ts.as(viewer, 200, "GET", "/api/v1/pipes?limit=1&cursor="+list.NextCursor, nil, &list)
-	if len(list.Pipes) != 1 || list.Pipes[0].Name != "backup" || list.NextCursor != "" {
-		t.Fatalf("page 2: %+v", list)
-	}
+	pagesOfOne(ts, viewer, "/api/v1/pipes", func(l api.PipeList) ([]string, string) {
+		return keysOf(l.Pipes, func(p api.Pipe) string { return p.Name }), l.NextCursor
+	}, "alpha", "backup")
 
 	// ETags
 	r = ts.as(viewer, 200, "GET", "/api/v1/pipes/backup", nil, nil)
@@ -272,14 +288,9 @@ func TestAPIEndpoints(t *testing.T) {
 	if len(vl.Versions) != 2 || vl.Versions[0].Version != 2 || !vl.Versions[0].Current || vl.Versions[1].Current {
 		t.Fatalf("versions: %+v", vl)
 	}
-	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/versions?limit=1", nil, &vl)
-	if len(vl.Versions) != 1 || vl.NextCursor == "" {
-		t.Fatalf("versions page: %+v", vl)
-	}
-	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/versions?limit=1&cursor="+vl.NextCursor, nil, &vl)
-	if len(vl.Versions) != 1 || vl.Versions[0].Version != 1 || vl.NextCursor != "" {
-		t.Fatalf("versions page 2: %+v", vl)
-	}
+	pagesOfOne(ts, viewer, "/api/v1/pipes/backup/versions", func(l api.PipeVersionList) ([]string, string) {
+		return keysOf(l.Versions, func(v api.PipeVersion) string { return strconv.FormatUint(v.Version, 10) }), l.NextCursor
+	}, "2", "1")
 	var pv api.PipeVersion
 	ts.as(viewer, 200, "GET", "/api/v1/pipes/backup/versions/1", nil, &pv)
 	if pv.Spec.Schedule != "30 2 * * *" || pv.Current {
@@ -410,12 +421,9 @@ func TestAPIEndpoints(t *testing.T) {
 			t.Errorf("GET /api/v1/runs%s: %v, want %v", q, got, want)
 		}
 	}
-	if got := runIDs("?limit=1"); !slices.Equal(got, []string{"r2"}) || runs.NextCursor == "" {
-		t.Fatalf("runs page 1: %v %q", got, runs.NextCursor)
-	}
-	if got := runIDs("?limit=1&cursor=" + runs.NextCursor); !slices.Equal(got, []string{"r1"}) || runs.NextCursor != "" {
-		t.Fatalf("runs page 2: %v %q", got, runs.NextCursor)
-	}
+	pagesOfOne(ts, viewer, "/api/v1/runs", func(l api.RunList) ([]string, string) {
+		return keysOf(l.Runs, func(x api.Run) string { return x.ID }), l.NextCursor
+	}, "r2", "r1")
 	var run api.Run
 	ts.as(viewer, 200, "GET", "/api/v1/runs/r1", nil, &run)
 	if run.Status != "failed" || run.ExitCode != 3 || run.RequestID != rr.RequestID || run.LogChunks != 2 {
@@ -466,12 +474,9 @@ func TestAPIEndpoints(t *testing.T) {
 			t.Errorf("GET /api/v1/agents%s: %v, want %v", q, got, want)
 		}
 	}
-	if got := agentIDs("?limit=1"); !slices.Equal(got, []string{web.id}) || al.NextCursor == "" {
-		t.Fatalf("agents page: %v", got)
-	}
-	if got := agentIDs("?limit=1&cursor=" + al.NextCursor); !slices.Equal(got, []string{db.id}) || al.NextCursor != "" {
-		t.Fatalf("agents page 2: %v", got)
-	}
+	pagesOfOne(ts, viewer, "/api/v1/agents", func(l api.AgentList) ([]string, string) {
+		return keysOf(l.Agents, func(a api.Agent) string { return a.ID }), l.NextCursor
+	}, web.id, db.id)
 	var ag api.Agent
 	ts.as(viewer, 200, "GET", "/api/v1/agents/"+web.id, nil, &ag)
 	if !ag.Online || ag.Backend != "systemd" || ag.Manifest == nil || ag.LastSeenAt == nil || ag.ManifestError != "" {
@@ -544,14 +549,9 @@ func TestAPIEndpoints(t *testing.T) {
 		t.Fatalf("secrets: %s", r.body)
 	}
 	ts.as(op, 204, "PUT", "/api/v1/secrets/API_KEY", map[string]string{"value": "k"}, nil)
-	ts.as(op, 200, "GET", "/api/v1/secrets?limit=1", nil, &sl)
-	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "API_KEY" || sl.NextCursor == "" {
-		t.Fatalf("secrets, first page: %+v", sl)
-	}
-	ts.as(op, 200, "GET", "/api/v1/secrets?limit=1&cursor="+sl.NextCursor, nil, &sl)
-	if len(sl.Secrets) != 1 || sl.Secrets[0].Name != "DB_PASSWORD" || sl.NextCursor != "" {
-		t.Fatalf("secrets, second page: %+v", sl)
-	}
+	pagesOfOne(ts, op, "/api/v1/secrets", func(l api.SecretList) ([]string, string) {
+		return keysOf(l.Secrets, func(s api.Secret) string { return s.Name }), l.NextCursor
+	}, "API_KEY", "DB_PASSWORD")
 	ts.as(op, 204, "DELETE", "/api/v1/secrets/API_KEY", nil, nil)
 	ts.as(op, 204, "DELETE", "/api/v1/secrets/DB_PASSWORD", nil, nil)
 	audit("secrets.delete", "secret/DB_PASSWORD", opID, true, false)
