@@ -11,16 +11,6 @@ import (
 )
 
 func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVersion, []*store.CompileAgent, error) {
-	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true}) // one snapshot for both queries
-	if err != nil {
-		return nil, nil, fmt.Errorf("compile inputs: %w", err)
-	}
-	defer tx.Rollback()
-	pipes, err := currentPipes(ctx, tx, "compile inputs")
-	if err != nil {
-		return nil, nil, err
-	}
-
 	q := `SELECT a.id, a.tags, m.serial, m.content_hash, m.digest, m.issued_at, m.expires_at, m.key_list_version
 		FROM agents a LEFT JOIN manifests m ON m.agent_id=a.id WHERE a.revoked_at=0`
 	var args []any
@@ -28,7 +18,7 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 		q += ` AND a.id IN (SELECT value FROM json_each(?))`
 		args = append(args, jsonText(ids))
 	}
-	agents, err := queryAll(ctx, tx, "compile inputs", func(row rowScanner) (*store.CompileAgent, error) {
+	return pipesAndAgents(ctx, s, "compile inputs", func(row rowScanner) (*store.CompileAgent, error) {
 		var a store.CompileAgent
 		var tags string
 		var serial, issued, expires, klv sql.NullInt64
@@ -45,10 +35,6 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 		}
 		return &a, nil
 	}, q+` ORDER BY a.id`, args...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pipes, agents, nil
 }
 
 func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) error {

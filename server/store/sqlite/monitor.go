@@ -10,20 +10,11 @@ import (
 )
 
 func (s *DB) MonitorInputs(ctx context.Context, withStatus bool) ([]*store.PipeVersion, []*store.MonitorAgent, error) {
-	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-	}
-	defer tx.Rollback()
-	pipes, err := currentPipes(ctx, tx, "monitor inputs")
-	if err != nil {
-		return nil, nil, err
-	}
 	status := `pipe_status`
 	if !withStatus {
 		status = `''`
 	}
-	agents, err := queryAll(ctx, tx, "monitor inputs", func(row rowScanner) (*store.MonitorAgent, error) {
+	return pipesAndAgents(ctx, s, "monitor inputs", func(row rowScanner) (*store.MonitorAgent, error) {
 		var a store.MonitorAgent
 		var created, seen, statusAt int64
 		if err := row.Scan(&a.ID, &a.TagsJSON, &created, &seen, &statusAt, &a.StatusSeq, &a.PipesJSON); err != nil {
@@ -32,10 +23,6 @@ func (s *DB) MonitorInputs(ctx context.Context, withStatus bool) ([]*store.PipeV
 		a.CreatedAt, a.LastSeenAt, a.StatusAt = fromNS(created), fromNS(seen), fromNS(statusAt)
 		return &a, nil
 	}, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, `+status+` FROM agents WHERE revoked_at=0 ORDER BY id`)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pipes, agents, nil
 }
 
 func (s *DB) ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]store.ScheduledRun, error) {

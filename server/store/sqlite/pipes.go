@@ -71,6 +71,27 @@ func scanVersion(row rowScanner) (*store.PipeVersion, error) { return scanPipeVe
 const pipeQuery = `SELECT v.name, v.version, v.spec, v.payload_digest, v.payload_size, v.created_at, p.created_at, p.updated_at
 	FROM pipes p JOIN pipe_versions v ON v.name=p.name AND v.version=p.current_version WHERE p.deleted_at=0`
 
+// pipesAndAgents reads the current pipes and then the agents of query,
+// each scanned with scan, in one read-only snapshot: the compiler and the
+// monitor see agents and pipes of the same moment. Errors are wrapped in
+// what.
+func pipesAndAgents[A any](ctx context.Context, s *DB, what string, scan func(row rowScanner) (A, error), query string, args ...any) ([]*store.PipeVersion, []A, error) {
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer tx.Rollback()
+	pipes, err := currentPipes(ctx, tx, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	agents, err := queryAll(ctx, tx, what, scan, query, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pipes, agents, nil
+}
+
 // currentPipes reads the current version of every pipe, by name, in db's
 // snapshot.
 func currentPipes(ctx context.Context, db querier, what string) ([]*store.PipeVersion, error) {
