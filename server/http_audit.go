@@ -99,12 +99,10 @@ func (s *Server) handleListAudit(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	list, next := cutPage(list, pg, func(e *store.AuditEntry) string { return strconv.FormatInt(e.ID, 10) })
-	out := api.AuditList{Entries: []api.AuditEntry{}, NextCursor: next}
-	for _, e := range list {
-		out.Entries = append(out.Entries, api.AuditEntry{ID: strconv.FormatInt(e.ID, 10), At: e.At, Actor: e.ActorName, ActorID: e.ActorID, Role: e.Role,
-			Action: e.Action, Target: e.Target, BeforeDigest: e.BeforeDigest, AfterDigest: e.AfterDigest, Source: e.Source})
-	}
-	return writeJSON(w, http.StatusOK, out)
+	return writeJSON(w, http.StatusOK, api.AuditList{NextCursor: next, Entries: mapList(list, func(e *store.AuditEntry) api.AuditEntry {
+		return api.AuditEntry{ID: strconv.FormatInt(e.ID, 10), At: e.At, Actor: e.ActorName, ActorID: e.ActorID, Role: e.Role,
+			Action: e.Action, Target: e.Target, BeforeDigest: e.BeforeDigest, AfterDigest: e.AfterDigest, Source: e.Source}
+	})})
 }
 
 // Refused requests are audited too, so that an operator can see an attack:

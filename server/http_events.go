@@ -46,9 +46,7 @@ func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	evs, next := cutPage(evs, pg, func(e *store.Event) string { return strconv.FormatInt(e.ID, 10) })
-	out := api.EventList{Events: make([]api.Event, 0, len(evs)), NextCursor: next}
-	for _, e := range evs {
-		out.Events = append(out.Events, api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
-	}
-	return writeJSON(w, http.StatusOK, out)
+	return writeJSON(w, http.StatusOK, api.EventList{NextCursor: next, Events: mapList(evs, func(e *store.Event) api.Event {
+		return api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message}
+	})})
 }

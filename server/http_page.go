@@ -78,6 +78,16 @@ func cutPage[T any](list []T, pg page, key func(T) string) ([]T, string) {
 	return list, encodeCursor(key(list[len(list)-1]))
 }
 
+// mapList is f of each item, in order: the items of a list answer, empty
+// (never null) when there are none.
+func mapList[T, U any](items []T, f func(T) U) []U {
+	out := make([]U, 0, len(items))
+	for _, x := range items {
+		out = append(out, f(x))
+	}
+	return out
+}
+
 // pageAndTags is the page and the tag selector (?tag=k=v) of a list
 // request.
 func pageAndTags(r *http.Request) (page, map[string]string, error) {

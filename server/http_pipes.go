@@ -250,11 +250,7 @@ func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 		kept = append(kept, p)
 	}
 	items, next := paginate(kept, func(p *store.Pipe) string { return p.Name }, pg)
-	out := api.PipeList{Pipes: make([]api.Pipe, 0, len(items)), NextCursor: next}
-	for _, p := range items {
-		out.Pipes = append(out.Pipes, pipeJSON(p))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	return writeJSON(w, http.StatusOK, api.PipeList{Pipes: mapList(items, pipeJSON), NextCursor: next})
 }
 
 func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
@@ -360,11 +356,8 @@ func (s *Server) handleListPipeVersions(w http.ResponseWriter, r *http.Request) 
 	}
 	// Newest first: the key sorts descending versions ascending.
 	items, next := paginate(vs, func(v *store.PipeVersion) string { return fmt.Sprintf("%020d", ^v.Version) }, pg)
-	out := api.PipeVersionList{Name: name, Deleted: deleted, Versions: make([]api.PipeVersion, 0, len(items)), NextCursor: next}
-	for _, v := range items {
-		out.Versions = append(out.Versions, pipeVersionJSON(v, cur, deleted))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	versions := mapList(items, func(v *store.PipeVersion) api.PipeVersion { return pipeVersionJSON(v, cur, deleted) })
+	return writeJSON(w, http.StatusOK, api.PipeVersionList{Name: name, Deleted: deleted, Versions: versions, NextCursor: next})
 }
 
 // pipeVersion reads the {name} and {version} of a route and the version.

@@ -95,11 +95,8 @@ func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	out := api.EnrollmentTokenList{Tokens: make([]api.EnrollmentToken, 0, len(items)), NextCursor: next}
-	for _, t := range items {
-		out.Tokens = append(out.Tokens, tokenJSON(t, s.clock.Now()))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	tokens := mapList(items, func(t *store.EnrollmentToken) api.EnrollmentToken { return tokenJSON(t, s.clock.Now()) })
+	return writeJSON(w, http.StatusOK, api.EnrollmentTokenList{Tokens: tokens, NextCursor: next})
 }
 
 func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error {
@@ -180,11 +177,7 @@ func (s *Server) handleListAPITokens(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	out := api.APITokenList{Tokens: make([]api.APIToken, 0, len(items)), NextCursor: next}
-	for _, t := range items {
-		out.Tokens = append(out.Tokens, apiTokenJSON(t))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	return writeJSON(w, http.StatusOK, api.APITokenList{Tokens: mapList(items, apiTokenJSON), NextCursor: next})
 }
 
 func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) error {
