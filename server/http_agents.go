@@ -166,6 +166,5 @@ func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error
 	s.forgetAgent(id)
 	s.log.Info("agent deleted", "agent", id)
 	setAudit(r, "agent/"+id, before, nil)
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }

@@ -282,8 +282,7 @@ func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error 
 	if _, err := s.compiler.Compile(r.Context(), nil); err != nil {
 		return err
 	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }
 
 func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {

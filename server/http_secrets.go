@@ -42,8 +42,7 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 	if err := s.compiler.SecretChanged(r.Context(), name); err != nil {
 		return err
 	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }
 
 // secretInfo describes a secret (never its value); nil when there is none.
@@ -86,6 +85,5 @@ func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) erro
 	if err := s.compiler.SecretChanged(r.Context(), name); err != nil {
 		return err
 	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }

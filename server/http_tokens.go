@@ -108,8 +108,7 @@ func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	setAudit(r, "enrollment-token/"+id, tokenJSON(t, s.clock.Now()), nil)
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }
 
 func apiTokenJSON(t *store.APIToken) api.APIToken {
@@ -194,6 +193,5 @@ func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) er
 	}
 	s.log.Info("api token revoked", "token_id", id, "by", principalOf(r).ID)
 	setAudit(r, "api-token/"+id, apiTokenJSON(before), apiTokenJSON(after))
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }
