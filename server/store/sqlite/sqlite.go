@@ -160,8 +160,9 @@ func jsonText(v any) string {
 	return string(b)
 }
 
-// rowScanner is a row of a query: *sql.Row or *sql.Rows.
-type rowScanner interface{ Scan(...any) error }
+// rowScanner is a row of a query: *sql.Row or *sql.Rows (an alias, so
+// that a scan function may spell the interface out).
+type rowScanner = interface{ Scan(...any) error }
 
 // querier is what runs a query: the pool (*sql.DB) or a transaction.
 type querier interface {
