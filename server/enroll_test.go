@@ -247,11 +247,7 @@ func TestRenewalRetiresOldCertificate(t *testing.T) {
 func TestRevocationClosesLiveStream(t *testing.T) {
 	ts := startServer(t)
 	a := ts.enrollAgent(nil)
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := a.mustStream(t)
 	// Make sure the stream is registered before revoking.
 	testkit.WaitFor(t, 5*time.Second, "the stream to be online", func() bool { return ts.s.hub.Online(a.id) })
 

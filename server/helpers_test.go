@@ -555,7 +555,28 @@ func (s *testStream) waitAck(seq uint64, timeout time.Duration) error {
 	}
 }
 
+// mustStream opens the agent's stream to the server or fails t; the
+// stream is closed when the test ends.
+func (a *testAgent) mustStream(t testing.TB) *testStream {
+	t.Helper()
+	st, err := a.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.close)
+	return st
+}
+
 func (s *testStream) close() {
 	s.cancel()
 	s.conn.Close()
+}
+
+// keysOf is key of each item, in order (nil for none).
+func keysOf[T any](items []T, key func(T) string) []string {
+	var out []string
+	for _, x := range items {
+		out = append(out, key(x))
+	}
+	return out
 }

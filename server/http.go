@@ -287,6 +287,12 @@ func jsonTypeName(kind string) string {
 	return "a number"
 }
 
+// noContent answers 204 No Content.
+func noContent(w http.ResponseWriter) error {
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
 // writeJSON writes v with status code.
 func writeJSON(w http.ResponseWriter, code int, v any) error {
 	b, err := json.Marshal(v)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -42,11 +43,7 @@ func (s *Server) isOnline(a *store.Agent) bool {
 }
 
 func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
-	if err != nil {
-		return err
-	}
-	sel, err := queryTags(r)
+	pg, sel, err := pageAndTags(r)
 	if err != nil {
 		return err
 	}
@@ -85,13 +82,13 @@ func agentState(a *api.Agent) string {
 	return "offline"
 }
 
-func (s *Server) getAgentJSON(r *http.Request, id string) (*api.Agent, error) {
-	a, err := s.store.GetAgent(r.Context(), id)
+func (s *Server) getAgentJSON(ctx context.Context, id string) (*api.Agent, error) {
+	a, err := s.store.GetAgent(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	out := s.agentJSON(a)
-	if m, err := s.store.GetManifest(r.Context(), id); err == nil {
+	if m, err := s.store.GetManifest(ctx, id); err == nil {
 		out.Manifest = &api.ManifestInfo{Serial: m.Serial, Digest: m.Digest, IssuedAt: m.IssuedAt, ExpiresAt: m.ExpiresAt, KeyListVersion: m.KeyListVersion}
 	} else if !errors.Is(err, errs.ErrNotFound) {
 		return nil, err
@@ -100,11 +97,7 @@ func (s *Server) getAgentJSON(r *http.Request, id string) (*api.Agent, error) {
 }
 
 func (s *Server) handleGetAgent(w http.ResponseWriter, r *http.Request) error {
-	id, err := agentIDParam(r)
-	if err != nil {
-		return err
-	}
-	out, err := s.getAgentJSON(r, id)
+	_, out, err := fetchParam(r, agentIDParam, s.getAgentJSON)
 	if err != nil {
 		return err
 	}
@@ -112,12 +105,8 @@ func (s *Server) handleGetAgent(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
-	id, err := agentIDParam(r)
+	id, req, err := paramBody[api.TagsRequest](w, r, agentIDParam, s.cfg.HTTP.MaxBodyBytes)
 	if err != nil {
-		return err
-	}
-	var req api.TagsRequest
-	if err := decodeJSON(w, r, s.cfg.HTTP.MaxBodyBytes, &req); err != nil {
 		return err
 	}
 	if d := checkTags("tags", req.Tags); len(d) > 0 {
@@ -126,7 +115,7 @@ func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
 	if req.Tags == nil {
 		req.Tags = map[string]string{}
 	}
-	before, err := s.getAgentJSON(r, id)
+	before, err := s.getAgentJSON(r.Context(), id)
 	if err != nil {
 		return err
 	}
@@ -136,7 +125,7 @@ func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.compiler.Compile(r.Context(), []string{id}); err != nil {
 		return err
 	}
-	after, err := s.getAgentJSON(r, id)
+	after, err := s.getAgentJSON(r.Context(), id)
 	if err != nil {
 		return err
 	}
@@ -145,11 +134,7 @@ func (s *Server) handlePutTags(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleRevokeAgent(w http.ResponseWriter, r *http.Request) error {
-	id, err := agentIDParam(r)
-	if err != nil {
-		return err
-	}
-	before, err := s.getAgentJSON(r, id)
+	id, before, err := fetchParam(r, agentIDParam, s.getAgentJSON)
 	if err != nil {
 		return err
 	}
@@ -158,7 +143,7 @@ func (s *Server) handleRevokeAgent(w http.ResponseWriter, r *http.Request) error
 	}
 	s.hub.Close(id, stream.ErrRevoked)
 	s.log.Info("agent revoked", "agent", id)
-	after, err := s.getAgentJSON(r, id)
+	after, err := s.getAgentJSON(r.Context(), id)
 	if err != nil {
 		return err
 	}
@@ -170,11 +155,7 @@ func (s *Server) handleRevokeAgent(w http.ResponseWriter, r *http.Request) error
 var errDeleted = errs.New(errs.ErrAgentRevoked, "the agent was deleted")
 
 func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error {
-	id, err := agentIDParam(r)
-	if err != nil {
-		return err
-	}
-	before, err := s.getAgentJSON(r, id)
+	id, before, err := fetchParam(r, agentIDParam, s.getAgentJSON)
 	if err != nil {
 		return err
 	}
@@ -185,6 +166,5 @@ func (s *Server) handleDeleteAgent(w http.ResponseWriter, r *http.Request) error
 	s.forgetAgent(id)
 	s.log.Info("agent deleted", "agent", id)
 	setAudit(r, "agent/"+id, before, nil)
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }

@@ -91,27 +91,18 @@ func (s *Server) handleListAudit(w http.ResponseWriter, r *http.Request) error {
 	if f.Until, err = queryTime(r, "until"); err != nil {
 		return err
 	}
-	if pg.cursor != "" {
-		id, err := strconv.ParseInt(pg.cursor, 10, 64)
-		if err != nil || id <= 0 {
-			return errBadCursor
-		}
-		f.BeforeID = id
+	if f.BeforeID, err = pg.idCursor(); err != nil {
+		return err
 	}
 	list, err := s.store.ListAudit(r.Context(), f)
 	if err != nil {
 		return err
 	}
-	out := api.AuditList{Entries: []api.AuditEntry{}}
-	for i, e := range list {
-		if i == pg.limit {
-			out.NextCursor = encodeCursor(strconv.FormatInt(list[i-1].ID, 10))
-			break
-		}
-		out.Entries = append(out.Entries, api.AuditEntry{ID: strconv.FormatInt(e.ID, 10), At: e.At, Actor: e.ActorName, ActorID: e.ActorID, Role: e.Role,
-			Action: e.Action, Target: e.Target, BeforeDigest: e.BeforeDigest, AfterDigest: e.AfterDigest, Source: e.Source})
-	}
-	return writeJSON(w, http.StatusOK, out)
+	list, next := cutPage(list, pg, func(e *store.AuditEntry) string { return strconv.FormatInt(e.ID, 10) })
+	return writeJSON(w, http.StatusOK, api.AuditList{NextCursor: next, Entries: mapList(list, func(e *store.AuditEntry) api.AuditEntry {
+		return api.AuditEntry{ID: strconv.FormatInt(e.ID, 10), At: e.At, Actor: e.ActorName, ActorID: e.ActorID, Role: e.Role,
+			Action: e.Action, Target: e.Target, BeforeDigest: e.BeforeDigest, AfterDigest: e.AfterDigest, Source: e.Source}
+	})})
 }
 
 // Refused requests are audited too, so that an operator can see an attack:

@@ -38,24 +38,15 @@ func (s *Server) handleListEvents(w http.ResponseWriter, r *http.Request) error 
 	if len(details) > 0 {
 		return errs.New(errs.ErrInvalidRequest, "invalid event filter", details...)
 	}
-	if pg.cursor != "" {
-		n, err := strconv.ParseInt(pg.cursor, 10, 64)
-		if err != nil || n <= 0 {
-			return errBadCursor
-		}
-		f.BeforeID = n
+	if f.BeforeID, err = pg.idCursor(); err != nil {
+		return err
 	}
 	evs, err := s.store.ListEvents(r.Context(), f)
 	if err != nil {
 		return err
 	}
-	out := api.EventList{Events: make([]api.Event, 0, len(evs))}
-	for i, e := range evs {
-		if i == pg.limit {
-			out.NextCursor = encodeCursor(strconv.FormatInt(evs[i-1].ID, 10))
-			break
-		}
-		out.Events = append(out.Events, api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message})
-	}
-	return writeJSON(w, http.StatusOK, out)
+	evs, next := cutPage(evs, pg, func(e *store.Event) string { return strconv.FormatInt(e.ID, 10) })
+	return writeJSON(w, http.StatusOK, api.EventList{NextCursor: next, Events: mapList(evs, func(e *store.Event) api.Event {
+		return api.Event{ID: e.ID, At: e.At.UTC(), Kind: e.Kind, Pipe: e.Pipe, Agent: e.AgentID, RunID: e.RunID, Message: e.Message}
+	})})
 }

@@ -9,38 +9,20 @@ import (
 // body budget (http_routes.go): certificate renewals per agent and live-log
 // followers per API token.
 type guards struct {
-	renew *rateLimiter
-
-	mu        sync.Mutex
-	followers map[string]int // live-log streams per token id
-	perToken  int
+	renew     *rateLimiter
+	followers *keyedLimit // live-log streams per token id
 }
 
 func newGuards(cfg Config) *guards {
 	return &guards{
 		renew:     newRateLimiterEvery(cfg.Enrollment.RenewInterval, cfg.Enrollment.RenewBurst),
-		followers: map[string]int{},
-		perToken:  cfg.LiveLogs.MaxPerToken,
+		followers: newKeyedLimit(cfg.LiveLogs.MaxPerToken),
 	}
 }
 
 // follow takes a live-log slot for a token; release gives it back. It
 // reports false when the token already holds its share.
-func (g *guards) follow(token string) (release func(), ok bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.followers[token] >= g.perToken {
-		return nil, false
-	}
-	g.followers[token]++
-	return func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.followers[token]--; g.followers[token] <= 0 {
-			delete(g.followers, token)
-		}
-	}, true
-}
+func (g *guards) follow(token string) (release func(), ok bool) { return g.followers.take(token) }
 
 // keyedLimit bounds what each key holds at once.
 type keyedLimit struct {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"math"
@@ -52,6 +53,66 @@ func parsePage(r *http.Request) (page, error) {
 }
 
 func encodeCursor(key string) string { return base64.RawURLEncoding.EncodeToString([]byte(key)) }
+
+// idCursor is the cursor of a list keyed by a positive row id, newest
+// first: 0 on the first page.
+func (pg page) idCursor() (int64, error) {
+	if pg.cursor == "" {
+		return 0, nil
+	}
+	id, err := strconv.ParseInt(pg.cursor, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, errBadCursor
+	}
+	return id, nil
+}
+
+// cutPage trims a list read with limit+1 rows from the store to the page,
+// and returns the next cursor (the key of the page's last item) when there
+// is more.
+func cutPage[T any](list []T, pg page, key func(T) string) ([]T, string) {
+	if len(list) <= pg.limit {
+		return list, ""
+	}
+	list = list[:pg.limit]
+	return list, encodeCursor(key(list[len(list)-1]))
+}
+
+// mapList is f of each item, in order: the items of a list answer, empty
+// (never null) when there are none.
+func mapList[T, U any](items []T, f func(T) U) []U {
+	out := make([]U, 0, len(items))
+	for _, x := range items {
+		out = append(out, f(x))
+	}
+	return out
+}
+
+// pageAndTags is the page and the tag selector (?tag=k=v) of a list
+// request.
+func pageAndTags(r *http.Request) (page, map[string]string, error) {
+	pg, err := parsePage(r)
+	if err != nil {
+		return pg, nil, err
+	}
+	sel, err := queryTags(r)
+	return pg, sel, err
+}
+
+// listPage parses the page of r, loads the whole list and returns the page
+// of it in key order, and the next cursor.
+func listPage[T any](r *http.Request, load func(context.Context) ([]T, error), key func(T) string) ([]T, string, error) {
+	pg, err := parsePage(r)
+	if err != nil {
+		return nil, "", err
+	}
+	list, err := load(r.Context())
+	if err != nil {
+		return nil, "", err
+	}
+	items, next := paginate(list, key, pg)
+	return items, next, nil
+}
 
 // paginate sorts items by key (unique keys) and returns the page after the
 // cursor, and the next cursor.

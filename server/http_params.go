@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	_ "embed"
 	"fmt"
 	"mime"
@@ -19,41 +20,73 @@ import (
 // pipeName is the {name} of a pipe route, checked: a bad name is a 400
 // naming the problem, never a lookup.
 func pipeName(r *http.Request) (string, error) {
-	name := r.PathValue("name")
-	if !manifest.ValidName(name) {
-		return "", errs.New(errs.ErrInvalidRequest, "invalid pipe name "+quoteName(name)+" in the path",
-			api.Detail{Field: "name", Message: "use 1-63 lowercase letters, digits and '-', starting with a letter or digit"})
-	}
-	return name, nil
+	return pathParam(r, "name", "pipe name", manifest.ValidName,
+		"use 1-63 lowercase letters, digits and '-', starting with a letter or digit")
 }
 
 func secretName(r *http.Request) (string, error) {
-	name := r.PathValue("name")
-	if !secretNameRE.MatchString(name) || strings.HasPrefix(name, "DROVER_") {
-		return "", errs.New(errs.ErrInvalidRequest, "invalid secret name "+quoteName(name)+" in the path",
-			api.Detail{Field: "name", Message: "use 1-128 letters, digits and '_', not starting with a digit or DROVER_"})
-	}
-	return name, nil
+	return pathParam(r, "name", "secret name", func(name string) bool {
+		return secretNameRE.MatchString(name) && !strings.HasPrefix(name, "DROVER_")
+	}, "use 1-128 letters, digits and '_', not starting with a digit or DROVER_")
 }
 
 // agentIDParam is the {id} of an agent route, checked.
 func agentIDParam(r *http.Request) (string, error) {
-	id := r.PathValue("id")
-	if !manifest.ValidAgentID(id) {
-		return "", errs.New(errs.ErrInvalidRequest, "invalid agent id "+quoteName(id)+" in the path",
-			api.Detail{Field: "id", Message: "an agent id such as agt-..."})
-	}
-	return id, nil
+	return pathParam(r, "id", "agent id", manifest.ValidAgentID, "an agent id such as agt-...")
 }
 
-// tokenIDParam is the {id} of an enrollment-token or API-token route.
-func tokenIDParam(r *http.Request, apiToken bool) (string, error) {
-	id := r.PathValue("id")
-	if tokenIDRE.MatchString(id) || (apiToken && id == bootstrapTokenID) {
-		return id, nil
+// pathParam is the path value key of r when valid accepts it, else a 400
+// "invalid <what> ... in the path" whose detail, on field key, is hint.
+func pathParam(r *http.Request, key, what string, valid func(string) bool, hint string) (string, error) {
+	v := r.PathValue(key)
+	if !valid(v) {
+		return "", errs.New(errs.ErrInvalidRequest, "invalid "+what+" "+quoteName(v)+" in the path", api.Detail{Field: key, Message: hint})
 	}
-	return "", errs.New(errs.ErrInvalidRequest, "invalid token id "+quoteName(id)+" in the path",
-		api.Detail{Field: "id", Message: "16 lowercase letters and digits 2-7, as listed"})
+	return v, nil
+}
+
+const tokenIDHint = "16 lowercase letters and digits 2-7, as listed"
+
+// enrollmentTokenID is the {id} of an enrollment-token route.
+func enrollmentTokenID(r *http.Request) (string, error) {
+	return pathParam(r, "id", "token id", tokenIDRE.MatchString, tokenIDHint)
+}
+
+// apiTokenID is the {id} of an API-token route; the bootstrap token's id
+// is one too.
+func apiTokenID(r *http.Request) (string, error) {
+	return pathParam(r, "id", "token id", func(id string) bool {
+		return tokenIDRE.MatchString(id) || id == bootstrapTokenID
+	}, tokenIDHint)
+}
+
+// fetchParam reads the checked path parameter of r and loads what it
+// names: a bad parameter is a 400 before any lookup.
+func fetchParam[T any](r *http.Request, param func(*http.Request) (string, error), get func(context.Context, string) (T, error)) (string, T, error) {
+	var zero T
+	key, err := param(r)
+	if err != nil {
+		return "", zero, err
+	}
+	v, err := get(r.Context(), key)
+	if err != nil {
+		return "", zero, err
+	}
+	return key, v, nil
+}
+
+// paramBody reads the checked path parameter of r, then decodes its JSON
+// body (at most limit bytes) into a new T.
+func paramBody[T any](w http.ResponseWriter, r *http.Request, param func(*http.Request) (string, error), limit int64) (string, *T, error) {
+	key, err := param(r)
+	if err != nil {
+		return "", nil, err
+	}
+	req := new(T)
+	if err := decodeJSON(w, r, limit, req); err != nil {
+		return "", nil, err
+	}
+	return key, req, nil
 }
 
 // decodeOptionalJSON decodes a JSON body like decodeJSON; an empty body

@@ -225,11 +225,7 @@ func checkBundle(b []byte, command []string) string {
 }
 
 func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
-	if err != nil {
-		return err
-	}
-	sel, err := queryTags(r)
+	pg, sel, err := pageAndTags(r)
 	if err != nil {
 		return err
 	}
@@ -254,19 +250,11 @@ func (s *Server) handleListPipes(w http.ResponseWriter, r *http.Request) error {
 		kept = append(kept, p)
 	}
 	items, next := paginate(kept, func(p *store.Pipe) string { return p.Name }, pg)
-	out := api.PipeList{Pipes: make([]api.Pipe, 0, len(items)), NextCursor: next}
-	for _, p := range items {
-		out.Pipes = append(out.Pipes, pipeJSON(p))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	return writeJSON(w, http.StatusOK, api.PipeList{Pipes: mapList(items, pipeJSON), NextCursor: next})
 }
 
 func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
-	name, err := pipeName(r)
-	if err != nil {
-		return err
-	}
-	p, err := s.store.GetPipe(r.Context(), name)
+	_, p, err := fetchParam(r, pipeName, s.store.GetPipe)
 	if err != nil {
 		return err
 	}
@@ -282,11 +270,7 @@ func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error {
-	name, err := pipeName(r)
-	if err != nil {
-		return err
-	}
-	p, err := s.store.GetPipe(r.Context(), name)
+	name, p, err := fetchParam(r, pipeName, s.store.GetPipe)
 	if err != nil {
 		return err
 	}
@@ -298,8 +282,7 @@ func (s *Server) handleDeletePipe(w http.ResponseWriter, r *http.Request) error 
 	if _, err := s.compiler.Compile(r.Context(), nil); err != nil {
 		return err
 	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }
 
 func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
@@ -372,11 +355,8 @@ func (s *Server) handleListPipeVersions(w http.ResponseWriter, r *http.Request) 
 	}
 	// Newest first: the key sorts descending versions ascending.
 	items, next := paginate(vs, func(v *store.PipeVersion) string { return fmt.Sprintf("%020d", ^v.Version) }, pg)
-	out := api.PipeVersionList{Name: name, Deleted: deleted, Versions: make([]api.PipeVersion, 0, len(items)), NextCursor: next}
-	for _, v := range items {
-		out.Versions = append(out.Versions, pipeVersionJSON(v, cur, deleted))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	versions := mapList(items, func(v *store.PipeVersion) api.PipeVersion { return pipeVersionJSON(v, cur, deleted) })
+	return writeJSON(w, http.StatusOK, api.PipeVersionList{Name: name, Deleted: deleted, Versions: versions, NextCursor: next})
 }
 
 // pipeVersion reads the {name} and {version} of a route and the version.
@@ -472,12 +452,8 @@ func (s *Server) handlePipeSchedule(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
-	name, err := pipeName(r)
+	name, req, err := paramBody[api.DryRunRequest](w, r, pipeName, s.pipeBodyLimit())
 	if err != nil {
-		return err
-	}
-	var req api.DryRunRequest
-	if err := decodeJSON(w, r, s.pipeBodyLimit(), &req); err != nil {
 		return err
 	}
 	var cur *store.Pipe

@@ -45,16 +45,8 @@ func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := api.RunList{Runs: make([]api.Run, 0, len(runs))}
-	for i, x := range runs {
-		if i == pg.limit {
-			last := runs[i-1]
-			out.NextCursor = encodeCursor(timeKey(last.CreatedAt) + "/" + last.ID)
-			break
-		}
-		out.Runs = append(out.Runs, runJSON(x))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	runs, next := cutPage(runs, pg, func(x *store.Run) string { return timeKey(x.CreatedAt) + "/" + x.ID })
+	return writeJSON(w, http.StatusOK, api.RunList{Runs: mapList(runs, runJSON), NextCursor: next})
 }
 
 func (s *Server) handleGetRun(w http.ResponseWriter, r *http.Request) error {
@@ -90,11 +82,7 @@ func (s *Server) handleRunLogs(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("X-Drover-Log-Truncated", strconv.FormatBool(run.LogTruncated))
 	w.Header().Set("Vary", "Accept")
 	if wantsJSON(r) {
-		out := api.Logs{RunID: run.ID, Truncated: run.LogTruncated, Chunks: make([]api.LogChunk, 0, len(chunks))}
-		for _, c := range chunks {
-			out.Chunks = append(out.Chunks, chunkJSON(c))
-		}
-		return writeJSON(w, http.StatusOK, out)
+		return writeJSON(w, http.StatusOK, api.Logs{RunID: run.ID, Truncated: run.LogTruncated, Chunks: mapList(chunks, chunkJSON)})
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")

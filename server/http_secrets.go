@@ -16,12 +16,8 @@ var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 const maxSecretBytes = 64 << 10
 
 func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
-	name, err := secretName(r)
+	name, req, err := paramBody[api.SecretRequest](w, r, secretName, maxSecretBytes*2+1024)
 	if err != nil {
-		return err
-	}
-	var req api.SecretRequest
-	if err := decodeJSON(w, r, maxSecretBytes*2+1024, &req); err != nil {
 		return err
 	}
 	switch {
@@ -46,8 +42,7 @@ func (s *Server) handlePutSecret(w http.ResponseWriter, r *http.Request) error {
 	if err := s.compiler.SecretChanged(r.Context(), name); err != nil {
 		return err
 	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }
 
 // secretInfo describes a secret (never its value); nil when there is none.
@@ -73,20 +68,12 @@ func (s *Server) handleListSecrets(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	next := ""
-	if len(list) > pg.limit {
-		list = list[:pg.limit]
-		next = encodeCursor(list[len(list)-1].Name)
-	}
+	list, next := cutPage(list, pg, func(s api.Secret) string { return s.Name })
 	return writeJSON(w, http.StatusOK, api.SecretList{Secrets: list, NextCursor: next})
 }
 
 func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) error {
-	name, err := secretName(r)
-	if err != nil {
-		return err
-	}
-	before, err := s.secretInfo(r.Context(), name)
+	name, before, err := fetchParam(r, secretName, s.secretInfo)
 	if err != nil {
 		return err
 	}
@@ -98,6 +85,5 @@ func (s *Server) handleDeleteSecret(w http.ResponseWriter, r *http.Request) erro
 	if err := s.compiler.SecretChanged(r.Context(), name); err != nil {
 		return err
 	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }

@@ -91,28 +91,16 @@ func tokenJSON(t *store.EnrollmentToken, now time.Time) api.EnrollmentToken {
 }
 
 func (s *Server) handleListTokens(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
+	items, next, err := listPage(r, s.store.ListTokens, func(t *store.EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID })
 	if err != nil {
 		return err
 	}
-	list, err := s.store.ListTokens(r.Context())
-	if err != nil {
-		return err
-	}
-	items, next := paginate(list, func(t *store.EnrollmentToken) string { return newestFirstKey(t.CreatedAt) + "/" + t.ID }, pg)
-	out := api.EnrollmentTokenList{Tokens: make([]api.EnrollmentToken, 0, len(items)), NextCursor: next}
-	for _, t := range items {
-		out.Tokens = append(out.Tokens, tokenJSON(t, s.clock.Now()))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	tokens := mapList(items, func(t *store.EnrollmentToken) api.EnrollmentToken { return tokenJSON(t, s.clock.Now()) })
+	return writeJSON(w, http.StatusOK, api.EnrollmentTokenList{Tokens: tokens, NextCursor: next})
 }
 
 func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error {
-	id, err := tokenIDParam(r, false)
-	if err != nil {
-		return err
-	}
-	t, err := s.store.GetToken(r.Context(), id)
+	id, t, err := fetchParam(r, enrollmentTokenID, s.store.GetToken)
 	if err != nil {
 		return err
 	}
@@ -120,8 +108,7 @@ func (s *Server) handleDeleteToken(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	setAudit(r, "enrollment-token/"+id, tokenJSON(t, s.clock.Now()), nil)
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }
 
 func apiTokenJSON(t *store.APIToken) api.APIToken {
@@ -185,28 +172,15 @@ func (s *Server) handleCreateAPIToken(w http.ResponseWriter, r *http.Request) er
 }
 
 func (s *Server) handleListAPITokens(w http.ResponseWriter, r *http.Request) error {
-	pg, err := parsePage(r)
+	items, next, err := listPage(r, s.store.ListAPITokens, func(t *store.APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID })
 	if err != nil {
 		return err
 	}
-	list, err := s.store.ListAPITokens(r.Context())
-	if err != nil {
-		return err
-	}
-	items, next := paginate(list, func(t *store.APIToken) string { return timeKey(t.CreatedAt) + "/" + t.ID }, pg)
-	out := api.APITokenList{Tokens: make([]api.APIToken, 0, len(items)), NextCursor: next}
-	for _, t := range items {
-		out.Tokens = append(out.Tokens, apiTokenJSON(t))
-	}
-	return writeJSON(w, http.StatusOK, out)
+	return writeJSON(w, http.StatusOK, api.APITokenList{Tokens: mapList(items, apiTokenJSON), NextCursor: next})
 }
 
 func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) error {
-	id, err := tokenIDParam(r, true)
-	if err != nil {
-		return err
-	}
-	before, err := s.store.GetAPIToken(r.Context(), id)
+	id, before, err := fetchParam(r, apiTokenID, s.store.GetAPIToken)
 	if err != nil {
 		return err
 	}
@@ -219,6 +193,5 @@ func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) er
 	}
 	s.log.Info("api token revoked", "token_id", id, "by", principalOf(r).ID)
 	setAudit(r, "api-token/"+id, apiTokenJSON(before), apiTokenJSON(after))
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	return noContent(w)
 }

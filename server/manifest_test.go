@@ -18,11 +18,7 @@ import (
 func TestManifestETagAndSyncNow(t *testing.T) {
 	ts := startServer(t)
 	a := ts.enrollAgent(map[string]string{"role": "web"})
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := a.mustStream(t)
 
 	r1, err := a.get("/api/v1/agents/self/manifest")
 	if err != nil || r1.code != 200 {

@@ -37,11 +37,7 @@ func TestMetrics(t *testing.T) {
 	if r, err = a.get("/api/v1/agents/self/manifest", "If-None-Match", r.header.Get("ETag")); err != nil || r.code != 304 {
 		t.Fatal(r, err)
 	}
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := a.mustStream(t)
 	finished := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{RunId: "m1", Pipe: "job",
 		Status: agentpb.RunStatus_RUN_STATUS_FAILED, DurationMs: 2500, LogChunks: 1}}}
 	seq := sendAll(t, st, 1,

@@ -55,11 +55,7 @@ func TestMissedRunRules(t *testing.T) {
 	ts.putMonPipe("jittered", tags, map[string]any{"schedule": "*/5 * * * *", "jitter": "2m", "grace": "1m"})
 	ts.putMonPipe("skipper", tags, map[string]any{"schedule": "*/5 * * * *", "grace": "1m", "catchup": "skip"})
 	ts.putMonPipe("interval", tags, map[string]any{"schedule": "@every 10m", "grace": "1m"})
-	st, err := on.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := on.mustStream(t)
 	if _, err := ts.s.monitor.pass(ctx); err != nil {
 		t.Fatal(err)
 	}

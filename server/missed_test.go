@@ -187,11 +187,7 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 	}
 
 	// The silent agent comes back and replays the runs it made offline.
-	st, err := silent.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := silent.mustStream(t)
 	var msgs []*agentpb.AgentMessage
 	for _, f := range missedAt {
 		msgs = append(msgs, scheduledRun(fmt.Sprintf("r2-%d", f.Unix()), "every-minute", f, agentpb.RunStatus_RUN_STATUS_SUCCEEDED)...)

@@ -363,11 +363,7 @@ func TestLiveLogFollowersBounded(t *testing.T) {
 	if _, err := a.pullManifest(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := a.openStream("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.close()
+	st := a.mustStream(t)
 	sendAll(t, st, 1, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunStarted{RunStarted: &agentpb.RunStarted{RunId: "forever", Pipe: "job", PipeVersion: 1}}})
 
 	ctx, cancel := context.WithCancel(context.Background())

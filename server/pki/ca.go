@@ -123,20 +123,30 @@ func createCA(keyPath, certPath string, now time.Time) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create CA: %w", err)
 	}
-	keyPEM, err := MarshalECKey(key)
+	_, certPEM, err := writeKeyPair(keyPath, certPath, key, der, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	// The key goes first: a crash between the two writes leaves a key
-	// without a certificate, which the next start replaces.
-	if err := writeFile(keyPath, keyPEM, 0o600); err != nil {
-		return nil, err
-	}
-	if err := writeFile(certPath, certPEM, 0o644); err != nil {
-		return nil, err
-	}
 	return newCA(cert, key, certPEM), nil
+}
+
+// writeKeyPair writes key (0600) and the certificate der (certPerm) as
+// PEM files and returns both PEMs. The key goes first: a crash between the
+// two writes leaves a key without a certificate, which the next start
+// replaces.
+func writeKeyPair(keyPath, certPath string, key *ecdsa.PrivateKey, der []byte, certPerm fs.FileMode) (keyPEM, certPEM []byte, err error) {
+	keyPEM, err = MarshalECKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	if err := writeFile(keyPath, keyPEM, 0o600); err != nil {
+		return nil, nil, err
+	}
+	if err := writeFile(certPath, certPEM, certPerm); err != nil {
+		return nil, nil, err
+	}
+	return keyPEM, certPEM, nil
 }
 
 func newCA(cert *x509.Certificate, key *ecdsa.PrivateKey, certPEM []byte) *CA {
@@ -179,15 +189,8 @@ func LoadOrCreateServerCert(dir string, c *CA, sans []string, now time.Time) (tl
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("create server certificate: %w", err)
 	}
-	keyPEM, err := MarshalECKey(key)
+	keyPEM, certPEM, err := writeKeyPair(keyPath, certPath, key, der, 0o600)
 	if err != nil {
-		return tls.Certificate{}, err
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := writeFile(keyPath, keyPEM, 0o600); err != nil {
-		return tls.Certificate{}, err
-	}
-	if err := writeFile(certPath, certPEM, 0o600); err != nil {
 		return tls.Certificate{}, err
 	}
 	// The chain carries the CA so that an enrolling agent can check its pin.

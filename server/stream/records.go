@@ -184,6 +184,17 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		}
 		return nil
 	}
+	// run checks the run id and the pipe of a run record: the refusal
+	// reason and why, or nil.
+	run := func(id, name string) (string, error) {
+		if err := validRunID(id); err != nil {
+			return refusedInvalid, err
+		}
+		if err := pipe(name); err != nil {
+			return refusedUnknownPipe, err
+		}
+		return "", nil
+	}
 	switch b := msg.GetBody().(type) {
 	case *agentpb.AgentMessage_Hello:
 		h := b.Hello
@@ -244,21 +255,15 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 		r.Status = st
 	case *agentpb.AgentMessage_RunStarted:
 		x := b.RunStarted
-		if err := validRunID(x.GetRunId()); err != nil {
-			return nil, refusedInvalid, err
-		}
-		if err := pipe(x.GetPipe()); err != nil {
-			return nil, refusedUnknownPipe, err
+		if reason, err := run(x.GetRunId(), x.GetPipe()); err != nil {
+			return nil, reason, err
 		}
 		r.RunStarted = &store.Run{ID: x.GetRunId(), Pipe: x.GetPipe(), PipeVersion: x.GetPipeVersion(), Trigger: api.TriggerName(x.GetTrigger()),
 			StartedAt: ts(x.GetStartedAt()), ScheduledAt: ts(x.GetScheduledAt()), RequestID: cleanRequestID(x.GetRequestId()), Attempts: x.GetAttempt()}
 	case *agentpb.AgentMessage_RunFinished:
 		x := b.RunFinished
-		if err := validRunID(x.GetRunId()); err != nil {
-			return nil, refusedInvalid, err
-		}
-		if err := pipe(x.GetPipe()); err != nil {
-			return nil, refusedUnknownPipe, err
+		if reason, err := run(x.GetRunId(), x.GetPipe()); err != nil {
+			return nil, reason, err
 		}
 		st, ok := api.RunStatusName(x.GetStatus())
 		if !ok {

@@ -18,48 +18,21 @@ func (s *DB) AddAudit(ctx context.Context, e *store.AuditEntry) error {
 }
 
 func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]*store.AuditEntry, error) {
-	q := `SELECT id, at, actor_id, actor_name, role, action, target, before_digest, after_digest, source FROM audit_log WHERE 1=1`
-	var args []any
-	if f.Actor != "" {
-		q += ` AND (actor_id=? OR actor_name=?)`
-		args = append(args, f.Actor, f.Actor)
-	}
-	if f.Action != "" {
-		q += ` AND action=?`
-		args = append(args, f.Action)
-	}
-	if f.Target != "" {
-		q += ` AND target=?`
-		args = append(args, f.Target)
-	}
-	if !f.Since.IsZero() {
-		q += ` AND at>=?`
-		args = append(args, ns(f.Since))
-	}
-	if !f.Until.IsZero() {
-		q += ` AND at<?`
-		args = append(args, ns(f.Until))
-	}
-	if f.BeforeID > 0 {
-		q += ` AND id<?`
-		args = append(args, f.BeforeID)
-	}
-	q += ` ORDER BY id DESC LIMIT ?`
-	args = append(args, f.Limit)
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list audit: %w", err)
-	}
-	defer rows.Close()
-	out := []*store.AuditEntry{}
-	for rows.Next() {
+	q := listQuery{sql: `SELECT id, at, actor_id, actor_name, role, action, target, before_digest, after_digest, source FROM audit_log WHERE 1=1`}
+	q.and(f.Actor != "", `(actor_id=? OR actor_name=?)`, f.Actor, f.Actor)
+	q.and(f.Action != "", `action=?`, f.Action)
+	q.and(f.Target != "", `target=?`, f.Target)
+	q.and(!f.Since.IsZero(), `at>=?`, ns(f.Since))
+	q.and(!f.Until.IsZero(), `at<?`, ns(f.Until))
+	q.and(f.BeforeID > 0, `id<?`, f.BeforeID)
+	q.append(` ORDER BY id DESC LIMIT ?`, f.Limit)
+	return queryAll(ctx, s.r, "list audit", func(row rowScanner) (*store.AuditEntry, error) {
 		var e store.AuditEntry
 		var at int64
-		if err := rows.Scan(&e.ID, &at, &e.ActorID, &e.ActorName, &e.Role, &e.Action, &e.Target, &e.BeforeDigest, &e.AfterDigest, &e.Source); err != nil {
-			return nil, fmt.Errorf("list audit: %w", err)
+		if err := row.Scan(&e.ID, &at, &e.ActorID, &e.ActorName, &e.Role, &e.Action, &e.Target, &e.BeforeDigest, &e.AfterDigest, &e.Source); err != nil {
+			return nil, err
 		}
 		e.At = fromNS(at)
-		out = append(out, &e)
-	}
-	return out, rows.Err()
+		return &e, nil
+	}, q.sql, q.args...)
 }

@@ -11,29 +11,6 @@ import (
 )
 
 func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVersion, []*store.CompileAgent, error) {
-	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true}) // one snapshot for both queries
-	if err != nil {
-		return nil, nil, fmt.Errorf("compile inputs: %w", err)
-	}
-	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, pipeQuery+` ORDER BY p.name`)
-	if err != nil {
-		return nil, nil, fmt.Errorf("compile inputs: %w", err)
-	}
-	var pipes []*store.PipeVersion
-	for rows.Next() {
-		p, err := scanPipe(rows)
-		if err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("compile inputs: %w", err)
-		}
-		pipes = append(pipes, &p.PipeVersion)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("compile inputs: %w", err)
-	}
-
 	q := `SELECT a.id, a.tags, m.serial, m.content_hash, m.digest, m.issued_at, m.expires_at, m.key_list_version
 		FROM agents a LEFT JOIN manifests m ON m.agent_id=a.id WHERE a.revoked_at=0`
 	var args []any
@@ -41,30 +18,23 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 		q += ` AND a.id IN (SELECT value FROM json_each(?))`
 		args = append(args, jsonText(ids))
 	}
-	rows, err = tx.QueryContext(ctx, q+` ORDER BY a.id`, args...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("compile inputs: %w", err)
-	}
-	defer rows.Close()
-	var agents []*store.CompileAgent
-	for rows.Next() {
+	return pipesAndAgents(ctx, s, "compile inputs", func(row rowScanner) (*store.CompileAgent, error) {
 		var a store.CompileAgent
 		var tags string
 		var serial, issued, expires, klv sql.NullInt64
 		var hash, digest sql.NullString
-		if err := rows.Scan(&a.ID, &tags, &serial, &hash, &digest, &issued, &expires, &klv); err != nil {
-			return nil, nil, fmt.Errorf("compile inputs: %w", err)
+		if err := row.Scan(&a.ID, &tags, &serial, &hash, &digest, &issued, &expires, &klv); err != nil {
+			return nil, err
 		}
 		if err := json.Unmarshal([]byte(tags), &a.Tags); err != nil {
-			return nil, nil, fmt.Errorf("compile inputs: %w", err)
+			return nil, err
 		}
 		if serial.Valid {
 			a.Prev = &store.StoredManifest{AgentID: a.ID, Serial: uint64(serial.Int64), ContentHash: hash.String, Digest: digest.String,
 				IssuedAt: fromNS(issued.Int64), ExpiresAt: fromNS(expires.Int64), KeyListVersion: uint64(klv.Int64)}
 		}
-		agents = append(agents, &a)
-	}
-	return pipes, agents, rows.Err()
+		return &a, nil
+	}, q+` ORDER BY a.id`, args...)
 }
 
 func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) error {
@@ -126,36 +96,10 @@ func (s *DB) GetManifest(ctx context.Context, agentID string) (*store.StoredMani
 }
 
 func (s *DB) ManifestsDue(ctx context.Context, issuedBefore time.Time) ([]string, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id WHERE a.revoked_at=0 AND m.issued_at<?`, ns(issuedBefore))
-	if err != nil {
-		return nil, fmt.Errorf("manifests due: %w", err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("manifests due: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
+	return queryAll(ctx, s.r, "manifests due", scanOne[string], `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id WHERE a.revoked_at=0 AND m.issued_at<?`, ns(issuedBefore))
 }
 
 func (s *DB) AgentsUsingSecret(ctx context.Context, name string) ([]string, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id
+	return queryAll(ctx, s.r, "agents using secret", scanOne[string], `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id
 		WHERE a.revoked_at=0 AND EXISTS (SELECT 1 FROM json_each(m.secrets) WHERE value=?)`, name)
-	if err != nil {
-		return nil, fmt.Errorf("agents using secret: %w", err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("agents using secret: %w", err)
-		}
-		ids = append(ids, id)
-	}
-	return ids, rows.Err()
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 )
 
@@ -51,7 +50,7 @@ func (s *DB) PutPipe(ctx context.Context, p *store.PipeVersion, payload []byte, 
 	return version, created, nil
 }
 
-func scanPipeVersion(row interface{ Scan(...any) error }, extra ...any) (*store.PipeVersion, error) {
+func scanPipeVersion(row rowScanner, extra ...any) (*store.PipeVersion, error) {
 	var v store.PipeVersion
 	var spec string
 	var created int64
@@ -66,10 +65,46 @@ func scanPipeVersion(row interface{ Scan(...any) error }, extra ...any) (*store.
 	return &v, nil
 }
 
+// scanVersion scans a row of pipe_versions' columns alone.
+func scanVersion(row rowScanner) (*store.PipeVersion, error) { return scanPipeVersion(row) }
+
 const pipeQuery = `SELECT v.name, v.version, v.spec, v.payload_digest, v.payload_size, v.created_at, p.created_at, p.updated_at
 	FROM pipes p JOIN pipe_versions v ON v.name=p.name AND v.version=p.current_version WHERE p.deleted_at=0`
 
-func scanPipe(row interface{ Scan(...any) error }) (*store.Pipe, error) {
+// pipesAndAgents reads the current pipes and then the agents of query,
+// each scanned with scan, in one read-only snapshot: the compiler and the
+// monitor see agents and pipes of the same moment. Errors are wrapped in
+// what.
+func pipesAndAgents[A any](ctx context.Context, s *DB, what string, scan func(row rowScanner) (A, error), query string, args ...any) ([]*store.PipeVersion, []A, error) {
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer tx.Rollback()
+	pipes, err := currentPipes(ctx, tx, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	agents, err := queryAll(ctx, tx, what, scan, query, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pipes, agents, nil
+}
+
+// currentPipes reads the current version of every pipe, by name, in db's
+// snapshot.
+func currentPipes(ctx context.Context, db querier, what string) ([]*store.PipeVersion, error) {
+	return queryAll(ctx, db, what, func(row rowScanner) (*store.PipeVersion, error) {
+		p, err := scanPipe(row)
+		if err != nil {
+			return nil, err
+		}
+		return &p.PipeVersion, nil
+	}, pipeQuery+` ORDER BY p.name`)
+}
+
+func scanPipe(row rowScanner) (*store.Pipe, error) {
 	var created, updated int64
 	v, err := scanPipeVersion(row, &created, &updated)
 	if err != nil {
@@ -79,11 +114,7 @@ func scanPipe(row interface{ Scan(...any) error }) (*store.Pipe, error) {
 }
 
 func (s *DB) GetPipe(ctx context.Context, name string) (*store.Pipe, error) {
-	p, err := scanPipe(s.r.QueryRowContext(ctx, pipeQuery+` AND p.name=?`, name))
-	if err != nil {
-		return nil, rowErr(err, "pipe", "get pipe")
-	}
-	return p, nil
+	return queryOne(ctx, s.r, "pipe", "get pipe", scanPipe, pipeQuery+` AND p.name=?`, name)
 }
 
 func (s *DB) ListPipes(ctx context.Context) ([]*store.Pipe, error) {
@@ -91,56 +122,34 @@ func (s *DB) ListPipes(ctx context.Context) ([]*store.Pipe, error) {
 }
 
 func (s *DB) ListPipeVersions(ctx context.Context, name string) ([]*store.PipeVersion, error) {
-	return queryAll(ctx, s.r, "list pipe versions", func(r interface{ Scan(...any) error }) (*store.PipeVersion, error) { return scanPipeVersion(r) }, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
+	return queryAll(ctx, s.r, "list pipe versions", scanVersion, `SELECT name, version, spec, payload_digest, payload_size, created_at FROM pipe_versions WHERE name=? ORDER BY version`, name)
 }
 
 func (s *DB) DeletePipe(ctx context.Context, name string, now time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE pipes SET deleted_at=?, updated_at=? WHERE name=? AND deleted_at=0`, ns(now), ns(now), name)
-	if err != nil {
-		return fmt.Errorf("delete pipe: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("pipe")
-	}
-	return nil
+	return execOne(ctx, s.w, "pipe", "delete pipe", `UPDATE pipes SET deleted_at=?, updated_at=? WHERE name=? AND deleted_at=0`, ns(now), ns(now), name)
 }
 
 func (s *DB) PayloadSize(ctx context.Context, digest string) (int64, error) {
-	var n int64
-	err := s.r.QueryRowContext(ctx, `SELECT size FROM payloads WHERE digest=?`, digest).Scan(&n)
-	if err != nil {
-		return 0, rowErr(err, "payload", "payload size")
-	}
-	return n, nil
+	return queryOne(ctx, s.r, "payload", "payload size", scanOne[int64], `SELECT size FROM payloads WHERE digest=?`, digest)
 }
 
 // ReadPayload reads a slice of the payload blob with substr, so that a
 // fetch holds one buffer, not the whole payload.
 func (s *DB) ReadPayload(ctx context.Context, digest string, offset int64, buf []byte) (int, error) {
-	var b []byte
-	err := s.r.QueryRowContext(ctx, `SELECT substr(data, ?, ?) FROM payloads WHERE digest=?`, offset+1, len(buf), digest).Scan(&b)
+	b, err := queryOne(ctx, s.r, "payload", "read payload", scanOne[[]byte], `SELECT substr(data, ?, ?) FROM payloads WHERE digest=?`, offset+1, len(buf), digest)
 	if err != nil {
-		return 0, rowErr(err, "payload", "read payload")
+		return 0, err
 	}
 	return copy(buf, b), nil
 }
 
 func (s *DB) GetPayload(ctx context.Context, digest string) ([]byte, error) {
-	var b []byte
-	err := s.r.QueryRowContext(ctx, `SELECT data FROM payloads WHERE digest=?`, digest).Scan(&b)
-	if err != nil {
-		return nil, rowErr(err, "payload", "get payload")
-	}
-	return b, nil
+	return queryOne(ctx, s.r, "payload", "get payload", scanOne[[]byte], `SELECT data FROM payloads WHERE digest=?`, digest)
 }
 
 func (s *DB) GetPipeVersion(ctx context.Context, name string, version uint64) (*store.PipeVersion, error) {
-	v, err := scanPipeVersion(s.r.QueryRowContext(ctx, `SELECT name, version, spec, payload_digest, payload_size, created_at
-		FROM pipe_versions WHERE name=? AND version=?`, name, version))
-	if err != nil {
-		return nil, rowErr(err, "pipe version", "get pipe version")
-	}
-	return v, nil
+	return queryOne(ctx, s.r, "pipe version", "get pipe version", scanVersion, `SELECT name, version, spec, payload_digest, payload_size, created_at
+		FROM pipe_versions WHERE name=? AND version=?`, name, version)
 }
 
 func (s *DB) PipeState(ctx context.Context, name string) (uint64, bool, error) {

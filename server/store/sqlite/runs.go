@@ -12,7 +12,7 @@ import (
 const runColumns = `id, agent_id, pipe, pipe_version, trigger, status, exit_code, signal, error, request_id, scheduled_at, started_at, finished_at,
 	duration_ms, log_chunks, log_bytes, log_truncated, created_at, updated_at, reason, attempts, written_by`
 
-func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
+func scanRun(row rowScanner) (*store.Run, error) {
 	var r store.Run
 	var sched, started, finished, created, updated int64
 	var truncated int
@@ -26,15 +26,11 @@ func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
 }
 
 func (s *DB) GetRun(ctx context.Context, id string) (*store.Run, error) {
-	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE id=?`, id))
-	if err != nil {
-		return nil, rowErr(err, "run", "get run")
-	}
-	return r, nil
+	return queryOne(ctx, s.r, "run", "get run", scanRun, `SELECT `+runColumns+` FROM runs WHERE id=?`, id)
 }
 
 // scanLogChunk reads run_id, seq, stream, data, at.
-func scanLogChunk(row interface{ Scan(...any) error }) (*store.LogChunk, error) {
+func scanLogChunk(row rowScanner) (*store.LogChunk, error) {
 	var c store.LogChunk
 	var at int64
 	if err := row.Scan(&c.RunID, &c.Seq, &c.Stream, &c.Data, &at); err != nil {
@@ -96,46 +92,19 @@ func (s *DB) PruneRuns(ctx context.Context, before time.Time, perPipe int) (int,
 
 // ListRuns lists runs matching f, newest first, at most f.Limit of them.
 func (s *DB) ListRuns(ctx context.Context, f store.RunFilter) ([]*store.Run, error) {
-	q := `SELECT ` + runColumns + ` FROM runs WHERE 1=1`
-	var args []any
-	add := func(cond string, v any) {
-		q += ` AND ` + cond
-		args = append(args, v)
-	}
-	if f.Pipe != "" {
-		add(`pipe=?`, f.Pipe)
-	}
-	if f.Agent != "" {
-		add(`agent_id=?`, f.Agent)
-	}
-	if f.Status != "" {
-		add(`status=?`, f.Status)
-	}
-	if f.RequestID != "" {
-		add(`request_id=?`, f.RequestID)
-	}
-	if f.Reason != "" {
-		add(`reason=?`, f.Reason)
-	}
-	if !f.ScheduledSince.IsZero() {
-		add(`scheduled_at>=?`, ns(f.ScheduledSince))
-	}
-	if !f.ScheduledUntil.IsZero() {
-		add(`scheduled_at<? AND scheduled_at<>0`, ns(f.ScheduledUntil))
-	}
-	if !f.Since.IsZero() {
-		add(`created_at>=?`, ns(f.Since))
-	}
-	if !f.Until.IsZero() {
-		add(`created_at<?`, ns(f.Until))
-	}
-	if !f.BeforeAt.IsZero() {
-		q += ` AND (created_at<? OR (created_at=? AND id<?))`
-		args = append(args, ns(f.BeforeAt), ns(f.BeforeAt), f.BeforeID)
-	}
-	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
-	args = append(args, f.Limit)
-	return queryAll(ctx, s.r, "list runs", scanRun, q, args...)
+	q := listQuery{sql: `SELECT ` + runColumns + ` FROM runs WHERE 1=1`}
+	q.and(f.Pipe != "", `pipe=?`, f.Pipe)
+	q.and(f.Agent != "", `agent_id=?`, f.Agent)
+	q.and(f.Status != "", `status=?`, f.Status)
+	q.and(f.RequestID != "", `request_id=?`, f.RequestID)
+	q.and(f.Reason != "", `reason=?`, f.Reason)
+	q.and(!f.ScheduledSince.IsZero(), `scheduled_at>=?`, ns(f.ScheduledSince))
+	q.and(!f.ScheduledUntil.IsZero(), `scheduled_at<? AND scheduled_at<>0`, ns(f.ScheduledUntil))
+	q.and(!f.Since.IsZero(), `created_at>=?`, ns(f.Since))
+	q.and(!f.Until.IsZero(), `created_at<?`, ns(f.Until))
+	q.and(!f.BeforeAt.IsZero(), `(created_at<? OR (created_at=? AND id<?))`, ns(f.BeforeAt), ns(f.BeforeAt), f.BeforeID)
+	q.append(` ORDER BY created_at DESC, id DESC LIMIT ?`, f.Limit)
+	return queryAll(ctx, s.r, "list runs", scanRun, q.sql, q.args...)
 }
 
 func (s *DB) GetLogsAfter(ctx context.Context, runID string, after int64, limit int) ([]*store.LogChunk, error) {
@@ -151,19 +120,5 @@ func (s *DB) CountLogChunks(ctx context.Context, runID string) (uint64, error) {
 }
 
 func (s *DB) RunCounts(ctx context.Context) (map[string]int, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT status, COUNT(*) FROM runs GROUP BY status`)
-	if err != nil {
-		return nil, fmt.Errorf("run counts: %w", err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var st string
-		var n int
-		if err := rows.Scan(&st, &n); err != nil {
-			return nil, fmt.Errorf("run counts: %w", err)
-		}
-		out[st] = n
-	}
-	return out, rows.Err()
+	return queryMap[int](ctx, s.r, "run counts", `SELECT status, COUNT(*) FROM runs GROUP BY status`)
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
-	"github.com/drover/drover/server/errs"
 )
 
 func (s *DB) PutSecret(ctx context.Context, name string, sealed []byte, now time.Time) error {
@@ -22,52 +21,22 @@ func (s *DB) ListSecrets(ctx context.Context, after string, limit int) ([]api.Se
 	if limit <= 0 {
 		limit = -1 // SQLite: no limit
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT name, created_at, updated_at FROM secrets WHERE name > ? ORDER BY name LIMIT ?`, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("list secrets: %w", err)
-	}
-	defer rows.Close()
-	out := []api.Secret{}
-	for rows.Next() {
+	return queryAll(ctx, s.r, "list secrets", func(row rowScanner) (api.Secret, error) {
 		var si api.Secret
 		var c, u int64
-		if err := rows.Scan(&si.Name, &c, &u); err != nil {
-			return nil, fmt.Errorf("list secrets: %w", err)
-		}
+		err := row.Scan(&si.Name, &c, &u)
 		si.CreatedAt, si.UpdatedAt = fromNS(c), fromNS(u)
-		out = append(out, si)
-	}
-	return out, rows.Err()
+		return si, err
+	}, `SELECT name, created_at, updated_at FROM secrets WHERE name > ? ORDER BY name LIMIT ?`, after, limit)
 }
 
 func (s *DB) DeleteSecret(ctx context.Context, name string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM secrets WHERE name=?`, name)
-	if err != nil {
-		return fmt.Errorf("delete secret: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("secret")
-	}
-	return nil
+	return execOne(ctx, s.w, "secret", "delete secret", `DELETE FROM secrets WHERE name=?`, name)
 }
 
 func (s *DB) GetSecrets(ctx context.Context, names []string) (map[string][]byte, error) {
-	out := map[string][]byte{}
 	if len(names) == 0 {
-		return out, nil
+		return map[string][]byte{}, nil
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT name, sealed FROM secrets WHERE name IN (SELECT value FROM json_each(?))`, jsonText(names))
-	if err != nil {
-		return nil, fmt.Errorf("get secrets: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		var sealed []byte
-		if err := rows.Scan(&name, &sealed); err != nil {
-			return nil, fmt.Errorf("get secrets: %w", err)
-		}
-		out[name] = sealed
-	}
-	return out, rows.Err()
+	return queryMap[[]byte](ctx, s.r, "get secrets", `SELECT name, sealed FROM secrets WHERE name IN (SELECT value FROM json_each(?))`, jsonText(names))
 }

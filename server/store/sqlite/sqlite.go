@@ -160,9 +160,18 @@ func jsonText(v any) string {
 	return string(b)
 }
 
+// rowScanner is a row of a query: *sql.Row or *sql.Rows (an alias, so
+// that a scan function may spell the interface out).
+type rowScanner = interface{ Scan(...any) error }
+
+// querier is what runs a query: the pool (*sql.DB) or a transaction.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // queryAll runs a query on db and scans every row with scan; the result is
-// empty, not nil, when no row matches.
-func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row interface{ Scan(...any) error }) (T, error), query string, args ...any) ([]T, error) {
+// empty, not nil, when no row matches. Errors are wrapped in what.
+func queryAll[T any](ctx context.Context, db querier, what string, scan func(row rowScanner) (T, error), query string, args ...any) ([]T, error) {
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -180,6 +189,80 @@ func queryAll[T any](ctx context.Context, db *sql.DB, what string, scan func(row
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
+}
+
+// listQuery is a SELECT built from a list filter: and adds a condition
+// when its filter field is set, then the ORDER BY and LIMIT are appended.
+type listQuery struct {
+	sql  string
+	args []any
+}
+
+func (q *listQuery) and(set bool, cond string, args ...any) {
+	if set {
+		q.append(` AND `+cond, args...)
+	}
+}
+
+func (q *listQuery) append(sql string, args ...any) {
+	q.sql += sql
+	q.args = append(q.args, args...)
+}
+
+// queryMap runs a query of (key, value) rows on db and returns them as a
+// map. Errors are wrapped in what.
+func queryMap[V any](ctx context.Context, db querier, what string, query string, args ...any) (map[string]V, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer rows.Close()
+	out := map[string]V{}
+	for rows.Next() {
+		var k string
+		var v V
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}
+
+// execOne runs a statement on db that must change one row: none is
+// ErrNotFound naming noun, any other error is wrapped in what.
+func execOne(ctx context.Context, db interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}, noun, what, query string, args ...any) error {
+	res, err := db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return errs.NotFound(noun)
+	}
+	return nil
+}
+
+// queryOne runs a one-row query on db and scans the row with scan; no row
+// is ErrNotFound naming noun, any other error is wrapped in what.
+func queryOne[T any](ctx context.Context, db *sql.DB, noun, what string, scan func(row rowScanner) (T, error), query string, args ...any) (T, error) {
+	v, err := scan(db.QueryRowContext(ctx, query, args...))
+	if err != nil {
+		var zero T
+		return zero, rowErr(err, noun, what)
+	}
+	return v, nil
+}
+
+// scanOne scans a one-column row.
+func scanOne[T any](row rowScanner) (T, error) {
+	var v T
+	err := row.Scan(&v)
+	return v, err
 }
 
 // rowErr is the error of a one-row query: ErrNotFound naming noun when

@@ -22,16 +22,27 @@ func (s *DB) CreateToken(ctx context.Context, t *store.EnrollmentToken) error {
 }
 
 func (s *DB) GetToken(ctx context.Context, id string) (*store.EnrollmentToken, error) {
-	var t store.EnrollmentToken
-	var tags string
-	var created, expires, used int64
-	err := s.r.QueryRowContext(ctx, `SELECT id, secret_hash, name, tags, created_at, expires_at, used_at, agent_id FROM enrollment_tokens WHERE id=?`, id).
-		Scan(&t.ID, &t.SecretHash, &t.Name, &tags, &created, &expires, &used, &t.AgentID)
+	var hash []byte
+	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT `+tokenColumns+`, secret_hash FROM enrollment_tokens WHERE id=?`, id), &hash)
 	if err != nil {
 		return nil, rowErr(err, "token", "get token")
 	}
+	t.SecretHash = hash
+	return t, nil
+}
+
+const tokenColumns = `id, name, tags, created_at, expires_at, used_at, agent_id`
+
+// scanToken scans the tokenColumns of a row and then extra.
+func scanToken(row rowScanner, extra ...any) (*store.EnrollmentToken, error) {
+	var t store.EnrollmentToken
+	var tags string
+	var created, expires, used int64
+	if err := row.Scan(append([]any{&t.ID, &t.Name, &tags, &created, &expires, &used, &t.AgentID}, extra...)...); err != nil {
+		return nil, err
+	}
 	if err := json.Unmarshal([]byte(tags), &t.Tags); err != nil {
-		return nil, fmt.Errorf("get token: %w", err)
+		return nil, err
 	}
 	t.CreatedAt, t.ExpiresAt, t.UsedAt = fromNS(created), fromNS(expires), fromNS(used)
 	return &t, nil
@@ -68,42 +79,17 @@ func (s *DB) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *
 }
 
 func (s *DB) ListTokens(ctx context.Context) ([]*store.EnrollmentToken, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, name, tags, created_at, expires_at, used_at, agent_id FROM enrollment_tokens ORDER BY created_at DESC, id DESC`)
-	if err != nil {
-		return nil, fmt.Errorf("list tokens: %w", err)
-	}
-	defer rows.Close()
-	var out []*store.EnrollmentToken
-	for rows.Next() {
-		var t store.EnrollmentToken
-		var tags string
-		var created, expires, used int64
-		if err := rows.Scan(&t.ID, &t.Name, &tags, &created, &expires, &used, &t.AgentID); err != nil {
-			return nil, fmt.Errorf("list tokens: %w", err)
-		}
-		if err := json.Unmarshal([]byte(tags), &t.Tags); err != nil {
-			return nil, fmt.Errorf("list tokens: %w", err)
-		}
-		t.CreatedAt, t.ExpiresAt, t.UsedAt = fromNS(created), fromNS(expires), fromNS(used)
-		out = append(out, &t)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.r, "list tokens", func(row rowScanner) (*store.EnrollmentToken, error) { return scanToken(row) },
+		`SELECT `+tokenColumns+` FROM enrollment_tokens ORDER BY created_at DESC, id DESC`)
 }
 
 func (s *DB) DeleteToken(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM enrollment_tokens WHERE id=?`, id)
-	if err != nil {
-		return fmt.Errorf("delete token: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("enrollment token")
-	}
-	return nil
+	return execOne(ctx, s.w, "enrollment token", "delete token", `DELETE FROM enrollment_tokens WHERE id=?`, id)
 }
 
 const apiTokenColumns = `id, name, role, secret_hash, created_at, created_by, expires_at, last_used_at, revoked_at`
 
-func scanAPIToken(row interface{ Scan(...any) error }) (*store.APIToken, error) {
+func scanAPIToken(row rowScanner) (*store.APIToken, error) {
 	var t store.APIToken
 	var created, expires, used, revoked int64
 	if err := row.Scan(&t.ID, &t.Name, &t.Role, &t.SecretHash, &created, &t.CreatedBy, &expires, &used, &revoked); err != nil {
@@ -133,11 +119,7 @@ func (s *DB) EnsureAPIToken(ctx context.Context, t *store.APIToken) error {
 }
 
 func (s *DB) GetAPIToken(ctx context.Context, id string) (*store.APIToken, error) {
-	t, err := scanAPIToken(s.r.QueryRowContext(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id=?`, id))
-	if err != nil {
-		return nil, rowErr(err, "API token", "get api token")
-	}
-	return t, nil
+	return queryOne(ctx, s.r, "API token", "get api token", scanAPIToken, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id=?`, id)
 }
 
 func (s *DB) ListAPITokens(ctx context.Context) ([]*store.APIToken, error) {
@@ -145,14 +127,7 @@ func (s *DB) ListAPITokens(ctx context.Context) ([]*store.APIToken, error) {
 }
 
 func (s *DB) RevokeAPIToken(ctx context.Context, id string, now time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE api_tokens SET revoked_at=CASE WHEN revoked_at=0 THEN ? ELSE revoked_at END WHERE id=?`, ns(now), id)
-	if err != nil {
-		return fmt.Errorf("revoke api token: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("API token")
-	}
-	return nil
+	return execOne(ctx, s.w, "API token", "revoke api token", `UPDATE api_tokens SET revoked_at=CASE WHEN revoked_at=0 THEN ? ELSE revoked_at END WHERE id=?`, ns(now), id)
 }
 
 func (s *DB) TouchAPIToken(ctx context.Context, id string, now time.Time) error {
