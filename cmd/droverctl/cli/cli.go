@@ -131,10 +131,10 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			switch a.output {
-			case "", "table", "wide", "json", "yaml":
+			case "", "table", "wide", "json", "yaml", "name":
 				return nil
 			}
-			return usagef("-o %q: use table, wide, json or yaml", a.output)
+			return usagef("-o %q: use table, wide, json, yaml or name", a.output)
 		},
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
@@ -143,7 +143,7 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 	pf.StringVar(&a.token, "token", "", "API bearer token (env DROVER_TOKEN); prefer the environment or login")
 	pf.StringVar(&a.ca, "ca", "", "PEM file with the CA that signed the server's certificate, e.g. the server's ca.crt (env DROVER_CA)")
 	pf.StringVar(&a.config, "config", "", "config file (default $XDG_CONFIG_HOME/drover/config.yaml)")
-	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), wide (a table with more columns), json or yaml")
+	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), wide (a table with more columns), json, yaml or name (kind/name per object)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(
 		newScheduleCmd(a),
@@ -164,6 +164,8 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 		a.newCompletionCmd(root),
 		a.newLoginCmd(),
 		a.newNotifyCmd(),
+		a.newDeleteCmd(),
+		a.newVersionCmd(),
 	)
 	return root
 }
