@@ -73,7 +73,8 @@ func (a *app) newGetCmd() *cobra.Command {
 
 --since, --until, --scheduled-since and --scheduled-until take an RFC 3339 time or a
 duration before now (2h). -o wide adds columns: runs get REASON, SCHEDULED, ATTEMPTS and
-WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLICTS.
+WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLICTS; pipes
+get CATCHUP, JITTER, TIMEOUT, GRACE and RUN AS.
 -o name prints kind/name per object (pipe/backup-db, agent/ID, run/ID).
 
 -w (--watch) on pipes, agents, runs, fires and events prints the list, then
@@ -393,14 +394,30 @@ func fmtTargets(t *manifest.Targets) string {
 
 func (a *app) pipesTable(items []json.RawMessage) error {
 	cols := []string{"NAME", "VERSION", "SCHEDULE", "TIMEZONE", "TARGETS", "ENABLED", "PAYLOAD", "UPDATED"}
+	if a.wide() {
+		cols = append(cols, "CATCHUP", "JITTER", "TIMEOUT", "GRACE", "RUN AS")
+	}
 	return tableOf(a.stdout(), items, cols, func(p *api.Pipe) []string {
 		tz := p.Spec.Timezone
 		if tz == "" {
 			tz = manifest.DefaultTimezone
 		}
-		return []string{p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
+		row := []string{p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
 			strconv.FormatBool(p.Spec.IsEnabled()), shortDigest(p.Payload.Digest), fmtTimeV(p.UpdatedAt)}
+		if a.wide() {
+			row = append(row, p.Spec.Catchup, fmtSpecDuration(p.Spec.Jitter), fmtSpecDuration(p.Spec.Timeout),
+				fmtSpecDuration(p.Spec.Grace), p.Spec.RunAs)
+		}
+		return row
 	})
+}
+
+// fmtSpecDuration shows a spec's duration; "" for none.
+func fmtSpecDuration(d manifest.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
 }
 
 // ---- agents

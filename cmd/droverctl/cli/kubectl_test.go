@@ -23,6 +23,7 @@ func TestOutputNameAndSelectors(t *testing.T) {
 		args   []string
 	}{
 		{"get-pipes-name.txt", []string{"get", "pipes", "-o", "name"}},
+		{"get-pipes-wide.txt", []string{"get", "pipes", "-o", "wide"}},
 		{"get-pipe-one-name.txt", []string{"get", "pipe", "backup-db", "-o", "name"}},
 		{"get-agents-name.txt", []string{"get", "agents", "-o", "name"}},
 		{"get-runs-name.txt", []string{"get", "runs", "-o", "name"}},
@@ -288,5 +289,39 @@ func TestCompletionFromServer(t *testing.T) {
 	r := runCtl(context.Background(), map[string]string{"DROVER_SERVER": "https://127.0.0.1:1", "DROVER_TOKEN": "x"}, "", "__complete", "get", "pipes", "")
 	if r.code != 0 || r.stdout != ":4\n" {
 		t.Errorf("completion with the server down: %s", r)
+	}
+}
+
+// get fires -w and get events -w: a run reported late changes its fire
+// time's line and adds an event.
+func TestWatchFiresAndEvents(t *testing.T) {
+	ts := startServer(t)
+	tags := map[string]string{"role": "mon"}
+	a := ts.enroll("mon-1", tags, true)
+	b := ts.enroll("mon-2", tags, true)
+	if code, body := ts.api("PUT", "/api/v1/pipes/nightly", map[string]any{"spec": map[string]any{
+		"schedule": "* * * * *", "script": "true", "targets": map[string]any{"tags": tags}}}); code != 201 {
+		t.Fatalf("put pipe: %d %s", code, body)
+	}
+	fire := time.Now().UTC().Truncate(time.Minute).Add(-3 * time.Minute)
+	a.runFinished("r-a", "nightly", 1, agentpb.RunStatus_RUN_STATUS_SUCCEEDED, 0, fire, time.Second, 0)
+	since := fire.Add(-10 * time.Minute).Format(time.RFC3339)
+	fires, _, stopFires := startWatch(t, ts, "get", "fires", "nightly", "--since", since, "-w", "--watch-interval", "500ms")
+	events, _, stopEvents := startWatch(t, ts, "get", "events", "--kind", "run.failed", "-w", "--watch-interval", "500ms")
+	at := fire.Format("15:04") + "  "
+	waitFor(t, fires, "the fire time", func(s string) bool { return strings.Contains(s, at) })
+	waitFor(t, events, "the header", func(s string) bool { return strings.HasPrefix(s, "AT ") })
+
+	b.runFinished("r-b", "nightly", 1, agentpb.RunStatus_RUN_STATUS_FAILED, 1, fire, time.Second, 0)
+	waitFor(t, fires, "the failed run's fire time", func(s string) bool { return strings.Contains(s, at+"2 expected  1 succeeded  1 failed\n") })
+	waitFor(t, events, "the run.failed event", func(s string) bool { return strings.Contains(s, "r-b") })
+	if code := stopFires(); code != 0 {
+		t.Errorf("fires watch: exit %d", code)
+	}
+	if code := stopEvents(); code != 0 {
+		t.Errorf("events watch: exit %d", code)
+	}
+	if s := events.String(); strings.Count(s, "AT ") != 1 || strings.Count(s, "r-b") != 1 {
+		t.Errorf("get events -w:\n%s", s)
 	}
 }
