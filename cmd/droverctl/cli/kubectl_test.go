@@ -281,6 +281,7 @@ func TestCompletionFromServer(t *testing.T) {
 		{"complete-get.txt", []string{"__complete", "get", ""}},
 		{"complete-output.txt", []string{"__complete", "get", "pipes", "-o", ""}},
 		{"complete-logs.txt", []string{"__complete", "logs", ""}},
+		{"complete-agents-revoke.txt", []string{"__complete", "agents", "revoke", "agt"}},
 		{"complete-delete-pipe.txt", []string{"__complete", "delete", "pipe", "backup-db", ""}},
 	} {
 		t.Run(c.golden, func(t *testing.T) { f.check(t, c.golden, c.args...) })
