@@ -578,6 +578,11 @@ func TestAPIEndpoints(t *testing.T) {
 	if who != (api.WhoAmI{ID: opID, Name: "deploy-bot", Role: "operator"}) {
 		t.Fatalf("whoami: %+v", who)
 	}
+	var ver api.Version
+	ts.as(op, 200, "GET", "/api/v1/version", nil, &ver)
+	if ver.Server != buildVersion || ver.Server == "" {
+		t.Fatalf("version: %+v, want %q", ver, buildVersion)
+	}
 	ts.as("", 200, "GET", "/healthz", nil, nil)
 	ts.as("", 200, "GET", "/api/v1/openapi.json", nil, nil)
 

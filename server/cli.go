@@ -32,6 +32,7 @@ import (
 // Main is drover-server's command line; it returns the exit code: 0, 1 when
 // a command failed, 2 for a usage or configuration error.
 func Main(version string, args, env []string, stdout, stderr io.Writer) int {
+	buildVersion = version
 	var cf cliFlags
 	root := &cobra.Command{
 		Use:   "drover-server [serve] [flags]",

@@ -166,6 +166,7 @@
 //	GET    /api/v1/agents/self/{manifest,trust,secrets}     agent
 //	GET    /api/v1/agents/self/payloads/{digest}            agent
 //	GET    /api/v1/whoami                                   viewer
+//	GET    /api/v1/version                                  viewer
 //	GET    /api/v1/pipes?tag=k=v&agent=                     viewer
 //	GET    /api/v1/pipes/{name}                             viewer
 //	PUT    /api/v1/pipes/{name}                             operator; pipes.write

@@ -86,6 +86,7 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/api/v1/agents/self/secrets", role: roleAgent, raw: true, summary: "The secrets the agent's pipes reference", status: 200, resp: api.SecretsResponse{}, ah: s.handleSelfSecrets},
 
 		{method: "GET", path: "/api/v1/whoami", role: roleViewer, summary: "The calling token", status: 200, resp: api.WhoAmI{}, h: s.handleWhoAmI},
+		{method: "GET", path: "/api/v1/version", role: roleViewer, summary: "The server's version", status: 200, resp: api.Version{}, h: s.handleVersion},
 
 		// Pipes.
 		{method: "GET", path: "/api/v1/pipes", role: roleViewer, summary: "List pipes",

@@ -62,6 +62,9 @@ unless --replace is given, which makes the listed tags the whole set.`,
 		},
 	}
 	rm := a.deleteCmd("rm ID", []string{"delete"}, "Delete an agent's record (revoke it first)", "an agent id", "/api/v1/agents/", "agent", "deleted")
+	for _, c := range []*cobra.Command{tag, revoke, rm} {
+		c.ValidArgsFunction = a.completeKind("agents", 1)
+	}
 	list := a.listCmd("List agents (as get agents)", "agents")
 	return groupCmd("agents", "Tag, revoke and delete agents", list, tag, revoke, rm)
 }

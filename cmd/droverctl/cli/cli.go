@@ -62,6 +62,7 @@ func Run(ctx context.Context, args []string, env Env) int {
 	a := &app{env: &env}
 	root := a.newRoot()
 	command.SetupRoot(root, args, env.Stdout, env.Stderr)
+	root.CompletionOptions.DisableDefaultCmd = false // droverctl completion bash|zsh|fish
 	root.SetIn(env.Stdin)
 	err := root.ExecuteContext(ctx)
 	if a.client != nil {
@@ -106,10 +107,10 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			switch a.output {
-			case "", "table", "wide", "json", "yaml":
+			case "", "table", "wide", "json", "yaml", "name":
 				return nil
 			}
-			return command.Usagef("-o %q: use table, wide, json or yaml", a.output)
+			return command.Usagef("-o %q: use table, wide, json, yaml or name", a.output)
 		},
 	}
 	pf := root.PersistentFlags()
@@ -117,7 +118,7 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 	pf.StringVar(&a.token, "token", "", "API bearer token (env DROVER_TOKEN); prefer the environment or login")
 	pf.StringVar(&a.ca, "ca", "", "PEM file with the CA that signed the server's certificate, e.g. the server's ca.crt (env DROVER_CA)")
 	pf.StringVar(&a.config, "config", "", "config file (default $XDG_CONFIG_HOME/drover/config.yaml)")
-	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), wide (a table with more columns), json or yaml")
+	pf.StringVarP(&a.output, "output", "o", "", "output format: table (default), wide (a table with more columns), json, yaml or name (kind/name per object)")
 	root.AddCommand(
 		newScheduleCmd(a),
 		a.newApplyCmd(),
@@ -137,6 +138,8 @@ with -o json or -o yaml. Exit status: 0 success, 1 error, 2 usage error.`,
 		a.newCompletionCmd(root),
 		a.newLoginCmd(),
 		a.newNotifyCmd(),
+		a.newDeleteCmd(),
+		a.newVersionCmd(),
 	)
 	return root
 }

@@ -20,8 +20,9 @@ import (
 func (a *app) newDescribeCmd() *cobra.Command {
 	var version string
 	cmd := &cobra.Command{
-		Use:   "describe pipe|agent|run NAME [--version N]",
-		Short: "Show one pipe, agent or run in detail",
+		Use:               "describe pipe|agent|run NAME [--version N]",
+		ValidArgsFunction: a.completeDescribe,
+		Short:             "Show one pipe, agent or run in detail",
 		Long: `Show one pipe, agent or run in detail, or with -o json or -o yaml the API's
 object.
 
@@ -29,8 +30,7 @@ object.
   describe pipe NAME --version N   version N of the pipe and its spec (also of a deleted pipe)
   describe agent ID
   describe run ID`,
-		Args:      exactArgs(2, "a kind (pipe, agent or run) and a name or id"),
-		ValidArgs: []string{"pipe", "agent", "run"},
+		Args: exactArgs(2, "a kind (pipe, agent or run) and a name or id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kind := resourceAliases[args[0]]
 			switch kind {

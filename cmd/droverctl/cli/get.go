@@ -46,17 +46,22 @@ type listOpts struct {
 	scheduledSince string
 	scheduledUntil string
 	kind           string // events (monitor.go)
+	// selectors are -l k=v[,k2=v2]: more tags, with the meaning of --tag.
+	selectors []string
 }
 
 func (a *app) newGetCmd() *cobra.Command {
 	var o listOpts
+	var w watchOpts
 	cmd := &cobra.Command{
 		Use:   "get pipes|agents|runs|fires|events|tokens|secrets|api-tokens [NAME...]",
 		Short: "List pipes, agents, runs, enrollment tokens, secrets or API tokens",
 		Long: `List objects as a table, or as the API's JSON or YAML with -o.
 
-  get pipes [NAME...] [--tag k=v] [--agent ID]   pipes (targeting the tag or agent)
-  get agents [ID...] [--tag k=v] [--status S]    agents (carrying the tags; online, offline, revoked)
+  get pipes [NAME...] [--tag k=v | -l k=v,...] [--agent ID]
+                                                 pipes (targeting the tags or agent)
+  get agents [ID...] [--tag k=v | -l k=v,...] [--status S]
+                                                 agents (carrying the tags; online, offline, revoked)
   get runs [ID...] [--pipe P] [--agent ID] [--status S] [--reason R] [--since T] [--until T]
            [--scheduled-since T] [--scheduled-until T] [--limit N]
   get fires PIPE [--since T] [--until T] [--limit N]
@@ -69,9 +74,15 @@ func (a *app) newGetCmd() *cobra.Command {
 
 --since, --until, --scheduled-since and --scheduled-until take an RFC 3339 time or a
 duration before now (2h). -o wide adds columns: runs get REASON, SCHEDULED, ATTEMPTS and
-WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLICTS.`,
-		Args:      cobra.ArbitraryArgs,
-		ValidArgs: []string{"pipes", "agents", "runs", "fires", "events", "tokens", "secrets", "api-tokens"},
+WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLICTS; pipes
+get CATCHUP, JITTER, TIMEOUT, GRACE and RUN AS.
+-o name prints kind/name per object (pipe/backup-db, agent/ID, run/ID).
+
+-w (--watch) on pipes, agents, runs, fires and events prints the list, then
+each object that appears or changes, polling every --watch-interval (the
+server answers an unchanged list with 304 Not Modified), until Ctrl-C. With
+-o json each object is one JSON line.`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return command.Usagef("get wants a resource: pipes, agents, runs, fires, events, tokens, secrets or api-tokens")
@@ -80,8 +91,12 @@ WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLI
 			if !ok {
 				return command.Usagef("unknown resource %q: use pipes, agents, runs, fires, events, tokens, secrets or api-tokens", args[0])
 			}
+			o.tags = withSelectors(o.tags, o.selectors)
 			if err := o.check(cmd, kind); err != nil {
 				return err
+			}
+			if w.on {
+				return a.watch(cmd.Context(), kind, args[1:], o, w)
 			}
 			return a.get(cmd.Context(), kind, args[1:], o)
 		},
@@ -98,6 +113,9 @@ WRITTEN BY; agents get MACHINE, REPORTED HOSTNAME, MANIFEST (expired) and CONFLI
 	f.StringVar(&o.until, "until", "", "runs recorded before this time (RFC 3339, or a duration before now)")
 	f.IntVar(&o.limit, "limit", 100, "at most this many runs, fire times or events (1-1000)")
 	f.StringVar(&o.kind, "kind", "", "events of this kind (run.failed, run.missed, agent.offline, ...)")
+	f.StringArrayVarP(&o.selectors, "selector", "l", nil, "k=v[,k2=v2]: as --tag (both may be given; every tag must match)")
+	w.flags(f)
+	cmd.ValidArgsFunction = a.completeGet
 	return cmd
 }
 
@@ -113,9 +131,13 @@ func (o *listOpts) check(cmd *cobra.Command, kind string) error {
 	var bad error
 	cmd.Flags().Visit(func(f *pflag.Flag) {
 		switch f.Name {
-		case "tag", "agent", "pipe", "status", "since", "until", "limit", "reason", "scheduled-since", "scheduled-until", "kind":
+		case "tag", "selector", "agent", "pipe", "status", "since", "until", "limit", "reason", "scheduled-since", "scheduled-until", "kind":
+			name := f.Name
+			if name == "selector" {
+				name = "tag"
+			}
 			for _, ok := range allowed {
-				if ok == f.Name {
+				if ok == name {
 					return
 				}
 			}
@@ -206,6 +228,9 @@ func (a *app) get(ctx context.Context, kind string, names []string, o listOpts) 
 
 // printList prints items as {"<key>": [...]} or as a table.
 func (a *app) printList(key string, items []json.RawMessage, table func([]json.RawMessage) error) error {
+	if a.output == "name" {
+		return a.printNameLines(key, items)
+	}
 	if a.format() != "table" {
 		if items == nil {
 			items = []json.RawMessage{}
@@ -215,8 +240,11 @@ func (a *app) printList(key string, items []json.RawMessage, table func([]json.R
 	return table(items)
 }
 
-// printOne prints one object, or a one-row table.
-func (a *app) printOne(raw json.RawMessage, table func([]json.RawMessage) error) error {
+// printOne prints one object of the list key, or a one-row table.
+func (a *app) printOne(key string, raw json.RawMessage, table func([]json.RawMessage) error) error {
+	if a.output == "name" {
+		return a.printNameLines(key, []json.RawMessage{raw})
+	}
 	if a.format() != "table" {
 		return a.printData(raw)
 	}
@@ -314,7 +342,7 @@ func (a *app) getPipes(ctx context.Context, c *client, names []string, o listOpt
 		return err
 	}
 	if len(names) == 1 && len(tags) == 0 && o.agent == "" {
-		return a.printOne(items[0], a.pipesTable)
+		return a.printOne("pipes", items[0], a.pipesTable)
 	}
 	if len(tags) > 0 || o.agent != "" {
 		var ag *api.Agent
@@ -367,14 +395,30 @@ func fmtTargets(t *manifest.Targets) string {
 
 func (a *app) pipesTable(items []json.RawMessage) error {
 	cols := []string{"NAME", "VERSION", "SCHEDULE", "TIMEZONE", "TARGETS", "ENABLED", "PAYLOAD", "UPDATED"}
+	if a.wide() {
+		cols = append(cols, "CATCHUP", "JITTER", "TIMEOUT", "GRACE", "RUN AS")
+	}
 	return tableOf(a.stdout(), items, cols, func(p *api.Pipe) []string {
 		tz := p.Spec.Timezone
 		if tz == "" {
 			tz = manifest.DefaultTimezone
 		}
-		return []string{p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
+		row := []string{p.Name, itoa(int(p.Version)), p.Spec.Schedule, tz, fmtTargets(p.Spec.Targets),
 			strconv.FormatBool(p.Spec.IsEnabled()), shortDigest(p.Payload.Digest), fmtTimeV(p.UpdatedAt)}
+		if a.wide() {
+			row = append(row, p.Spec.Catchup, fmtSpecDuration(p.Spec.Jitter), fmtSpecDuration(p.Spec.Timeout),
+				fmtSpecDuration(p.Spec.Grace), p.Spec.RunAs)
+		}
+		return row
 	})
+}
+
+// fmtSpecDuration shows a spec's duration; "" for none.
+func fmtSpecDuration(d manifest.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
 }
 
 // ---- agents
@@ -390,7 +434,7 @@ func (a *app) getAgents(ctx context.Context, c *client, ids []string, o listOpts
 		return err
 	}
 	if len(ids) == 1 && len(tags) == 0 && o.status == "" {
-		return a.printOne(items[0], a.agentsTable)
+		return a.printOne("agents", items[0], a.agentsTable)
 	}
 	if len(tags) > 0 || o.status != "" {
 		items, err = keepIf(items, "agent", func(ag *api.Agent) bool {
@@ -444,7 +488,7 @@ func (a *app) getRuns(ctx context.Context, c *client, ids []string, o listOpts) 
 			return err
 		}
 		if len(ids) == 1 {
-			return a.printOne(items[0], a.runsTable)
+			return a.printOne("runs", items[0], a.runsTable)
 		}
 		return a.printList("runs", items, a.runsTable)
 	}

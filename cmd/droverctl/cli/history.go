@@ -33,8 +33,9 @@ func parseVersion(what, s string) (uint64, error) {
 
 func (a *app) newHistoryCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "history PIPE",
-		Short: "List a pipe's versions, newest first (also of a deleted pipe)",
+		Use:               "history PIPE",
+		ValidArgsFunction: a.completeKind("pipes", 1),
+		Short:             "List a pipe's versions, newest first (also of a deleted pipe)",
 		Long: `List every version of a pipe, newest first: when it was stored, its schedule,
 its payload digest, and which one is current (none when the pipe is deleted).
 With -o json or -o yaml the API's version objects, spec included.
@@ -101,8 +102,9 @@ func (a *app) history(ctx context.Context, c *client, pipe string) error {
 
 func (a *app) newRestoreCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "restore PIPE VERSION",
-		Short: "Make an old version of a pipe current again, as a new version",
+		Use:               "restore PIPE VERSION",
+		ValidArgsFunction: a.completeKind("pipes", 1),
+		Short:             "Make an old version of a pipe current again, as a new version",
 		Long: `Store the spec and payload of an old version of a pipe as its newest version
 (a deleted pipe comes back); the agents get it with their next manifest.
 Prints the version now in force; with -o json or -o yaml the API's answer.

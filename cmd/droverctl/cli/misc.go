@@ -89,6 +89,7 @@ func (a *app) auditTable(items []json.RawMessage) error {
 // ---- completion
 
 func (a *app) newCompletionCmd(root *cobra.Command) *cobra.Command {
+	a.registerCompletions(root)
 	return &cobra.Command{
 		Use:   "completion bash|zsh|fish",
 		Short: "Print a shell completion script",

@@ -238,7 +238,7 @@ func (a *app) getNotify(ctx context.Context, c *client, kind string, names []str
 		return err
 	}
 	if len(items) == 1 {
-		return a.printOne(items[0], table)
+		return a.printOne(key, items[0], table)
 	}
 	return a.printList(key, items, table)
 }

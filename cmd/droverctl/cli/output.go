@@ -32,6 +32,9 @@ func (a *app) printData(v any) error {
 		}
 		raw = b
 	}
+	if a.output == "name" {
+		return a.printNames(raw)
+	}
 	return writeFormatted(a.stdout(), a.format(), raw)
 }
 

@@ -30,8 +30,9 @@ const logEndGrace = 5 * time.Second
 func (a *app) newLogsCmd() *cobra.Command {
 	var follow bool
 	cmd := &cobra.Command{
-		Use:   "logs RUN [-f]",
-		Short: "Print a run's output; -f follows it until the run ends",
+		Use:               "logs RUN [-f]",
+		ValidArgsFunction: a.completeKind("runs", 1),
+		Short:             "Print a run's output; -f follows it until the run ends",
 		Long: `Print the output of a run, as the agent shipped it.
 
 With -f the output is followed live (Server-Sent Events when the server
@@ -366,8 +367,9 @@ func (a *app) newRunCmd() *cobra.Command {
 	var wait bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "run PIPE [--agent ID | --tag k=v ...] [--wait [--timeout DURATION]]",
-		Short: "Run a pipe now on every agent it targets, one agent, or the agents with tags",
+		Use:               "run PIPE [--agent ID | --tag k=v ...] [--wait [--timeout DURATION]]",
+		ValidArgsFunction: a.completeKind("pipes", 1),
+		Short:             "Run a pipe now on every agent it targets, one agent, or the agents with tags",
 		Long: `Ask agents to run a pipe now: every agent the pipe targets, one of them
 (--agent), or those carrying tags (--tag k=v, repeatable). A targeted agent
 that is offline is listed as such and does not run the pipe: the request is
@@ -772,9 +774,10 @@ func (a *app) runByTags(ctx context.Context, c *client, pipe string, tags map[st
 
 func (a *app) newCancelCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "cancel RUN",
-		Short: "Cancel a running run (the agent kills its whole process tree)",
-		Args:  exactArgs(1, "a run id"),
+		Use:               "cancel RUN",
+		ValidArgsFunction: a.completeKind("runs", 1),
+		Short:             "Cancel a running run (the agent kills its whole process tree)",
+		Args:              exactArgs(1, "a run id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.apiClient()
 			if err != nil {
