@@ -90,7 +90,7 @@ func Open(ctx context.Context, dsn string, p Pool) (*DB, error) {
 	s := &DB{pool: pool, sql: db, w: &conn{db}, r: &conn{db}}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("open store: PostgreSQL at %s: %s", where, Redact(err.Error(), dsn))
+		return nil, fmt.Errorf("open store: PostgreSQL at %s: %w", where, err) // migration errors do not hold the DSN
 	}
 	return s, nil
 }
