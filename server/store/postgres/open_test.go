@@ -68,4 +68,3 @@ func TestOpenErrorsHideThePassword(t *testing.T) {
 		}
 	}
 }
-
