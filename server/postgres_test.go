@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/postgres"
 	"github.com/drover/drover/server/store/postgres/pgtest"
 )
@@ -134,5 +136,104 @@ func TestPostgresConfig(t *testing.T) {
 	_, err = New(cfg, testLogger(t), nil)
 	if err == nil || strings.Contains(err.Error(), "s3cretpw") || !strings.Contains(err.Error(), "cannot reach PostgreSQL at 127.0.0.1:1") {
 		t.Fatalf("New on an unreachable database: %v", err)
+	}
+}
+
+// drover-server migrate --to copies a SQLite data dir's database into
+// PostgreSQL: a server started on it with the same data dir serves the same
+// agents, pipes, runs, logs, audit log and notification progress, and its
+// agents keep working.
+func TestPostgresMigrateFromSQLite(t *testing.T) {
+	c := pgtest.Start(t)
+	dsn := c.NewDatabase(t)
+	ts := startServer(t)
+	a := ts.jobAgent()
+	st, err := a.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const perRun = 2
+	for seq := uint64(1); seq <= 3*(perRun+2); seq++ {
+		if err := st.stream.Send(replayRecord("mig", seq, perRun)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.waitAck(3*(perRun+2), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st.close()
+	ctx := t.Context()
+	if err := ts.s.store.RouteEvents(ctx, 42, map[string]string{"run/x/job": "failing"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var runsBefore api.RunList
+	ts.adminOK("GET", "/api/v1/runs", nil, &runsBefore)
+	audit, err := ts.s.store.ListAudit(ctx, store.AuditFilter{Limit: 1000})
+	if err != nil || len(audit) == 0 {
+		t.Fatalf("audit before: %d entries, %v", len(audit), err)
+	}
+	dir := ts.cfg.DataDir
+
+	// Refused while the server runs (it holds the data dir).
+	var out, errOut bytes.Buffer
+	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, nil, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "stop drover-server first") {
+		t.Fatalf("migrate while serving: exit %d: %s", code, errOut.String())
+	}
+	ts.stop()
+	out.Reset()
+	errOut.Reset()
+	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, nil, &out, &errOut); code != 0 {
+		t.Fatalf("migrate: exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "log_chunks") || !strings.Contains(out.String(), "store.driver: postgres") {
+		t.Fatalf("migrate output: %s", out.String())
+	}
+	// A second copy into the now non-empty database is refused.
+	out.Reset()
+	errOut.Reset()
+	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, nil, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "not empty") {
+		t.Fatalf("migrate into a full database: exit %d: %s", code, errOut.String())
+	}
+
+	pg := startServer(t, func(cfg *Config) {
+		cfg.DataDir = dir
+		cfg.Store.Driver, cfg.Store.DSN = "postgres", dsn
+	})
+	var runsAfter api.RunList
+	pg.adminOK("GET", "/api/v1/runs", nil, &runsAfter)
+	if len(runsAfter.Runs) != 3 || fmt.Sprint(runsAfter.Runs) != fmt.Sprint(runsBefore.Runs) {
+		t.Fatalf("runs after migrating:\n%v\nbefore:\n%v", runsAfter.Runs, runsBefore.Runs)
+	}
+	r := pg.doCT("GET", "/api/v1/runs/mig-00002/logs", pg.admin, "", nil, "Accept", "text/plain")
+	if r.code != 200 || string(r.body) != expectedLog("mig-00002", perRun) {
+		t.Fatalf("logs after migrating: %d %q", r.code, r.body)
+	}
+	cursor, state, err := pg.s.store.NotifyProgress(ctx)
+	if err != nil || cursor != 42 || state["run/x/job"] != "failing" {
+		t.Fatalf("notify progress after migrating: %d %v %v", cursor, state, err)
+	}
+	after, err := pg.s.store.ListAudit(ctx, store.AuditFilter{Limit: 1000})
+	if err != nil || len(after) < len(audit) {
+		t.Fatalf("audit after: %d entries (had %d), %v", len(after), len(audit), err)
+	}
+	e := &store.AuditEntry{ActorID: "t", ActorName: "t", Role: "admin", Action: "test", Target: "x"}
+	if err := pg.s.store.AddAudit(ctx, e); err != nil || e.ID <= audit[0].ID {
+		t.Fatalf("a new audit entry after migrating has id %d (last copied %d): %v", e.ID, audit[0].ID, err)
+	}
+	// The agent, its certificate and its manifest state carry over.
+	a.base, a.grpcAddr = pg.base, pg.s.GRPCAddr()
+	if _, err := a.pullManifest(); err != nil {
+		t.Fatalf("the agent after migrating: %v", err)
+	}
+	st, err = a.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.close()
+	if err := st.stream.Send(replayRecord("mig", 1, perRun)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.waitAck(1, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
