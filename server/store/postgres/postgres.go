@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net/url"
 	"regexp"
 	"sort"
@@ -273,7 +274,7 @@ func rebind(q string) string {
 
 // maxAttempts bounds the retries of a transaction that keeps losing
 // serialization conflicts.
-const maxAttempts = 10
+const maxAttempts = 20
 
 // withTx runs fn in one SERIALIZABLE transaction, retrying it from the
 // start when PostgreSQL aborts it for a serialization failure or deadlock:
@@ -287,7 +288,7 @@ func withTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(time.Duration(attempt) * 5 * time.Millisecond):
+		case <-time.After(time.Duration(attempt)*5*time.Millisecond + rand.N(5*time.Millisecond)):
 		}
 	}
 }
