@@ -54,6 +54,11 @@ type DB struct {
 	w, r *conn
 }
 
+// defaultConnectTimeout bounds each connection attempt when the DSN sets no
+// connect_timeout, so that an unreachable database fails the start rather
+// than hanging it.
+const defaultConnectTimeout = 10 * time.Second
+
 // ErrSchemaNewer is returned by Open when the database was migrated by a
 // newer drover-server: this binary does not know its schema and refuses it.
 var ErrSchemaNewer = errors.New("the database schema is newer than this drover-server")
@@ -65,6 +70,9 @@ func Open(ctx context.Context, dsn string, p Pool) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open store: store.dsn is not a valid PostgreSQL connection string: %s", Redact(err.Error(), dsn))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout // the DSN's connect_timeout wins
 	}
 	if p.MaxConns > 0 {
 		cfg.MaxConns = p.MaxConns
