@@ -28,6 +28,7 @@ declare -A pkg_of=(
   [chromium]=chromium
   [prometheus-alertmanager]=prometheus-alertmanager
   [promtool]=prometheus
+  [pg_ctlcluster]=postgresql
 )
 missing=()
 for cmd in "${!pkg_of[@]}"; do

@@ -58,6 +58,7 @@ configuration file; flags override both.`,
 		group("keys", "Manage the manifest signing keys", newRotateCmd(&cf, env)),
 		group("tokens", "Manage enrollment tokens", newTokensCreateCmd(&cf, env)),
 		group("api-tokens", "Manage API tokens", newAPITokensCreateCmd(&cf, env)),
+		newMigrateCmd(&cf, env),
 	)
 	ctx, stop := command.SignalContext()
 	defer stop()

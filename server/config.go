@@ -177,8 +177,21 @@ type SigningConfig struct {
 	MaxPayloadBytes int64 `yaml:"max_payload_bytes"`
 }
 
-// StoreConfig configures the embedded SQLite store.
+// StoreConfig configures the store: the embedded SQLite file in the data
+// dir (driver sqlite) or a PostgreSQL database (driver postgres, see
+// docs/postgres.md).
 type StoreConfig struct {
+	// Driver is sqlite or postgres.
+	Driver string `yaml:"driver"`
+	// DSN is the PostgreSQL connection string (postgres://user:pw@host/db
+	// or key=value); only with driver postgres. It is never logged.
+	DSN string `yaml:"dsn"`
+	// MaxConns, MinConns, MaxConnLifetime and MaxConnIdleTime size the
+	// PostgreSQL connection pool.
+	MaxConns        int           `yaml:"max_conns"`
+	MinConns        int           `yaml:"min_conns"`
+	MaxConnLifetime time.Duration `yaml:"max_conn_lifetime"`
+	MaxConnIdleTime time.Duration `yaml:"max_conn_idle_time"`
 	// Synchronous is SQLite's synchronous mode: full (acks survive power
 	// loss) or normal (acks survive a process crash).
 	Synchronous string `yaml:"synchronous"`
@@ -244,8 +257,13 @@ func DefaultConfig() Config {
 			MaxPayloadBytes:  manifest.DefaultMaxBundleBytes,
 		},
 		Store: StoreConfig{
-			Synchronous: "full",
-			IngestBatch: 2000,
+			Driver:          "sqlite",
+			MaxConns:        16,
+			MinConns:        0,
+			MaxConnLifetime: time.Hour,
+			MaxConnIdleTime: 30 * time.Minute,
+			Synchronous:     "full",
+			IngestBatch:     2000,
 		},
 		LiveLogs: LiveLogsConfig{
 			MaxFollowers: 256,
@@ -414,5 +432,31 @@ func (c *Config) Validate() error {
 	atLeast("runs.max_chunk_bytes", int64(c.Runs.MaxChunkBytes), 1024)
 	atLeast("runs.retention_per_pipe", int64(c.Runs.RetentionPerPipe), 1)
 	ps.OneOf("store.synchronous", c.Store.Synchronous, "full", "normal")
+	switch c.Store.Driver {
+	case "sqlite":
+		if c.Store.DSN != "" {
+			add("store.dsn", "is only used with store.driver postgres")
+		}
+	case "postgres":
+		if c.Store.DSN == "" {
+			add("store.dsn", "is required with store.driver postgres")
+		}
+	default:
+		add("store.driver", "%q is not one of sqlite, postgres", c.Store.Driver)
+	}
+	atLeast("store.max_conns", int64(c.Store.MaxConns), 1)
+	atLeast("store.min_conns", int64(c.Store.MinConns), 0)
+	if c.Store.MinConns > c.Store.MaxConns {
+		add("store.min_conns", "%d is more than store.max_conns (%d)", c.Store.MinConns, c.Store.MaxConns)
+	}
+	if c.Store.MaxConns > 10000 {
+		add("store.max_conns", "must be at most 10000")
+	}
+	if c.Store.MaxConnLifetime < time.Second {
+		add("store.max_conn_lifetime", "must be at least 1s")
+	}
+	if c.Store.MaxConnIdleTime < time.Second {
+		add("store.max_conn_idle_time", "must be at least 1s")
+	}
 	return ps.Err()
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/postgres"
 	"github.com/drover/drover/server/store/sqlite"
 	"github.com/drover/drover/server/stream"
 	"google.golang.org/grpc"
@@ -97,6 +98,10 @@ type Server struct {
 // acquired is released.
 func New(cfg Config, logger *slog.Logger, clock Clock) (*Server, error) {
 	return newServer(cfg, logger, clock, func(ctx context.Context) (store.Store, error) {
+		if cfg.Store.Driver == "postgres" {
+			return postgres.Open(ctx, cfg.Store.DSN, postgres.Pool{MaxConns: int32(cfg.Store.MaxConns), MinConns: int32(cfg.Store.MinConns),
+				MaxConnLifetime: cfg.Store.MaxConnLifetime, MaxConnIdleTime: cfg.Store.MaxConnIdleTime})
+		}
 		return sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
 	})
 }

@@ -1,0 +1,166 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/drover/drover/server/store"
+)
+
+const runColumns = `id, agent_id, pipe, pipe_version, trigger, status, exit_code, signal, error, request_id, scheduled_at, started_at, finished_at,
+	duration_ms, log_chunks, log_bytes, log_truncated, created_at, updated_at, reason, attempts, written_by`
+
+func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
+	var r store.Run
+	var sched, started, finished, created, updated int64
+	if err := row.Scan(&r.ID, &r.AgentID, &r.Pipe, &r.PipeVersion, &r.Trigger, &r.Status, &r.ExitCode, &r.Signal, &r.Error, &r.RequestID,
+		&sched, &started, &finished, &r.DurationMS, &r.LogChunks, &r.LogBytes, &r.LogTruncated, &created, &updated, &r.Reason, &r.Attempts, &r.WrittenBy); err != nil {
+		return nil, err
+	}
+	r.ScheduledAt, r.StartedAt, r.FinishedAt, r.CreatedAt, r.UpdatedAt = fromNS(sched), fromNS(started), fromNS(finished), fromNS(created), fromNS(updated)
+	return &r, nil
+}
+
+func (s *DB) GetRun(ctx context.Context, id string) (*store.Run, error) {
+	r, err := scanRun(s.r.QueryRowContext(ctx, `SELECT `+runColumns+` FROM runs WHERE id=?`, id))
+	if err != nil {
+		return nil, rowErr(err, "run", "get run")
+	}
+	return r, nil
+}
+
+// scanLogChunk reads run_id, seq, stream, data, at.
+func scanLogChunk(row interface{ Scan(...any) error }) (*store.LogChunk, error) {
+	var c store.LogChunk
+	var at int64
+	if err := row.Scan(&c.RunID, &c.Seq, &c.Stream, &c.Data, &at); err != nil {
+		return nil, err
+	}
+	c.At = fromNS(at)
+	return &c, nil
+}
+
+func (s *DB) GetLogs(ctx context.Context, runID string) ([]*store.LogChunk, error) {
+	return queryAll(ctx, s.r, "get logs", scanLogChunk, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? ORDER BY seq`, runID)
+}
+
+func (s *DB) PruneRuns(ctx context.Context, before time.Time, perPipe int) (int, error) {
+	var total int
+	err := withTx(ctx, s.w, func(tx *txn) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM log_chunks WHERE run_id IN (SELECT id FROM runs WHERE updated_at<?)`, ns(before)); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM runs WHERE updated_at<?`, ns(before))
+		if err != nil {
+			return err
+		}
+		n, _ := res.RowsAffected()
+		total += int(n)
+		rows, err := tx.QueryContext(ctx, `SELECT pipe FROM runs GROUP BY pipe HAVING COUNT(*)>?`, perPipe)
+		if err != nil {
+			return err
+		}
+		var pipes []string
+		for rows.Next() {
+			var p string
+			if err := rows.Scan(&p); err != nil {
+				rows.Close()
+				return err
+			}
+			pipes = append(pipes, p)
+		}
+		rows.Close()
+		for _, p := range pipes {
+			old := `SELECT id FROM runs WHERE pipe=? ORDER BY created_at DESC, id DESC OFFSET ?`
+			if _, err := tx.ExecContext(ctx, `DELETE FROM log_chunks WHERE run_id IN (`+old+`)`, p, perPipe); err != nil {
+				return err
+			}
+			res, err := tx.ExecContext(ctx, `DELETE FROM runs WHERE id IN (`+old+`)`, p, perPipe)
+			if err != nil {
+				return err
+			}
+			n, _ := res.RowsAffected()
+			total += int(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("prune runs: %w", err)
+	}
+	return total, nil
+}
+
+// ListRuns lists runs matching f, newest first, at most f.Limit of them.
+func (s *DB) ListRuns(ctx context.Context, f store.RunFilter) ([]*store.Run, error) {
+	q := `SELECT ` + runColumns + ` FROM runs WHERE 1=1`
+	var args []any
+	add := func(cond string, v any) {
+		q += ` AND ` + cond
+		args = append(args, v)
+	}
+	if f.Pipe != "" {
+		add(`pipe=?`, f.Pipe)
+	}
+	if f.Agent != "" {
+		add(`agent_id=?`, f.Agent)
+	}
+	if f.Status != "" {
+		add(`status=?`, f.Status)
+	}
+	if f.RequestID != "" {
+		add(`request_id=?`, f.RequestID)
+	}
+	if f.Reason != "" {
+		add(`reason=?`, f.Reason)
+	}
+	if !f.ScheduledSince.IsZero() {
+		add(`scheduled_at>=?`, ns(f.ScheduledSince))
+	}
+	if !f.ScheduledUntil.IsZero() {
+		add(`scheduled_at<? AND scheduled_at<>0`, ns(f.ScheduledUntil))
+	}
+	if !f.Since.IsZero() {
+		add(`created_at>=?`, ns(f.Since))
+	}
+	if !f.Until.IsZero() {
+		add(`created_at<?`, ns(f.Until))
+	}
+	if !f.BeforeAt.IsZero() {
+		q += ` AND (created_at<? OR (created_at=? AND id<?))`
+		args = append(args, ns(f.BeforeAt), ns(f.BeforeAt), f.BeforeID)
+	}
+	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
+	args = append(args, limitArg(f.Limit))
+	return queryAll(ctx, s.r, "list runs", scanRun, q, args...)
+}
+
+func (s *DB) GetLogsAfter(ctx context.Context, runID string, after int64, limit int) ([]*store.LogChunk, error) {
+	return queryAll(ctx, s.r, "get logs", scanLogChunk, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? AND seq>? ORDER BY seq LIMIT ?`, runID, after, limitArg(limit))
+}
+
+func (s *DB) CountLogChunks(ctx context.Context, runID string) (uint64, error) {
+	var n uint64
+	if err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM log_chunks WHERE run_id=?`, runID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count log chunks: %w", err)
+	}
+	return n, nil
+}
+
+func (s *DB) RunCounts(ctx context.Context) (map[string]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT status, COUNT(*) FROM runs GROUP BY status`)
+	if err != nil {
+		return nil, fmt.Errorf("run counts: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, fmt.Errorf("run counts: %w", err)
+		}
+		out[st] = n
+	}
+	return out, rows.Err()
+}

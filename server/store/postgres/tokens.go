@@ -1,0 +1,163 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
+)
+
+func (s *DB) CreateToken(ctx context.Context, t *store.EnrollmentToken) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO enrollment_tokens(id, secret_hash, name, tags, created_at, expires_at) VALUES(?,?,?,?,?,?)`,
+		t.ID, t.SecretHash, t.Name, jsonText(t.Tags), ns(t.CreatedAt), ns(t.ExpiresAt))
+	if err != nil {
+		return fmt.Errorf("create token: %w", err)
+	}
+	return nil
+}
+
+func (s *DB) GetToken(ctx context.Context, id string) (*store.EnrollmentToken, error) {
+	var t store.EnrollmentToken
+	var tags string
+	var created, expires, used int64
+	err := s.r.QueryRowContext(ctx, `SELECT id, secret_hash, name, tags, created_at, expires_at, used_at, agent_id FROM enrollment_tokens WHERE id=?`, id).
+		Scan(&t.ID, &t.SecretHash, &t.Name, &tags, &created, &expires, &used, &t.AgentID)
+	if err != nil {
+		return nil, rowErr(err, "token", "get token")
+	}
+	if err := json.Unmarshal([]byte(tags), &t.Tags); err != nil {
+		return nil, fmt.Errorf("get token: %w", err)
+	}
+	t.CreatedAt, t.ExpiresAt, t.UsedAt = fromNS(created), fromNS(expires), fromNS(used)
+	return &t, nil
+}
+
+func (s *DB) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *store.Agent) error {
+	return withTx(ctx, s.w, func(tx *txn) error {
+		res, err := tx.ExecContext(ctx, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`,
+			ns(now), a.ID, tokenID, ns(now))
+		if err != nil {
+			return fmt.Errorf("enroll: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			var used int64
+			err := tx.QueryRowContext(ctx, `SELECT used_at FROM enrollment_tokens WHERE id=?`, tokenID).Scan(&used)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				return errs.ErrInvalidToken
+			case err != nil:
+				return fmt.Errorf("enroll: %w", err)
+			case used != 0:
+				return errs.ErrTokenUsed
+			}
+			return errs.ErrTokenExpired
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
+			VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`,
+			a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
+		if err != nil {
+			return fmt.Errorf("enroll: %w", err)
+		}
+		return nil
+	})
+}
+
+func (s *DB) ListTokens(ctx context.Context) ([]*store.EnrollmentToken, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, name, tags, created_at, expires_at, used_at, agent_id FROM enrollment_tokens ORDER BY created_at DESC, id DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.EnrollmentToken
+	for rows.Next() {
+		var t store.EnrollmentToken
+		var tags string
+		var created, expires, used int64
+		if err := rows.Scan(&t.ID, &t.Name, &tags, &created, &expires, &used, &t.AgentID); err != nil {
+			return nil, fmt.Errorf("list tokens: %w", err)
+		}
+		if err := json.Unmarshal([]byte(tags), &t.Tags); err != nil {
+			return nil, fmt.Errorf("list tokens: %w", err)
+		}
+		t.CreatedAt, t.ExpiresAt, t.UsedAt = fromNS(created), fromNS(expires), fromNS(used)
+		out = append(out, &t)
+	}
+	return out, rows.Err()
+}
+
+func (s *DB) DeleteToken(ctx context.Context, id string) error {
+	res, err := s.w.ExecContext(ctx, `DELETE FROM enrollment_tokens WHERE id=?`, id)
+	if err != nil {
+		return fmt.Errorf("delete token: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return errs.NotFound("enrollment token")
+	}
+	return nil
+}
+
+const apiTokenColumns = `id, name, role, secret_hash, created_at, created_by, expires_at, last_used_at, revoked_at`
+
+func scanAPIToken(row interface{ Scan(...any) error }) (*store.APIToken, error) {
+	var t store.APIToken
+	var created, expires, used, revoked int64
+	if err := row.Scan(&t.ID, &t.Name, &t.Role, &t.SecretHash, &created, &t.CreatedBy, &expires, &used, &revoked); err != nil {
+		return nil, err
+	}
+	t.CreatedAt, t.ExpiresAt, t.LastUsedAt, t.RevokedAt = fromNS(created), fromNS(expires), fromNS(used), fromNS(revoked)
+	return &t, nil
+}
+
+func (s *DB) CreateAPIToken(ctx context.Context, t *store.APIToken) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO api_tokens(`+apiTokenColumns+`) VALUES(?,?,?,?,?,?,?,?,?)`,
+		t.ID, t.Name, t.Role, t.SecretHash, ns(t.CreatedAt), t.CreatedBy, ns(t.ExpiresAt), ns(t.LastUsedAt), ns(t.RevokedAt))
+	if err != nil {
+		return fmt.Errorf("create api token: %w", err)
+	}
+	return nil
+}
+
+func (s *DB) EnsureAPIToken(ctx context.Context, t *store.APIToken) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO api_tokens(`+apiTokenColumns+`) VALUES(?,?,?,?,?,?,?,?,?)
+		ON CONFLICT(id) DO UPDATE SET secret_hash=excluded.secret_hash WHERE api_tokens.revoked_at=0`,
+		t.ID, t.Name, t.Role, t.SecretHash, ns(t.CreatedAt), t.CreatedBy, ns(t.ExpiresAt), ns(t.LastUsedAt), ns(t.RevokedAt))
+	if err != nil {
+		return fmt.Errorf("ensure api token: %w", err)
+	}
+	return nil
+}
+
+func (s *DB) GetAPIToken(ctx context.Context, id string) (*store.APIToken, error) {
+	t, err := scanAPIToken(s.r.QueryRowContext(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id=?`, id))
+	if err != nil {
+		return nil, rowErr(err, "API token", "get api token")
+	}
+	return t, nil
+}
+
+func (s *DB) ListAPITokens(ctx context.Context) ([]*store.APIToken, error) {
+	return queryAll(ctx, s.r, "list api tokens", scanAPIToken, `SELECT `+apiTokenColumns+` FROM api_tokens ORDER BY created_at, id`)
+}
+
+func (s *DB) RevokeAPIToken(ctx context.Context, id string, now time.Time) error {
+	res, err := s.w.ExecContext(ctx, `UPDATE api_tokens SET revoked_at=CASE WHEN revoked_at=0 THEN ? ELSE revoked_at END WHERE id=?`, ns(now), id)
+	if err != nil {
+		return fmt.Errorf("revoke api token: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return errs.NotFound("API token")
+	}
+	return nil
+}
+
+func (s *DB) TouchAPIToken(ctx context.Context, id string, now time.Time) error {
+	if _, err := s.w.ExecContext(ctx, `UPDATE api_tokens SET last_used_at=? WHERE id=? AND last_used_at<?`, ns(now), id, ns(now)); err != nil {
+		return fmt.Errorf("touch api token: %w", err)
+	}
+	return nil
+}
