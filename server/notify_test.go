@@ -144,8 +144,13 @@ func TestNotifyAlertmanager(t *testing.T) {
 
 	sendAll(t, st, seq, runOf("ok-1", "backup", runSucceeded)...)
 	testkit.WaitFor(t, 30*time.Second, "the alert to resolve in Alertmanager", func() bool { return len(amAlerts(t, am)) == 0 })
+	// Alertmanager has the resolution before the deliverer records it as
+	// delivered: wait for the record, then check it.
 	var status api.ChannelStatusList
-	ts.adminOK("GET", "/api/v1/notify/status", nil, &status)
+	testkit.Eventually(10*time.Second, func() bool {
+		ts.adminOK("GET", "/api/v1/notify/status", nil, &status)
+		return len(status.Channels) == 1 && status.Channels[0].Pending == 0
+	})
 	if len(status.Channels) != 1 || status.Channels[0].Delivered != 2 || status.Channels[0].Pending != 0 {
 		t.Errorf("status: %+v (want 2 delivered: the alert and its resolution)", status)
 	}
@@ -281,7 +286,10 @@ func TestNotifyWebhookOutageAndRestart(t *testing.T) {
 		}
 	}
 	var s api.ChannelStatusList
-	ts2.adminOK("GET", "/api/v1/notify/status", nil, &s)
+	testkit.Eventually(10*time.Second, func() bool {
+		ts2.adminOK("GET", "/api/v1/notify/status", nil, &s)
+		return len(s.Channels) == 1 && s.Channels[0].Pending == 0
+	})
 	if c := s.Channels[0]; c.Delivered != 5 || c.Pending != 0 || c.Failed != 0 || c.LastDeliveredAt.IsZero() {
 		t.Errorf("status after the outage: %+v", c)
 	}
