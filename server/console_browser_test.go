@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -299,6 +301,35 @@ func TestConsoleBrowser(t *testing.T) {
 	b.show("#/runs", "runs")
 	b.shoot("runs")
 
+	// Notifications: channels with their delivery status and rules; an admin
+	// sends a test through a real receiver; the channel's secret is never shown.
+	var hookMu sync.Mutex
+	hookPosts := 0
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Drover-Signature") != "" {
+			hookMu.Lock()
+			hookPosts++
+			hookMu.Unlock()
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer hook.Close()
+	hookSecret := "console-hook-secret-4711"
+	ts.adminOK("PUT", "/api/v1/notify/channels/ops-hook", api.NotifyChannel{Kind: "webhook", URL: hook.URL, Secret: &hookSecret}, nil)
+	ts.adminOK("PUT", "/api/v1/notify/rules/failures", api.NotifyRule{Kinds: []string{"run.failed"}, Channels: []string{"ops-hook"}}, nil)
+	b.show("#/notify", "notify")
+	b.run(chromedp.WaitVisible(chromedp.CSS(`tr[data-channel="ops-hook"]`)), chromedp.WaitVisible(chromedp.CSS(`tr[data-rule="failures"]`)))
+	b.run(chromedp.Click(chromedp.CSS(`button[data-test-channel="ops-hook"]`)), chromedp.WaitVisible(chromedp.CSS(`#view p.ok`)))
+	testkit.WaitFor(t, 10*time.Second, "the console's test notification at the receiver", func() bool {
+		hookMu.Lock()
+		defer hookMu.Unlock()
+		return hookPosts == 1
+	})
+	if page := b.text(`#view`); strings.Contains(page, hookSecret) || !strings.Contains(page, "run.failed") {
+		t.Fatalf("notifications page: secret shown or rule missing: %q", page)
+	}
+	b.shoot("notify")
+
 	// Tokens: a new secret is shown once; a token is revoked.
 	_, victim := ts.apiToken("victim", "viewer", "")
 	b.show("#/tokens", "tokens")
@@ -353,8 +384,8 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#token`)))
 	b.login(viewer)
 	b.run(chromedp.WaitVisible(chromedp.CSS(`#who[data-role="viewer"]`)))
-	mutating := `#run-now, [data-restore], [data-cancel], #cancel-run, #tags-form, [data-action], #api-token-form, #enroll-token-form`
-	for _, v := range [][2]string{{"#/pipe/job", "pipe"}, {"#/agent/" + agent.id, "agent"}, {"#/runs", "runs"}, {"#/tokens", "tokens"}, {"#/fleet", "fleet"}} {
+	mutating := `#run-now, [data-restore], [data-cancel], #cancel-run, #tags-form, [data-action], #api-token-form, #enroll-token-form, [data-test-channel]`
+	for _, v := range [][2]string{{"#/pipe/job", "pipe"}, {"#/agent/" + agent.id, "agent"}, {"#/runs", "runs"}, {"#/tokens", "tokens"}, {"#/fleet", "fleet"}, {"#/notify", "notify"}} {
 		b.show(v[0], v[1])
 		time.Sleep(300 * time.Millisecond) // paged lists fill in after the view
 		if n := b.count(mutating); n != 0 {

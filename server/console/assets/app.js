@@ -526,6 +526,38 @@
     }));
   };
 
+  // Notification channels (never their secrets), their delivery status, and
+  // the rules that route events to them. Channels and rules are written with
+  // droverctl notify apply (YAML beside the pipes); here admins test and delete.
+  views.notify = async (view) => {
+    view.append(el('h1', { text: 'Notifications' }));
+    const [chs, st, rules] = await Promise.all([
+      api('GET', '/api/v1/notify/channels'), api('GET', '/api/v1/notify/status'), api('GET', '/api/v1/notify/rules')]);
+    const byName = {};
+    for (const c of st.channels || []) byName[c.channel] = c;
+    const out = el('div', {});
+    const actions = (c) => can('admin') ? el('span', {},
+      el('button', { type: 'button', text: 'Send test', 'data-test-channel': c.name, onclick: async () => {
+        try {
+          const r = await api('POST', '/api/v1/notify/channels/' + enc(c.name) + '/test');
+          out.replaceChildren(r.ok ? msg('Test notification delivered to ' + c.name + '.', 'ok') : errorBox(new Error(c.name + ': ' + r.error)));
+        } catch (e) { out.replaceChildren(errorBox(e)); }
+      } }),
+      confirmButton('Delete', async () => { await api('DELETE', '/api/v1/notify/channels/' + enc(c.name)); render(); })) : '';
+    view.append(el('h2', { text: 'Channels' }), out, (chs.channels || []).length === 0 ? msg('No channels. Write them with droverctl notify apply -f.') :
+      table(['Name', 'Kind', 'URL', 'Signed', 'Pending', 'Delivered', 'Given up', 'Last delivered', 'Last error', ''],
+        chs.channels.map((c) => {
+          const s = byName[c.name] || {};
+          return el('tr', { 'data-channel': c.name }, [c.name, c.kind, c.url, c.has_secret ? 'yes' : 'no', String(s.pending || 0), String(s.delivered || 0),
+            String(s.failed || 0), ago(s.last_delivered_at), s.last_error || ''].map((t) => el('td', { text: t })), el('td', {}, actions(c)));
+        })));
+    view.append(el('h2', { text: 'Rules' }), (rules.rules || []).length === 0 ? msg('No rules.') :
+      table(['Name', 'Events', 'Pipes', 'Tags', 'Channels', 'Severity', ''], rules.rules.map((r) => el('tr', { 'data-rule': r.name },
+        el('td', { text: r.name }), el('td', { text: (r.kinds || []).join(', ') }), el('td', { text: (r.pipes || []).join(', ') || 'all' }),
+        el('td', {}, tags(r.tags)), el('td', { text: (r.channels || []).join(', ') }), el('td', { text: r.severity || '' }),
+        el('td', {}, can('admin') ? confirmButton('Delete', async () => { await api('DELETE', '/api/v1/notify/rules/' + enc(r.name)); render(); }) : '')))));
+  };
+
   function secretBox(label, secret) {
     return el('div', { class: 'card', id: 'new-secret' }, el('strong', { text: label + ' (shown once; copy it now):' }), el('div', { class: 'secret', text: secret }));
   }
