@@ -216,6 +216,7 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 			return stats, err
 		}
 		stats.Missed = len(stored)
+		m.s.metrics.pipes.runsMissed(stored)
 		for _, r := range stored {
 			m.swap(runStateKey(r.AgentID, r.Pipe), "failing", dirty)
 			events = append(events, &store.Event{At: now, Kind: EventRunMissed, Pipe: r.Pipe, AgentID: r.AgentID, RunID: r.ID,
