@@ -223,6 +223,11 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 				Message: "fire time " + r.ScheduledAt.UTC().Format(time.RFC3339) + " missed: " + r.Reason, Dedupe: EventRunMissed + "/" + r.ID})
 		}
 	}
+	long, err := m.longRuns(ctx, pipes, now)
+	if err != nil {
+		return stats, err
+	}
+	events = append(events, long...)
 	if err := m.store.AddEvents(ctx, events); err != nil {
 		return stats, err
 	}
