@@ -335,10 +335,7 @@ func parseLabels(s string) (map[string]string, string, error) {
 		if len(labels) > telemetry.MaxLabels {
 			return nil, "", fmt.Errorf("more than %d labels", telemetry.MaxLabels)
 		}
-		s = strings.TrimLeft(s[j+1:], " \t")
-		if strings.HasPrefix(s, ",") {
-			s = s[1:]
-		}
+		s = strings.TrimPrefix(strings.TrimLeft(s[j+1:], " \t"), ",")
 	}
 }
 

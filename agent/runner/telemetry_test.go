@@ -164,3 +164,20 @@ func TestStaleTelemetryRemoved(t *testing.T) {
 		t.Fatalf("stale dir: %v", err)
 	}
 }
+
+// TestTelemetryUnderCronBackend: the cron backend's environment (the
+// spool in D/runs/<name>/spool) gives the run its telemetry files too.
+func TestTelemetryUnderCronBackend(t *testing.T) {
+	data := t.TempDir()
+	f := &fixture{t: t, pipeDir: filepath.Join(data, "pipes", "demo"), secrets: filepath.Join(data, "secrets", "demo"),
+		stdout: &testkit.Buffer{}, stderr: &testkit.Buffer{}}
+	layoutPipe(t, f, manifest.Spec{Name: "demo", Schedule: "* * * * *", Script: "echo 'cron_up 1' >> $DROVER_METRICS\necho via=cron >> $DROVER_OUTPUT\n"})
+	opts := f.opts("DROVER_PIPE_DIR="+f.pipeDir, "DROVER_TRIGGER=api", "DROVER_RUN_ID=cron-run-1", "DROVER_REQUEST_ID=req-1")
+	opts.PipeDir, opts.SpoolDir = "", ""
+	f.run(opts)
+	f.spoolDir = filepath.Join(data, "runs", "demo", "spool")
+	fin := only(t, f).finished
+	if fin.Output != "via=cron\n" || len(fin.Metrics) != 1 || fin.Metrics[0].Name != "cron_up" {
+		t.Fatalf("finished %v", fin)
+	}
+}
