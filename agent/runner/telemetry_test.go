@@ -7,7 +7,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unicode/utf8"
 
+	"github.com/drover/drover/internal/telemetry"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
@@ -180,4 +182,37 @@ func TestTelemetryUnderCronBackend(t *testing.T) {
 	if fin.Output != "via=cron\n" || len(fin.Metrics) != 1 || fin.Metrics[0].Name != "cron_up" {
 		t.Fatalf("finished %v", fin)
 	}
+}
+
+// FuzzParseMetrics: any file content yields valid samples within the caps,
+// never a panic.
+func FuzzParseMetrics(f *testing.F) {
+	f.Add([]byte("# TYPE a counter\na_total{x=\"1\\\"\\n\",y=\"\"} 3 17\nb 1e3\n"))
+	f.Add([]byte("c{ } 1\nd{x=\"unterminated} 2\n# HELP\n{} 1\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var rt runTelemetry
+		for _, s := range parseMetrics(&rt, b) {
+			if !telemetryValid(s) {
+				t.Fatalf("invalid sample %v", s)
+			}
+		}
+		if len(rt.notes) > maxNotes {
+			t.Fatalf("%d notes", len(rt.notes))
+		}
+		if out := cleanOutput(&rt, b, false); !utf8.ValidString(out) {
+			t.Fatalf("output %q is not UTF-8", out)
+		}
+	})
+}
+
+func telemetryValid(s *agentpb.MetricSample) bool {
+	if !telemetry.ValidMetricName(s.Name) || !telemetry.ValidType(s.Type) || len(s.Labels) > telemetry.MaxLabels {
+		return false
+	}
+	for k, v := range s.Labels {
+		if !telemetry.ValidLabelName(k) || len(v) > telemetry.MaxLabelValue || !utf8.ValidString(v) {
+			return false
+		}
+	}
+	return utf8.ValidString(s.Help)
 }
