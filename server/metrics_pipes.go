@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -240,7 +242,7 @@ func (p *pipeMetrics) collectSamples(ch chan<- prometheus.Metric) {
 			name := pipeMetricPrefix + s.Name
 			names := []string{"pipe", "agent"}
 			values := []string{k.pipe, k.agent}
-			for _, l := range sortedLabels(s.Labels) {
+			for _, l := range slices.Sorted(maps.Keys(s.Labels)) {
 				n := l
 				if n == "pipe" || n == "agent" {
 					n = "exported_" + n
@@ -273,15 +275,6 @@ func (p *pipeMetrics) collectSamples(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-}
-
-func sortedLabels(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // prunePipeSeries removes the series of pipes and agents that are no

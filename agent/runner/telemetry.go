@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -241,14 +242,9 @@ func parseMetrics(t *runTelemetry, b []byte) []*agentpb.MetricSample {
 }
 
 func sampleKey(s *agentpb.MetricSample) string {
-	keys := make([]string, 0, len(s.Labels))
-	for k := range s.Labels {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var b strings.Builder
 	b.WriteString(s.Name)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
 		b.WriteString("\x00" + k + "\x00" + s.Labels[k])
 	}
 	return b.String()

@@ -2,8 +2,9 @@ package stream
 
 import (
 	"fmt"
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -91,17 +92,8 @@ func cleanSample(m *agentpb.MetricSample) (api.MetricSample, error) {
 func sampleKey(s api.MetricSample) string {
 	var b strings.Builder
 	b.WriteString(s.Name)
-	for _, k := range sortedKeys(s.Labels) {
+	for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
 		b.WriteString("\x00" + k + "\x00" + s.Labels[k])
 	}
 	return b.String()
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

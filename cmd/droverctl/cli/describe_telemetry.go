@@ -3,7 +3,8 @@ package cli
 import (
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,12 +27,7 @@ func writeRunTelemetry(w io.Writer, r *api.Run) error {
 		for _, m := range r.Metrics {
 			b.WriteString("  " + m.Name)
 			if len(m.Labels) > 0 {
-				keys := make([]string, 0, len(m.Labels))
-				for k := range m.Labels {
-					keys = append(keys, k)
-				}
-				sort.Strings(keys)
-				for i, k := range keys {
+				for i, k := range slices.Sorted(maps.Keys(m.Labels)) {
 					sep := ","
 					if i == 0 {
 						sep = "{"
