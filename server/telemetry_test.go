@@ -105,3 +105,30 @@ func TestPipeTelemetry(t *testing.T) {
 		t.Fatalf("a series of the deleted pipe: %s", m)
 	}
 }
+
+// TestDeletedAgentSeriesGo: the per-agent pipe series of a deleted agent
+// vanish from /metrics; another agent's stay.
+func TestDeletedAgentSeriesGo(t *testing.T) {
+	ts := startServer(t)
+	a, st := ts.jobStream()
+	b := ts.enrollAgent(map[string]string{"job": "yes"})
+	stb, err := b.openStream("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stb.close()
+	at := time.Date(2026, 5, 1, 2, 30, 0, 0, time.UTC)
+	sendAll(t, st, 1, finishedRun("da", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, at, "", &agentpb.MetricSample{Name: "up", Value: 1})...)
+	sendAll(t, stb, 1, finishedRun("db", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, at, "", &agentpb.MetricSample{Name: "up", Value: 2})...)
+	text := ts.scrape(ts.admin)
+	for _, id := range []string{a.id, b.id} {
+		if !strings.Contains(text, `drover_pipe_up{agent="`+id+`",pipe="job"}`) || !strings.Contains(text, `drover_pipe_last_success_timestamp_seconds{agent="`+id+`"`) {
+			t.Fatalf("series of %s missing:\n%s", id, text)
+		}
+	}
+	ts.as(ts.admin, 204, "DELETE", "/api/v1/agents/"+a.id, nil, nil)
+	text = ts.scrape(ts.admin)
+	if strings.Contains(text, a.id) || !strings.Contains(text, `drover_pipe_up{agent="`+b.id+`",pipe="job"} 2`) {
+		t.Fatalf("after deleting %s:\n%s", a.id, text)
+	}
+}
