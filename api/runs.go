@@ -28,6 +28,21 @@ type Run struct {
 	LogTruncated bool       `json:"log_truncated"`
 	CreatedAt    time.Time  `json:"created_at"`
 	UpdatedAt    time.Time  `json:"updated_at"`
+	// Output, Metrics and TelemetryNotes are what the run wrote to
+	// $DROVER_OUTPUT (key=value lines) and $DROVER_METRICS, and what the
+	// runner or the server cut from them.
+	Output         string         `json:"output,omitempty"`
+	Metrics        []MetricSample `json:"metrics,omitempty"`
+	TelemetryNotes []string       `json:"telemetry_notes,omitempty"`
+}
+
+// MetricSample is one sample a run wrote to $DROVER_METRICS.
+type MetricSample struct {
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels,omitempty"`
+	Value  float64           `json:"value"`
+	Type   string            `json:"type"` // counter, gauge or untyped
+	Help   string            `json:"help,omitempty"`
 }
 
 // RunList is a page of runs, newest first.

@@ -53,8 +53,11 @@ type Spec struct {
 	// Grace is how long after a fire time (plus its jitter) a run must have
 	// started before the server records the fire time as missed; zero
 	// means DefaultGrace.
-	Grace     Duration `json:"grace,omitempty" yaml:"grace,omitempty"`
-	Hardening string   `json:"hardening,omitempty" yaml:"hardening,omitempty"`
+	Grace Duration `json:"grace,omitempty" yaml:"grace,omitempty"`
+	// MaxDuration is how long a run may go before the server raises
+	// run.long (the timeout still kills it); zero: no such event.
+	MaxDuration Duration `json:"max_duration,omitempty" yaml:"max_duration,omitempty"`
+	Hardening   string   `json:"hardening,omitempty" yaml:"hardening,omitempty"`
 	// WritablePaths are the places outside its state directory a job under
 	// the default or strict profile may write (e.g. /var/backups).
 	WritablePaths []string `json:"writable_paths,omitempty" yaml:"writable_paths,omitempty"`

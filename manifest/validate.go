@@ -256,6 +256,9 @@ func (s *Spec) checkSandbox(c specProblems) {
 	if s.Grace != 0 && (s.Grace < MinGrace || s.Grace > MaxGrace) {
 		c.add("grace", "%s out of range %s-%s", s.Grace, MinGrace, MaxGrace)
 	}
+	if s.MaxDuration != 0 && (s.MaxDuration < MinGrace || s.MaxDuration > MaxTimeout) {
+		c.add("max_duration", "%s out of range %s-%s", s.MaxDuration, MinGrace, MaxTimeout)
+	}
 	switch s.Catchup {
 	case "", CatchupOnce, CatchupAll, CatchupSkip:
 	default:

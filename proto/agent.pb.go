@@ -1145,9 +1145,19 @@ type RunFinished struct {
 	Attempts uint32 `protobuf:"varint,16,opt,name=attempts,proto3" json:"attempts,omitempty"` // attempts made (1 without retries)
 	// written_by is "runner" when the runner wrote the record, "daemon" when the
 	// agent daemon wrote it from the scheduler's account of the invocation.
-	WrittenBy     string `protobuf:"bytes,17,opt,name=written_by,json=writtenBy,proto3" json:"written_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WrittenBy string `protobuf:"bytes,17,opt,name=written_by,json=writtenBy,proto3" json:"written_by,omitempty"`
+	// output is what the run wrote to $DROVER_OUTPUT: key=value lines, at most
+	// 64 KiB; the runner cuts a longer file and ends it with a marker line.
+	Output string `protobuf:"bytes,18,opt,name=output,proto3" json:"output,omitempty"`
+	// metrics are the samples the run wrote to $DROVER_METRICS (Prometheus
+	// text format), at most 100.
+	Metrics []*MetricSample `protobuf:"bytes,19,rep,name=metrics,proto3" json:"metrics,omitempty"`
+	// telemetry_notes say what the runner cut or dropped from output and
+	// metrics (too large, too many samples, malformed lines); empty when
+	// nothing was.
+	TelemetryNotes []string `protobuf:"bytes,20,rep,name=telemetry_notes,json=telemetryNotes,proto3" json:"telemetry_notes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RunFinished) Reset() {
@@ -1299,6 +1309,104 @@ func (x *RunFinished) GetWrittenBy() string {
 	return ""
 }
 
+func (x *RunFinished) GetOutput() string {
+	if x != nil {
+		return x.Output
+	}
+	return ""
+}
+
+func (x *RunFinished) GetMetrics() []*MetricSample {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+func (x *RunFinished) GetTelemetryNotes() []string {
+	if x != nil {
+		return x.TelemetryNotes
+	}
+	return nil
+}
+
+// MetricSample is one sample a pipe wrote to $DROVER_METRICS.
+type MetricSample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // the metric's name as the pipe wrote it
+	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Value         float64                `protobuf:"fixed64,3,opt,name=value,proto3" json:"value,omitempty"`
+	Type          string                 `protobuf:"bytes,4,opt,name=type,proto3" json:"type,omitempty"` // "counter", "gauge" or "untyped" (from # TYPE)
+	Help          string                 `protobuf:"bytes,5,opt,name=help,proto3" json:"help,omitempty"` // from # HELP, may be empty
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricSample) Reset() {
+	*x = MetricSample{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricSample) ProtoMessage() {}
+
+func (x *MetricSample) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
+func (*MetricSample) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MetricSample) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MetricSample) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *MetricSample) GetValue() float64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *MetricSample) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *MetricSample) GetHelp() string {
+	if x != nil {
+		return x.Help
+	}
+	return ""
+}
+
 // SyncNow asks the agent to pull its manifest at once.
 type SyncNow struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1309,7 +1417,7 @@ type SyncNow struct {
 
 func (x *SyncNow) Reset() {
 	*x = SyncNow{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1429,7 @@ func (x *SyncNow) String() string {
 func (*SyncNow) ProtoMessage() {}
 
 func (x *SyncNow) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1442,7 @@ func (x *SyncNow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncNow.ProtoReflect.Descriptor instead.
 func (*SyncNow) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SyncNow) GetSerial() uint64 {
@@ -1355,7 +1463,7 @@ type RunNow struct {
 
 func (x *RunNow) Reset() {
 	*x = RunNow{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1367,7 +1475,7 @@ func (x *RunNow) String() string {
 func (*RunNow) ProtoMessage() {}
 
 func (x *RunNow) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1380,7 +1488,7 @@ func (x *RunNow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunNow.ProtoReflect.Descriptor instead.
 func (*RunNow) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunNow) GetPipe() string {
@@ -1407,7 +1515,7 @@ type CancelRun struct {
 
 func (x *CancelRun) Reset() {
 	*x = CancelRun{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1527,7 @@ func (x *CancelRun) String() string {
 func (*CancelRun) ProtoMessage() {}
 
 func (x *CancelRun) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1540,7 @@ func (x *CancelRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRun.ProtoReflect.Descriptor instead.
 func (*CancelRun) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelRun) GetRunId() string {
@@ -1454,7 +1562,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1574,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1587,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1577,7 +1685,7 @@ const file_agent_proto_rawDesc = "" +
 	"\tchunk_seq\x18\x02 \x01(\x04R\bchunkSeq\x122\n" +
 	"\x06stream\x18\x03 \x01(\x0e2\x1a.drover.agent.v1.LogStreamR\x06stream\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12*\n" +
-	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf7\x04\n" +
+	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf1\x05\n" +
 	"\vRunFinished\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
 	"\x04pipe\x18\x02 \x01(\tR\x04pipe\x12!\n" +
@@ -1602,7 +1710,19 @@ const file_agent_proto_rawDesc = "" +
 	"\x06reason\x18\x0f \x01(\tR\x06reason\x12\x1a\n" +
 	"\battempts\x18\x10 \x01(\rR\battempts\x12\x1d\n" +
 	"\n" +
-	"written_by\x18\x11 \x01(\tR\twrittenBy\"!\n" +
+	"written_by\x18\x11 \x01(\tR\twrittenBy\x12\x16\n" +
+	"\x06output\x18\x12 \x01(\tR\x06output\x127\n" +
+	"\ametrics\x18\x13 \x03(\v2\x1d.drover.agent.v1.MetricSampleR\ametrics\x12'\n" +
+	"\x0ftelemetry_notes\x18\x14 \x03(\tR\x0etelemetryNotes\"\xde\x01\n" +
+	"\fMetricSample\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
+	"\x06labels\x18\x02 \x03(\v2).drover.agent.v1.MetricSample.LabelsEntryR\x06labels\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\x01R\x05value\x12\x12\n" +
+	"\x04type\x18\x04 \x01(\tR\x04type\x12\x12\n" +
+	"\x04help\x18\x05 \x01(\tR\x04help\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
 	"\aSyncNow\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\x04R\x06serial\";\n" +
 	"\x06RunNow\x12\x12\n" +
@@ -1650,7 +1770,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_agent_proto_goTypes = []any{
 	(RunStatus)(0),                // 0: drover.agent.v1.RunStatus
 	(Trigger)(0),                  // 1: drover.agent.v1.Trigger
@@ -1665,11 +1785,13 @@ var file_agent_proto_goTypes = []any{
 	(*RunStarted)(nil),            // 10: drover.agent.v1.RunStarted
 	(*LogChunk)(nil),              // 11: drover.agent.v1.LogChunk
 	(*RunFinished)(nil),           // 12: drover.agent.v1.RunFinished
-	(*SyncNow)(nil),               // 13: drover.agent.v1.SyncNow
-	(*RunNow)(nil),                // 14: drover.agent.v1.RunNow
-	(*CancelRun)(nil),             // 15: drover.agent.v1.CancelRun
-	(*Ack)(nil),                   // 16: drover.agent.v1.Ack
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*MetricSample)(nil),          // 13: drover.agent.v1.MetricSample
+	(*SyncNow)(nil),               // 14: drover.agent.v1.SyncNow
+	(*RunNow)(nil),                // 15: drover.agent.v1.RunNow
+	(*CancelRun)(nil),             // 16: drover.agent.v1.CancelRun
+	(*Ack)(nil),                   // 17: drover.agent.v1.Ack
+	nil,                           // 18: drover.agent.v1.MetricSample.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_agent_proto_depIdxs = []int32{
 	6,  // 0: drover.agent.v1.AgentMessage.hello:type_name -> drover.agent.v1.Hello
@@ -1678,33 +1800,35 @@ var file_agent_proto_depIdxs = []int32{
 	10, // 3: drover.agent.v1.AgentMessage.run_started:type_name -> drover.agent.v1.RunStarted
 	11, // 4: drover.agent.v1.AgentMessage.log_chunk:type_name -> drover.agent.v1.LogChunk
 	12, // 5: drover.agent.v1.AgentMessage.run_finished:type_name -> drover.agent.v1.RunFinished
-	13, // 6: drover.agent.v1.ServerMessage.sync_now:type_name -> drover.agent.v1.SyncNow
-	14, // 7: drover.agent.v1.ServerMessage.run_now:type_name -> drover.agent.v1.RunNow
-	15, // 8: drover.agent.v1.ServerMessage.cancel_run:type_name -> drover.agent.v1.CancelRun
-	16, // 9: drover.agent.v1.ServerMessage.ack:type_name -> drover.agent.v1.Ack
-	17, // 10: drover.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	14, // 6: drover.agent.v1.ServerMessage.sync_now:type_name -> drover.agent.v1.SyncNow
+	15, // 7: drover.agent.v1.ServerMessage.run_now:type_name -> drover.agent.v1.RunNow
+	16, // 8: drover.agent.v1.ServerMessage.cancel_run:type_name -> drover.agent.v1.CancelRun
+	17, // 9: drover.agent.v1.ServerMessage.ack:type_name -> drover.agent.v1.Ack
+	19, // 10: drover.agent.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	3,  // 11: drover.agent.v1.ManifestStatus.state:type_name -> drover.agent.v1.ManifestStatus.State
 	9,  // 12: drover.agent.v1.ManifestStatus.pipes:type_name -> drover.agent.v1.PipeStatus
-	17, // 13: drover.agent.v1.ManifestStatus.at:type_name -> google.protobuf.Timestamp
-	17, // 14: drover.agent.v1.ManifestStatus.expires_at:type_name -> google.protobuf.Timestamp
-	17, // 15: drover.agent.v1.PipeStatus.next_fire_times:type_name -> google.protobuf.Timestamp
+	19, // 13: drover.agent.v1.ManifestStatus.at:type_name -> google.protobuf.Timestamp
+	19, // 14: drover.agent.v1.ManifestStatus.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 15: drover.agent.v1.PipeStatus.next_fire_times:type_name -> google.protobuf.Timestamp
 	1,  // 16: drover.agent.v1.RunStarted.trigger:type_name -> drover.agent.v1.Trigger
-	17, // 17: drover.agent.v1.RunStarted.started_at:type_name -> google.protobuf.Timestamp
-	17, // 18: drover.agent.v1.RunStarted.scheduled_at:type_name -> google.protobuf.Timestamp
+	19, // 17: drover.agent.v1.RunStarted.started_at:type_name -> google.protobuf.Timestamp
+	19, // 18: drover.agent.v1.RunStarted.scheduled_at:type_name -> google.protobuf.Timestamp
 	2,  // 19: drover.agent.v1.LogChunk.stream:type_name -> drover.agent.v1.LogStream
-	17, // 20: drover.agent.v1.LogChunk.at:type_name -> google.protobuf.Timestamp
+	19, // 20: drover.agent.v1.LogChunk.at:type_name -> google.protobuf.Timestamp
 	1,  // 21: drover.agent.v1.RunFinished.trigger:type_name -> drover.agent.v1.Trigger
 	0,  // 22: drover.agent.v1.RunFinished.status:type_name -> drover.agent.v1.RunStatus
-	17, // 23: drover.agent.v1.RunFinished.started_at:type_name -> google.protobuf.Timestamp
-	17, // 24: drover.agent.v1.RunFinished.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 25: drover.agent.v1.RunFinished.scheduled_at:type_name -> google.protobuf.Timestamp
-	4,  // 26: drover.agent.v1.Agent.AgentStream:input_type -> drover.agent.v1.AgentMessage
-	5,  // 27: drover.agent.v1.Agent.AgentStream:output_type -> drover.agent.v1.ServerMessage
-	27, // [27:28] is the sub-list for method output_type
-	26, // [26:27] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	19, // 23: drover.agent.v1.RunFinished.started_at:type_name -> google.protobuf.Timestamp
+	19, // 24: drover.agent.v1.RunFinished.finished_at:type_name -> google.protobuf.Timestamp
+	19, // 25: drover.agent.v1.RunFinished.scheduled_at:type_name -> google.protobuf.Timestamp
+	13, // 26: drover.agent.v1.RunFinished.metrics:type_name -> drover.agent.v1.MetricSample
+	18, // 27: drover.agent.v1.MetricSample.labels:type_name -> drover.agent.v1.MetricSample.LabelsEntry
+	4,  // 28: drover.agent.v1.Agent.AgentStream:input_type -> drover.agent.v1.AgentMessage
+	5,  // 29: drover.agent.v1.Agent.AgentStream:output_type -> drover.agent.v1.ServerMessage
+	29, // [29:30] is the sub-list for method output_type
+	28, // [28:29] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1732,7 +1856,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,7 +20,8 @@ func runJSON(r *store.Run) api.Run {
 		ExitCode: r.ExitCode, Signal: r.Signal, Error: r.Error, RequestID: r.RequestID, Reason: r.Reason, Attempts: r.Attempts, WrittenBy: r.WrittenBy,
 		ScheduledAt: optTime(r.ScheduledAt),
 		StartedAt:   optTime(r.StartedAt), FinishedAt: optTime(r.FinishedAt), DurationMS: r.DurationMS, LogChunks: r.LogChunks,
-		LogBytes: r.LogBytes, LogTruncated: r.LogTruncated, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+		LogBytes: r.LogBytes, LogTruncated: r.LogTruncated, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		Output: r.Output, Metrics: r.Metrics, TelemetryNotes: r.TelemetryNotes}
 }
 
 func (s *Server) handleListRuns(w http.ResponseWriter, r *http.Request) error {

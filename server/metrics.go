@@ -38,7 +38,8 @@ import (
 //	drover_runs_finished_total{status}                      counter: RunFinished records (a replay
 //	                                                        seen recently is not counted twice)
 //	drover_run_duration_seconds{pipe}                       histogram of finished runs' durations
-//	                                                        (pipe: only pipes of the agent's manifest)
+//	                                                        (pipe: only pipes of the agent's manifest;
+//	                                                        a deleted pipe's series go)
 //	drover_runs_lost_total                                  counter: runs settled failed, reason lost
 //	drover_agent_records_refused_total{reason}              counter: agent records acknowledged and
 //	                                                        dropped (invalid, unknown_pipe, too_large)
@@ -49,6 +50,7 @@ import (
 //	                                                        machine presented an agent's certificate
 //	drover_agents_manifest_expired                          gauge, at scrape: agents whose manifest in
 //	                                                        force has expired (they keep running it)
+//	drover_pipe_*                                           see metrics_pipes.go
 //	drover_api_requests_total{route,code}                   counter: API requests by route pattern
 //	drover_api_request_duration_seconds{route}              histogram
 //	drover_audit_write_failures_total                       counter
@@ -67,6 +69,7 @@ type metrics struct {
 	runsLost                              prometheus.Counter
 	refused, throttled                    *prometheus.CounterVec
 	identityConflicts                     prometheus.Counter
+	pipes                                 *pipeMetrics
 
 	mu       sync.Mutex
 	finished map[string]struct{} // recently counted run ids
@@ -77,7 +80,7 @@ type metrics struct {
 const finishedMemory = 16384
 
 func newMetrics(s *Server) *metrics {
-	m := &metrics{reg: prometheus.NewRegistry(), finished: map[string]struct{}{}, ring: make([]string, finishedMemory)}
+	m := &metrics{reg: prometheus.NewRegistry(), finished: map[string]struct{}{}, ring: make([]string, finishedMemory), pipes: newPipeMetrics()}
 	mr := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_manifest_requests_total", Help: "Manifest requests from agents by answer."}, []string{"code"})
 	m.manifest200, m.manifest304, m.manifestErr = mr.WithLabelValues("200"), mr.WithLabelValues("304"), mr.WithLabelValues("error")
 	m.records = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_stream_records_total", Help: "Agent stream records committed, by type."}, []string{"type"})
@@ -102,7 +105,7 @@ func newMetrics(s *Server) *metrics {
 	}
 	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
 		func() float64 { return float64(s.streams.Streams()) })
-	m.reg.MustRegister(m.runsLost, m.refused, m.throttled, m.identityConflicts)
+	m.reg.MustRegister(m.runsLost, m.refused, m.throttled, m.identityConflicts, m.pipes)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -160,6 +163,7 @@ func (m *metrics) runFinished(agentID string, run *store.Run) {
 		pipe = "unknown"
 	}
 	m.runDuration.WithLabelValues(pipe).Observe(float64(run.DurationMS) / 1000)
+	m.pipes.runFinished(agentID, run)
 }
 
 // stateCollector reads agent and run state from the store at scrape time.
@@ -232,6 +236,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
+	s.prunePipeSeries(r.Context())
 	s.metricsHandler.ServeHTTP(w, r)
 	return nil
 }

@@ -216,12 +216,18 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 			return stats, err
 		}
 		stats.Missed = len(stored)
+		m.s.metrics.pipes.runsMissed(stored)
 		for _, r := range stored {
 			m.swap(runStateKey(r.AgentID, r.Pipe), "failing", dirty)
 			events = append(events, &store.Event{At: now, Kind: EventRunMissed, Pipe: r.Pipe, AgentID: r.AgentID, RunID: r.ID,
 				Message: "fire time " + r.ScheduledAt.UTC().Format(time.RFC3339) + " missed: " + r.Reason, Dedupe: EventRunMissed + "/" + r.ID})
 		}
 	}
+	long, err := m.longRuns(ctx, pipes, now)
+	if err != nil {
+		return stats, err
+	}
+	events = append(events, long...)
 	if err := m.store.AddEvents(ctx, events); err != nil {
 		return stats, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,6 +145,9 @@ func TestMissedRunsFireViewAndEvents(t *testing.T) {
 		if !slices.ContainsFunc(missedAt, f.Equal) {
 			t.Errorf("fire time %s not missed; missed %v", f, missedAt)
 		}
+	}
+	if want := fmt.Sprintf(`drover_pipe_runs_missed_total{pipe="every-minute"} %d`+"\n", len(missedAt)); !strings.Contains(ts.scrape(ts.admin), want) {
+		t.Errorf("metrics lack %q", want)
 	}
 	for i := range 2 {
 		for _, r := range ts.runsOf(agents[i].id, "every-minute") {

@@ -74,6 +74,10 @@ func (r *runner) childEnv(p *plannedRun, secrets map[string]string) []string {
 	for k, v := range secrets {
 		env[k] = v
 	}
+	if p.telemetryDir != "" {
+		env["DROVER_METRICS"] = filepath.Join(p.telemetryDir, metricsFile)
+		env["DROVER_OUTPUT"] = filepath.Join(p.telemetryDir, outputFile)
+	}
 	env["DROVER_RUN_ID"] = p.runID
 	env["DROVER_PIPE"] = r.opts.Pipe
 	env["DROVER_TRIGGER"] = p.trigger.Name()
@@ -156,6 +160,19 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 		fail(ExitRunnerFailed, err)
 		rr.Reason = "secrets"
 		return
+	}
+	if dir, err := r.newTelemetryDir(); err != nil {
+		r.note(c, "no $DROVER_METRICS and $DROVER_OUTPUT for this run: %v", err)
+	} else {
+		p.telemetryDir = dir
+		defer func() {
+			t := readTelemetry(dir)
+			p.telemetryDir = ""
+			rr.Output, rr.Metrics, rr.TelemetryNotes = t.output, t.metrics, t.notes
+			for _, n := range t.notes {
+				r.note(c, "telemetry: %s", n)
+			}
+		}()
 	}
 	env := r.childEnv(p, secrets)
 	args, dir, err := r.argv(envMap(env)["PATH"])

@@ -22,6 +22,10 @@
 //     exists; else schedule or catchup when a systemd timer started the unit
 //     ($TRIGGER_UNIT, $TRIGGER_TIMER_REALTIME_USEC); else manual.
 //
+// Each run's payload gets $DROVER_METRICS and $DROVER_OUTPUT, two files in a
+// private directory of the run inside the spool directory; what the run
+// writes there ships with RunFinished, within caps (telemetry.go).
+//
 // Exit codes of the runner (so that systemd marks a failed run's unit failed):
 //
 //	0        the run succeeded, or was skipped (overlap, catchup: skip)
@@ -128,6 +132,11 @@ type RunResult struct {
 	// Reason says why in a word or two when the run did not succeed
 	// ("exit 3", "timeout", "canceled", "signal SIGTERM", "payload_mismatch").
 	Reason string
+	// Output, Metrics and TelemetryNotes are what the run wrote to
+	// $DROVER_OUTPUT and $DROVER_METRICS, within the caps, and what was cut.
+	Output         string
+	Metrics        []*agentpb.MetricSample
+	TelemetryNotes []string
 }
 
 // Result is the outcome of one invocation.
@@ -159,6 +168,9 @@ type plannedRun struct {
 	requestID   string
 	skip        string // non-empty: record a skipped run with this message
 	skipReason  string // its reason, a word or two
+	// telemetryDir holds the run's $DROVER_METRICS and $DROVER_OUTPUT
+	// while its payload runs.
+	telemetryDir string
 }
 
 // Run runs the pipe once (or once per missed fire time) and records every
@@ -310,6 +322,7 @@ func (r *runner) run(ctx context.Context) Result {
 	var st state
 	if locked {
 		st = readState(r.dir)
+		r.removeStaleTelemetry()
 	}
 	plan := r.plan(st, locked)
 	if lockErr != nil {
@@ -575,6 +588,7 @@ func (r *runner) execute(ctx context.Context, p *plannedRun) RunResult {
 		StartedAt: ts(rr.StartedAt), FinishedAt: ts(finished), DurationMs: rr.Duration.Milliseconds(),
 		Error: rr.Error, LogChunks: rr.LogChunks, ScheduledAt: ts(p.scheduledAt), RequestId: p.requestID,
 		Reason: rr.Reason, Attempts: 1, WrittenBy: WrittenByRunner,
+		Output: rr.Output, Metrics: rr.Metrics, TelemetryNotes: rr.TelemetryNotes,
 	}
 	for _, ch := range final {
 		batch = append(batch, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: ch}})

@@ -140,6 +140,10 @@ type Run struct {
 	LogTruncated bool
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
+	// Pipe telemetry, as RunFinished carried it (checked by server/stream).
+	Output         string
+	Metrics        []api.MetricSample
+	TelemetryNotes []string
 }
 
 // RunFilter selects runs; empty fields match everything. Runs are listed

@@ -274,6 +274,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 			DurationMS: max(0, x.GetDurationMs()), Error: CleanText(x.GetError(), maxTextLen, true), LogChunks: x.GetLogChunks(), ScheduledAt: ts(x.GetScheduledAt()),
 			RequestID: cleanRequestID(x.GetRequestId()), Reason: CleanText(x.GetReason(), MaxReasonLen, false), Attempts: x.GetAttempts(),
 			WrittenBy: cleanWrittenBy(x.GetWrittenBy())}
+		r.RunFinished.Output, r.RunFinished.Metrics, r.RunFinished.TelemetryNotes = cleanTelemetry(x)
 	case *agentpb.AgentMessage_LogChunk:
 		x := b.LogChunk
 		if err := validRunID(x.GetRunId()); err != nil {

@@ -358,7 +358,10 @@ func (a *app) describeRun(ctx context.Context, c *client, id string) error {
 		logs += " (truncated)"
 	}
 	kv.add("Log", logs+"; droverctl logs "+r.ID)
-	return kv.flush()
+	if err := kv.flush(); err != nil {
+		return err
+	}
+	return writeRunTelemetry(a.stdout(), &r)
 }
 
 // indent prefixes every line written through it with two spaces.

@@ -31,6 +31,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Manifests", testManifests},
 		{"APITokensAndAudit", testAPITokensAndAudit},
 		{"Ingestion", testIngestion},
+		{"RunTelemetry", testRunTelemetry},
 		{"Events", testEvents},
 		{"NotifyConfig", testNotifyConfig},
 		{"NotifyQueue", testNotifyQueue},
