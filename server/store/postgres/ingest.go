@@ -51,8 +51,8 @@ const (
 			updated_at=excluded.updated_at
 		WHERE runs.agent_id=excluded.agent_id`
 	sqlRunFinished = `INSERT INTO runs(id, agent_id, pipe, pipe_version, trigger, status, exit_code, signal, error, request_id, scheduled_at,
-			started_at, finished_at, duration_ms, log_chunks, reason, attempts, written_by, created_at, updated_at)
-		VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+			started_at, finished_at, duration_ms, log_chunks, reason, attempts, written_by, created_at, updated_at, output, metrics, telemetry_notes)
+		VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(id) DO UPDATE SET
 			pipe=CASE WHEN excluded.pipe<>'' THEN excluded.pipe ELSE runs.pipe END,
 			pipe_version=CASE WHEN excluded.pipe_version<>0 THEN excluded.pipe_version ELSE runs.pipe_version END,
@@ -63,7 +63,8 @@ const (
 			started_at=CASE WHEN excluded.started_at<>0 THEN excluded.started_at ELSE runs.started_at END,
 			finished_at=excluded.finished_at, duration_ms=excluded.duration_ms, log_chunks=excluded.log_chunks,
 			reason=excluded.reason, attempts=CASE WHEN excluded.attempts<>0 THEN excluded.attempts ELSE runs.attempts END,
-			written_by=excluded.written_by, updated_at=excluded.updated_at
+			written_by=excluded.written_by, updated_at=excluded.updated_at,
+			output=excluded.output, metrics=excluded.metrics, telemetry_notes=excluded.telemetry_notes
 		WHERE runs.agent_id=excluded.agent_id`
 	// A drained heartbeat clears the strikes of the unfinished runs it
 	// lists, adds one to those it does not list that started before it
@@ -154,7 +155,8 @@ func (t *ingestTx) apply(recs []*store.Record, lim store.IngestLimits) error {
 				return err
 			}
 			_, err = t.exec(sqlRunFinished, x.ID, r.AgentID, x.Pipe, x.PipeVersion, x.Trigger, x.Status, x.ExitCode, x.Signal, x.Error, x.RequestID,
-				ns(x.ScheduledAt), ns(x.StartedAt), ns(x.FinishedAt), x.DurationMS, x.LogChunks, x.Reason, x.Attempts, x.WrittenBy, ns(now), ns(now))
+				ns(x.ScheduledAt), ns(x.StartedAt), ns(x.FinishedAt), x.DurationMS, x.LogChunks, x.Reason, x.Attempts, x.WrittenBy, ns(now), ns(now),
+				x.Output, encodeJSONList(x.Metrics), encodeJSONList(x.TelemetryNotes))
 		case r.Chunk != nil:
 			err = t.chunk(r, runs, lim)
 		case r.Settle != nil:

@@ -9,15 +9,19 @@ import (
 )
 
 const runColumns = `id, agent_id, pipe, pipe_version, trigger, status, exit_code, signal, error, request_id, scheduled_at, started_at, finished_at,
-	duration_ms, log_chunks, log_bytes, log_truncated, created_at, updated_at, reason, attempts, written_by`
+	duration_ms, log_chunks, log_bytes, log_truncated, created_at, updated_at, reason, attempts, written_by,
+	output, metrics, telemetry_notes`
 
 func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
 	var r store.Run
 	var sched, started, finished, created, updated int64
+	var metrics, notes string
 	if err := row.Scan(&r.ID, &r.AgentID, &r.Pipe, &r.PipeVersion, &r.Trigger, &r.Status, &r.ExitCode, &r.Signal, &r.Error, &r.RequestID,
-		&sched, &started, &finished, &r.DurationMS, &r.LogChunks, &r.LogBytes, &r.LogTruncated, &created, &updated, &r.Reason, &r.Attempts, &r.WrittenBy); err != nil {
+		&sched, &started, &finished, &r.DurationMS, &r.LogChunks, &r.LogBytes, &r.LogTruncated, &created, &updated, &r.Reason, &r.Attempts, &r.WrittenBy,
+		&r.Output, &metrics, &notes); err != nil {
 		return nil, err
 	}
+	r.Metrics, r.TelemetryNotes = decodeTelemetry(metrics, notes)
 	r.ScheduledAt, r.StartedAt, r.FinishedAt, r.CreatedAt, r.UpdatedAt = fromNS(sched), fromNS(started), fromNS(finished), fromNS(created), fromNS(updated)
 	return &r, nil
 }
