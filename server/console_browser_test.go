@@ -270,10 +270,16 @@ func TestConsoleBrowser(t *testing.T) {
 		return len(st.cancels) > 0 && st.cancels[0] == "web-1"
 	})
 	seq = sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{RunId: "web-1", Pipe: "job", PipeVersion: 1,
-		Status: agentpb.RunStatus_RUN_STATUS_CANCELED, Signal: "SIGTERM", LogChunks: 2, DurationMs: 1500}}})
+		Status: agentpb.RunStatus_RUN_STATUS_CANCELED, Signal: "SIGTERM", LogChunks: 2, DurationMs: 1500,
+		Output: "rows=42 <b>bold</b>", Metrics: []*agentpb.MetricSample{{Name: "job_rows", Value: 42, Type: "gauge", Labels: map[string]string{"table": "users"}}}}}})
 	testkit.WaitFor(t, 10*time.Second, "the end of the run in the page", func() bool { return b.text(`#log-state`) == "ended" })
 	if got := b.text(`#run-status`); got != "canceled" {
 		t.Fatalf("run status %q", got)
+	}
+	// Its telemetry, as text.
+	testkit.WaitFor(t, 10*time.Second, "the run's telemetry in the page", func() bool { return b.count(`tr[data-metric="job_rows"]`) == 1 })
+	if got := b.text(`#run-output`); got != "rows=42 <b>bold</b>" || b.count(`#run-output *`) != 0 {
+		t.Fatalf("run output %q", got)
 	}
 	_ = seq
 

@@ -405,13 +405,28 @@
 
   function runDetails(r) {
     const dur = r.duration_ms ? (r.duration_ms / 1000).toFixed(1) + ' s' : '—';
-    return table(['Field', 'Value'], [
+    return el('div', {}, table(['Field', 'Value'], [
       row('Pipe', link('#/pipe/' + enc(r.pipe), r.pipe + ' v' + r.pipe_version)), row('Agent', link('#/agent/' + enc(r.agent_id), r.agent_id)),
       row('Status', el('span', { id: 'run-status' }, status(r.status))), row('Reason', r.reason || r.error || '—'), row('Attempts', r.attempts),
       row('Exit', r.exit_code + (r.signal ? ' (' + r.signal + ')' : '')), row('Trigger', r.trigger + (r.request_id ? ' (request ' + r.request_id + ')' : '')),
       row('Scheduled at', fmtTime(r.scheduled_at)), row('Started', fmtTime(r.started_at)), row('Finished', fmtTime(r.finished_at)), row('Duration', dur),
       row('Log', r.log_chunks + ' chunks, ' + r.log_bytes + ' bytes' + (r.log_truncated ? ' (truncated)' : '')),
-    ]);
+    ]), runTelemetry(r));
+  }
+
+  // What the run wrote to $DROVER_OUTPUT and $DROVER_METRICS, and what the
+  // runner or the server cut from it.
+  function runTelemetry(r) {
+    const out = el('div', { id: 'telemetry' });
+    if (!r.output && !(r.metrics || []).length && !(r.telemetry_notes || []).length) return out;
+    out.append(el('h2', { text: 'Telemetry' }));
+    if (r.output) out.append(el('h3', { text: 'Output' }), el('pre', { id: 'run-output', text: r.output }));
+    if ((r.metrics || []).length) {
+      out.append(el('h3', { text: 'Metrics' }), table(['Metric', 'Labels', 'Value', 'Type'], r.metrics.map((m) =>
+        el('tr', { 'data-metric': m.name }, el('td', { text: m.name }), el('td', {}, tags(m.labels)), el('td', { text: String(m.value) }), el('td', { text: m.type || '' })))));
+    }
+    if ((r.telemetry_notes || []).length) out.append(el('h3', { text: 'Notes' }), el('ul', { id: 'telemetry-notes' }, r.telemetry_notes.map((n) => el('li', { text: n }))));
+    return out;
   }
 
   views.run = async (view, g, params, id) => {
