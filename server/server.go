@@ -218,6 +218,16 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		grpc.ConnectionTimeout(cfg.GRPC.ConnectTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.GRPC.KeepaliveTime, Timeout: cfg.GRPC.KeepaliveWait, MaxConnectionIdle: cfg.GRPC.IdleTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// Per-connection buffers sized for a fleet of mostly idle streams
+		// (gRPC's default is 32 KiB each, held for every connection): a log
+		// chunk larger than them is read and written in several syscalls,
+		// and the write buffer is released to a shared pool after each
+		// flush. The flow-control windows keep their defaults (64 KiB,
+		// grown by gRPC's bandwidth estimator), which a fixed window would
+		// switch off.
+		grpc.ReadBufferSize(grpcBufferBytes),
+		grpc.WriteBufferSize(grpcBufferBytes),
+		grpc.SharedWriteBuffer(true),
 	)
 	agentpb.RegisterAgentServer(s.grpcSrv, s.streams)
 
@@ -229,6 +239,10 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	}
 	return s, nil
 }
+
+// grpcBufferBytes is the size of each agent connection's gRPC read and
+// write buffers.
+const grpcBufferBytes = 8 << 10
 
 // loadKeys loads (creating on first start) the CA, the keyring, the
 // secrets key and the admin token from the data dir, and returns the
