@@ -54,6 +54,7 @@ import (
 //	drover_api_requests_total{route,code}                   counter: API requests by route pattern
 //	drover_api_request_duration_seconds{route}              histogram
 //	drover_audit_write_failures_total                       counter
+//	drover_listener_accept_errors_total{listener,reason}    counter
 //	go_*, process_*                                         the standard collectors
 type metrics struct {
 	reg *prometheus.Registry
@@ -69,6 +70,7 @@ type metrics struct {
 	runsLost                              prometheus.Counter
 	refused, throttled                    *prometheus.CounterVec
 	identityConflicts                     prometheus.Counter
+	acceptErrors                          *prometheus.CounterVec
 	pipes                                 *pipeMetrics
 
 	mu       sync.Mutex
@@ -97,6 +99,12 @@ func newMetrics(s *Server) *metrics {
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_refused_total", Help: "Agent records acknowledged and dropped, and agent streams refused, by reason."}, []string{"reason"})
 	m.throttled = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_throttled_total", Help: "Agent records that waited for a quota, by quota."}, []string{"reason"})
 	m.identityConflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_identity_conflicts_total", Help: "Streams refused because another machine presented an agent's certificate."})
+	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_listener_accept_errors_total", Help: "Failed accepts of new connections, by listener and reason (fd_limit: the process is out of file descriptors)."}, []string{"listener", "reason"})
+	for _, l := range []string{"https", "grpc"} {
+		for _, r := range []string{"fd_limit", "other"} {
+			m.acceptErrors.WithLabelValues(l, r)
+		}
+	}
 	for _, r := range append(stream.RefusalReasons(), "pending_streams", "payload_fetches") {
 		m.refused.WithLabelValues(r)
 	}
@@ -105,7 +113,7 @@ func newMetrics(s *Server) *metrics {
 	}
 	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
 		func() float64 { return float64(s.streams.Streams()) })
-	m.reg.MustRegister(m.runsLost, m.refused, m.throttled, m.identityConflicts, m.pipes)
+	m.reg.MustRegister(m.runsLost, m.acceptErrors, m.refused, m.throttled, m.identityConflicts, m.pipes)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -234,9 +234,11 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("listen https: %w", err)
 	}
+	s.httpLn = newWatchedListener(s.httpLn, "https", s.metrics.acceptErrors, logger)
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("listen grpc: %w", err)
 	}
+	s.grpcLn = newWatchedListener(s.grpcLn, "grpc", s.metrics.acceptErrors, logger)
 	return s, nil
 }
 
