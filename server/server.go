@@ -221,13 +221,12 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		// Per-connection buffers sized for a fleet of mostly idle streams
 		// (gRPC's default is 32 KiB each, held for every connection): a log
 		// chunk larger than them is read and written in several syscalls,
-		// and the write buffer is released to a shared pool after each
-		// flush. The flow-control windows keep their defaults (64 KiB,
+		// and (gRPC's default) the write buffer goes back to a shared pool
+		// after each flush. The flow-control windows keep their defaults (64 KiB,
 		// grown by gRPC's bandwidth estimator), which a fixed window would
 		// switch off.
 		grpc.ReadBufferSize(grpcBufferBytes),
 		grpc.WriteBufferSize(grpcBufferBytes),
-		grpc.SharedWriteBuffer(true),
 	)
 	agentpb.RegisterAgentServer(s.grpcSrv, s.streams)
 
