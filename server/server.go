@@ -218,13 +218,12 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		grpc.ConnectionTimeout(cfg.GRPC.ConnectTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.GRPC.KeepaliveTime, Timeout: cfg.GRPC.KeepaliveWait, MaxConnectionIdle: cfg.GRPC.IdleTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		// Per-connection buffers sized for a fleet of mostly idle streams
-		// (gRPC's default is 32 KiB each, held for every connection): a log
-		// chunk larger than them is read and written in several syscalls,
-		// and (gRPC's default) the write buffer goes back to a shared pool
-		// after each flush. The flow-control windows keep their defaults (64 KiB,
-		// grown by gRPC's bandwidth estimator), which a fixed window would
-		// switch off.
+		// Per-connection buffers sized for a fleet of mostly idle streams:
+		// gRPC's default 32 KiB read buffer is held by every connection
+		// (the write buffer goes back to a shared pool after each flush).
+		// A log chunk larger than them takes several syscalls. The
+		// flow-control windows keep their defaults (64 KiB, grown by gRPC's
+		// bandwidth estimator), which a fixed window would switch off.
 		grpc.ReadBufferSize(grpcBufferBytes),
 		grpc.WriteBufferSize(grpcBufferBytes),
 	)
