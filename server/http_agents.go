@@ -63,23 +63,13 @@ func (s *Server) handleListAgents(w http.ResponseWriter, r *http.Request) error 
 			continue
 		}
 		aj := s.agentJSON(a)
-		if status != "" && agentState(&aj) != status {
+		if status != "" && aj.State() != status {
 			continue
 		}
 		kept = append(kept, aj)
 	}
 	items, next := paginate(kept, func(a api.Agent) string { return timeKey(a.CreatedAt) + "/" + a.ID }, pg)
 	return writeJSON(w, http.StatusOK, api.AgentList{Agents: items, NextCursor: next})
-}
-
-func agentState(a *api.Agent) string {
-	switch {
-	case a.Revoked:
-		return "revoked"
-	case a.Online:
-		return "online"
-	}
-	return "offline"
 }
 
 func (s *Server) getAgentJSON(ctx context.Context, id string) (*api.Agent, error) {

@@ -166,7 +166,7 @@ func (s *Server) handleConsoleFleet(w http.ResponseWriter, r *http.Request) erro
 	for _, a := range as {
 		aj := s.agentJSON(a)
 		out.Agents.Total++
-		switch agentState(&aj) {
+		switch aj.State() {
 		case "revoked":
 			out.Agents.Revoked++
 		case "online":

@@ -21,7 +21,7 @@ func scanRun(row interface{ Scan(...any) error }) (*store.Run, error) {
 		&r.Output, &metrics, &notes); err != nil {
 		return nil, err
 	}
-	r.Metrics, r.TelemetryNotes = decodeTelemetry(metrics, notes)
+	r.Metrics, r.TelemetryNotes = store.DecodeTelemetry(metrics, notes)
 	r.ScheduledAt, r.StartedAt, r.FinishedAt, r.CreatedAt, r.UpdatedAt = fromNS(sched), fromNS(started), fromNS(finished), fromNS(created), fromNS(updated)
 	return &r, nil
 }

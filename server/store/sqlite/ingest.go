@@ -154,9 +154,10 @@ func (t *ingestTx) apply(recs []*store.Record, lim store.IngestLimits) error {
 			if err = t.dropMissed(r.AgentID, x); err != nil {
 				return err
 			}
+			metricsJSON, notesJSON := store.EncodeTelemetry(x.Metrics, x.TelemetryNotes)
 			_, err = t.exec(sqlRunFinished, x.ID, r.AgentID, x.Pipe, x.PipeVersion, x.Trigger, x.Status, x.ExitCode, x.Signal, x.Error, x.RequestID,
 				ns(x.ScheduledAt), ns(x.StartedAt), ns(x.FinishedAt), x.DurationMS, x.LogChunks, x.Reason, x.Attempts, x.WrittenBy, ns(now), ns(now),
-				x.Output, encodeJSONList(x.Metrics), encodeJSONList(x.TelemetryNotes))
+				x.Output, metricsJSON, notesJSON)
 		case r.Chunk != nil:
 			err = t.chunk(r, runs, lim)
 		case r.Settle != nil:

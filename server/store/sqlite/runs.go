@@ -23,7 +23,7 @@ func scanRun(row rowScanner) (*store.Run, error) {
 		&r.Output, &metrics, &notes); err != nil {
 		return nil, err
 	}
-	r.Metrics, r.TelemetryNotes = decodeTelemetry(metrics, notes)
+	r.Metrics, r.TelemetryNotes = store.DecodeTelemetry(metrics, notes)
 	r.ScheduledAt, r.StartedAt, r.FinishedAt, r.CreatedAt, r.UpdatedAt = fromNS(sched), fromNS(started), fromNS(finished), fromNS(created), fromNS(updated)
 	r.LogTruncated = truncated != 0
 	return &r, nil
