@@ -26,13 +26,26 @@ type Manifest struct {
 }
 
 // Pipe is one pipe inside a manifest: a version of a spec and its payload.
-// Spec.Targets is always nil here.
+// Spec.Targets and Spec.Placement are always empty here.
 type Pipe struct {
 	Name    string  `json:"name"`
 	Version uint64  `json:"version"`
 	Spec    Spec    `json:"spec"`
 	Payload Payload `json:"payload"`
+	// LeaseUntil is set on a placement: one pipe's entry in its holder's
+	// manifest: the agent runs the pipe only until then unless a fresher
+	// manifest renews it; at the end it stops the timer (fencing). Zero for
+	// placement: all.
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
+	// LastFireServed is the latest fire time of the pipe that any holder
+	// served (a run record exists for it), so that a new holder's catch-up
+	// policy covers the fire times after it that nobody ran. Only with
+	// LeaseUntil; zero when none is known.
+	LastFireServed time.Time `json:"last_fire_served,omitzero"`
 }
+
+// Held reports whether the entry is a placement: one lease.
+func (p *Pipe) Held() bool { return !p.LeaseUntil.IsZero() }
 
 // Payload names the content-addressed bundle a pipe runs.
 type Payload struct {

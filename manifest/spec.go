@@ -62,8 +62,76 @@ type Spec struct {
 	// the default or strict profile may write (e.g. /var/backups).
 	WritablePaths []string `json:"writable_paths,omitempty" yaml:"writable_paths,omitempty"`
 	Limits        Limits   `json:"limits,omitzero" yaml:"limits,omitempty"`
-	Targets       *Targets `json:"targets,omitempty" yaml:"targets,omitempty"`
-	Enabled       *bool    `json:"enabled,omitempty" yaml:"enabled,omitempty"`
+	// Placement is PlacementAll (every targeted agent; written as "") or
+	// PlacementOne (exactly one healthy targeted agent holds it under a
+	// lease). Used by the server only, like Targets: it is dropped from the
+	// spec that goes into a manifest, whose entry carries the lease instead.
+	Placement string `json:"placement,omitempty" yaml:"placement,omitempty"`
+	// Retries are the attempts of one run (nil: one attempt).
+	Retries *Retries `json:"retries,omitempty" yaml:"retries,omitempty"`
+	Targets *Targets `json:"targets,omitempty" yaml:"targets,omitempty"`
+	Enabled *bool    `json:"enabled,omitempty" yaml:"enabled,omitempty"`
+}
+
+// Placement policies (docs/design.md, "Fleet semantics").
+const (
+	PlacementAll = "all" // every targeted agent runs the pipe (default)
+	PlacementOne = "one" // exactly one healthy targeted agent holds it
+)
+
+// Retries are the attempts of one run: after a failed attempt n the runner
+// waits Delay × Backoff^(n-1), capped at MaxDelay, and runs the payload
+// again, up to Attempts in all. Timeout bounds each attempt; only the final
+// attempt's result counts.
+type Retries struct {
+	Attempts int      `json:"attempts" yaml:"attempts"`
+	Delay    Duration `json:"delay,omitempty" yaml:"delay,omitempty"`
+	Backoff  float64  `json:"backoff,omitempty" yaml:"backoff,omitempty"`
+	MaxDelay Duration `json:"max_delay,omitempty" yaml:"max_delay,omitempty"`
+}
+
+// Retry defaults applied by Spec.Normalize when retries are given, and
+// their bounds.
+const (
+	DefaultRetryDelay    = Duration(30 * time.Second)
+	DefaultRetryBackoff  = 2.0
+	DefaultRetryMaxDelay = Duration(10 * time.Minute)
+	MaxAttempts          = 10
+	MinRetryDelay        = Duration(time.Second)
+	MaxRetryDelay        = Duration(24 * time.Hour)
+	MaxRetryBackoff      = 10.0
+)
+
+// DelayBefore returns how long the runner waits before attempt n (n ≥ 2):
+// Delay × Backoff^(n-2), capped at MaxDelay.
+func (r *Retries) DelayBefore(n int) time.Duration {
+	d := float64(r.Delay)
+	for i := 2; i < n; i++ {
+		d *= r.Backoff
+		if d >= float64(r.MaxDelay) {
+			return r.MaxDelay.D()
+		}
+	}
+	if r.MaxDelay != 0 && d > float64(r.MaxDelay) {
+		return r.MaxDelay.D()
+	}
+	return time.Duration(d)
+}
+
+// AttemptsOrOne is the number of attempts of one run (1 without retries).
+func (s *Spec) AttemptsOrOne() int {
+	if s.Retries == nil || s.Retries.Attempts < 1 {
+		return 1
+	}
+	return s.Retries.Attempts
+}
+
+// PlacementOrDefault is the pipe's placement, PlacementAll when unset.
+func (s *Spec) PlacementOrDefault() string {
+	if s.Placement == "" {
+		return PlacementAll
+	}
+	return s.Placement
 }
 
 // Limits are resource limits for one run. Zero means unlimited.
@@ -121,6 +189,26 @@ func (s *Spec) Normalize() {
 	if s.Targets != nil && len(s.Targets.Tags) == 0 && len(s.Targets.Agents) == 0 {
 		s.Targets = nil
 	}
+	if s.Placement == PlacementAll {
+		s.Placement = "" // the default, written once: "all" and unset compare equal
+	}
+	if s.Retries != nil {
+		if s.Retries.Attempts <= 1 {
+			s.Retries = nil // one attempt is no retries
+		} else {
+			r := *s.Retries
+			if r.Delay == 0 {
+				r.Delay = DefaultRetryDelay
+			}
+			if r.Backoff == 0 {
+				r.Backoff = DefaultRetryBackoff
+			}
+			if r.MaxDelay == 0 {
+				r.MaxDelay = max(DefaultRetryMaxDelay, r.Delay)
+			}
+			s.Retries = &r
+		}
+	}
 }
 
 // Clone returns a deep copy of s. Empty lists become nil; maps keep
@@ -138,6 +226,10 @@ func (s *Spec) Clone() *Spec {
 	if s.Enabled != nil {
 		e := *s.Enabled
 		c.Enabled = &e
+	}
+	if s.Retries != nil {
+		r := *s.Retries
+		c.Retries = &r
 	}
 	return &c
 }

@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"fmt"
+	"math"
 	"path"
 	"regexp"
 	"sort"
@@ -259,6 +260,12 @@ func (s *Spec) checkSandbox(c specProblems) {
 	if s.MaxDuration != 0 && (s.MaxDuration < MinGrace || s.MaxDuration > MaxTimeout) {
 		c.add("max_duration", "%s out of range %s-%s", s.MaxDuration, MinGrace, MaxTimeout)
 	}
+	switch s.Placement {
+	case "", PlacementAll, PlacementOne:
+	default:
+		c.add("placement", "%s is not one of all, one", quote(s.Placement))
+	}
+	s.Retries.check(c)
 	switch s.Catchup {
 	case "", CatchupOnce, CatchupAll, CatchupSkip:
 	default:
@@ -351,6 +358,15 @@ func (m *Manifest) Validate() error {
 		pp.Spec.validate(&p, join(at, "spec"))
 		if pp.Spec.Targets != nil {
 			p.add(join(at, "spec.targets"), "must not appear in a manifest")
+		}
+		if pp.Spec.Placement != "" {
+			p.add(join(at, "spec.placement"), "must not appear in a manifest (the entry's lease_until says it is held)")
+		}
+		if !pp.LastFireServed.IsZero() && pp.LeaseUntil.IsZero() {
+			p.add(join(at, "last_fire_served"), "only with lease_until")
+		}
+		if !pp.LeaseUntil.IsZero() && !pp.LeaseUntil.After(m.IssuedAt) {
+			p.add(join(at, "lease_until"), "must be after issued_at")
 		}
 		if !digestRE.MatchString(pp.Payload.Digest) {
 			p.add(join(at, "payload.digest"), "%s is not a sha256:<hex> digest", quote(pp.Payload.Digest))
@@ -475,4 +491,26 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// check checks the retry policy; nil is valid (one attempt).
+func (r *Retries) check(c specProblems) {
+	if r == nil {
+		return
+	}
+	if r.Attempts < 1 || r.Attempts > MaxAttempts {
+		c.add("retries.attempts", "%d out of range 1-%d", r.Attempts, MaxAttempts)
+	}
+	if r.Delay != 0 && (r.Delay < MinRetryDelay || r.Delay > MaxRetryDelay) {
+		c.add("retries.delay", "%s out of range %s-%s", r.Delay, MinRetryDelay, MaxRetryDelay)
+	}
+	if r.Backoff != 0 && (math.IsNaN(r.Backoff) || r.Backoff < 1 || r.Backoff > MaxRetryBackoff) {
+		c.add("retries.backoff", "%v out of range 1-%v", r.Backoff, MaxRetryBackoff)
+	}
+	if r.MaxDelay != 0 && (r.MaxDelay < MinRetryDelay || r.MaxDelay > MaxRetryDelay) {
+		c.add("retries.max_delay", "%s out of range %s-%s", r.MaxDelay, MinRetryDelay, MaxRetryDelay)
+	}
+	if r.MaxDelay != 0 && r.Delay != 0 && r.MaxDelay < r.Delay {
+		c.add("retries.max_delay", "%s is less than delay %s", r.MaxDelay, r.Delay)
+	}
 }

@@ -862,8 +862,14 @@ type PipeStatus struct {
 	// evaluator's next fire time; it says both instants.
 	ElapseMismatch string   `protobuf:"bytes,6,opt,name=elapse_mismatch,json=elapseMismatch,proto3" json:"elapse_mismatch,omitempty"`
 	DropInsRemoved []string `protobuf:"bytes,7,rep,name=drop_ins_removed,json=dropInsRemoved,proto3" json:"drop_ins_removed,omitempty"` // drop-in paths found beside the units and removed
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// lease_until is the end of the placement: one lease this agent holds
+	// for the pipe (unset for placement: all).
+	LeaseUntil *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=lease_until,json=leaseUntil,proto3" json:"lease_until,omitempty"`
+	// lease_ended is set when that lease passed unrenewed and the agent
+	// stopped the pipe's timer (fencing); a fresh manifest restarts it.
+	LeaseEnded    bool `protobuf:"varint,9,opt,name=lease_ended,json=leaseEnded,proto3" json:"lease_ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PipeStatus) Reset() {
@@ -943,6 +949,20 @@ func (x *PipeStatus) GetDropInsRemoved() []string {
 		return x.DropInsRemoved
 	}
 	return nil
+}
+
+func (x *PipeStatus) GetLeaseUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseUntil
+	}
+	return nil
+}
+
+func (x *PipeStatus) GetLeaseEnded() bool {
+	if x != nil {
+		return x.LeaseEnded
+	}
+	return false
 }
 
 type RunStarted struct {
@@ -1657,7 +1677,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTATE_APPLIED\x10\x01\x12\x12\n" +
 	"\x0eSTATE_REJECTED\x10\x02\x12\x16\n" +
-	"\x12STATE_APPLY_FAILED\x10\x03\"\x99\x02\n" +
+	"\x12STATE_APPLY_FAILED\x10\x03\"\xf7\x02\n" +
 	"\n" +
 	"PipeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1667,7 +1687,11 @@ const file_agent_proto_rawDesc = "" +
 	"applyError\x12%\n" +
 	"\x0edrift_restored\x18\x05 \x01(\bR\rdriftRestored\x12'\n" +
 	"\x0felapse_mismatch\x18\x06 \x01(\tR\x0eelapseMismatch\x12(\n" +
-	"\x10drop_ins_removed\x18\a \x03(\tR\x0edropInsRemoved\"\xc1\x02\n" +
+	"\x10drop_ins_removed\x18\a \x03(\tR\x0edropInsRemoved\x12;\n" +
+	"\vlease_until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"leaseUntil\x12\x1f\n" +
+	"\vlease_ended\x18\t \x01(\bR\n" +
+	"leaseEnded\"\xc1\x02\n" +
 	"\n" +
 	"RunStarted\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x12\n" +
@@ -1810,25 +1834,26 @@ var file_agent_proto_depIdxs = []int32{
 	19, // 13: drover.agent.v1.ManifestStatus.at:type_name -> google.protobuf.Timestamp
 	19, // 14: drover.agent.v1.ManifestStatus.expires_at:type_name -> google.protobuf.Timestamp
 	19, // 15: drover.agent.v1.PipeStatus.next_fire_times:type_name -> google.protobuf.Timestamp
-	1,  // 16: drover.agent.v1.RunStarted.trigger:type_name -> drover.agent.v1.Trigger
-	19, // 17: drover.agent.v1.RunStarted.started_at:type_name -> google.protobuf.Timestamp
-	19, // 18: drover.agent.v1.RunStarted.scheduled_at:type_name -> google.protobuf.Timestamp
-	2,  // 19: drover.agent.v1.LogChunk.stream:type_name -> drover.agent.v1.LogStream
-	19, // 20: drover.agent.v1.LogChunk.at:type_name -> google.protobuf.Timestamp
-	1,  // 21: drover.agent.v1.RunFinished.trigger:type_name -> drover.agent.v1.Trigger
-	0,  // 22: drover.agent.v1.RunFinished.status:type_name -> drover.agent.v1.RunStatus
-	19, // 23: drover.agent.v1.RunFinished.started_at:type_name -> google.protobuf.Timestamp
-	19, // 24: drover.agent.v1.RunFinished.finished_at:type_name -> google.protobuf.Timestamp
-	19, // 25: drover.agent.v1.RunFinished.scheduled_at:type_name -> google.protobuf.Timestamp
-	13, // 26: drover.agent.v1.RunFinished.metrics:type_name -> drover.agent.v1.MetricSample
-	18, // 27: drover.agent.v1.MetricSample.labels:type_name -> drover.agent.v1.MetricSample.LabelsEntry
-	4,  // 28: drover.agent.v1.Agent.AgentStream:input_type -> drover.agent.v1.AgentMessage
-	5,  // 29: drover.agent.v1.Agent.AgentStream:output_type -> drover.agent.v1.ServerMessage
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	19, // 16: drover.agent.v1.PipeStatus.lease_until:type_name -> google.protobuf.Timestamp
+	1,  // 17: drover.agent.v1.RunStarted.trigger:type_name -> drover.agent.v1.Trigger
+	19, // 18: drover.agent.v1.RunStarted.started_at:type_name -> google.protobuf.Timestamp
+	19, // 19: drover.agent.v1.RunStarted.scheduled_at:type_name -> google.protobuf.Timestamp
+	2,  // 20: drover.agent.v1.LogChunk.stream:type_name -> drover.agent.v1.LogStream
+	19, // 21: drover.agent.v1.LogChunk.at:type_name -> google.protobuf.Timestamp
+	1,  // 22: drover.agent.v1.RunFinished.trigger:type_name -> drover.agent.v1.Trigger
+	0,  // 23: drover.agent.v1.RunFinished.status:type_name -> drover.agent.v1.RunStatus
+	19, // 24: drover.agent.v1.RunFinished.started_at:type_name -> google.protobuf.Timestamp
+	19, // 25: drover.agent.v1.RunFinished.finished_at:type_name -> google.protobuf.Timestamp
+	19, // 26: drover.agent.v1.RunFinished.scheduled_at:type_name -> google.protobuf.Timestamp
+	13, // 27: drover.agent.v1.RunFinished.metrics:type_name -> drover.agent.v1.MetricSample
+	18, // 28: drover.agent.v1.MetricSample.labels:type_name -> drover.agent.v1.MetricSample.LabelsEntry
+	4,  // 29: drover.agent.v1.Agent.AgentStream:input_type -> drover.agent.v1.AgentMessage
+	5,  // 30: drover.agent.v1.Agent.AgentStream:output_type -> drover.agent.v1.ServerMessage
+	30, // [30:31] is the sub-list for method output_type
+	29, // [29:30] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }

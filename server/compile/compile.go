@@ -299,6 +299,7 @@ type entry struct {
 func newEntry(p *Pipe) (entry, error) {
 	spec := p.Spec.Clone()
 	spec.Targets = nil
+	spec.Placement = ""  // the server's alone: the entry carries the lease instead
 	spec.Grace = 0       // the server's alone (missed-run detection); agents that predate the field would refuse it
 	spec.MaxDuration = 0 // the server's alone too (run.long)
 	mp := manifest.Pipe{Name: p.Name, Version: p.Version, Spec: *spec, Payload: manifest.Payload{Digest: p.PayloadDigest, Size: p.PayloadSize}}
