@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -103,19 +104,48 @@ const (
 )
 
 // DelayBefore returns how long the runner waits before attempt n (n ≥ 2):
-// Delay × Backoff^(n-2), capped at MaxDelay.
+// Delay × Backoff^(n-2), capped at MaxDelay. Zero fields count as their
+// defaults (as Normalize fills them), so an unnormalised policy gives the
+// same waits; n < 2 gives 0.
 func (r *Retries) DelayBefore(n int) time.Duration {
-	d := float64(r.Delay)
-	for i := 2; i < n; i++ {
-		d *= r.Backoff
-		if d >= float64(r.MaxDelay) {
-			return r.MaxDelay.D()
-		}
+	if r == nil || n < 2 {
+		return 0
 	}
-	if r.MaxDelay != 0 && d > float64(r.MaxDelay) {
-		return r.MaxDelay.D()
+	delay, backoff, maxDelay := r.Delay, r.Backoff, r.MaxDelay
+	if delay <= 0 {
+		delay = DefaultRetryDelay
+	}
+	if backoff <= 0 || math.IsNaN(backoff) {
+		backoff = DefaultRetryBackoff
+	}
+	if maxDelay <= 0 {
+		maxDelay = max(DefaultRetryMaxDelay, delay)
+	}
+	d := float64(delay)
+	for i := 2; i < n && d < float64(maxDelay); i++ {
+		d *= backoff
+	}
+	if d >= float64(maxDelay) {
+		return maxDelay.D()
 	}
 	return time.Duration(d)
+}
+
+// RunBudget is the longest one run of the pipe can take inside the runner:
+// every attempt running to its timeout plus the delays between them (one
+// timeout without retries). The service manager's own limits (the unit's
+// TimeoutStartSec=, the cron backend's deadline) add their kill grace to it.
+func (s *Spec) RunBudget() time.Duration {
+	timeout := s.Timeout.D()
+	if timeout <= 0 {
+		timeout = DefaultTimeout.D()
+	}
+	n := s.AttemptsOrOne()
+	total := time.Duration(n) * timeout
+	for i := 2; i <= n; i++ {
+		total += s.Retries.DelayBefore(i)
+	}
+	return total
 }
 
 // AttemptsOrOne is the number of attempts of one run (1 without retries).
@@ -193,10 +223,10 @@ func (s *Spec) Normalize() {
 		s.Placement = "" // the default, written once: "all" and unset compare equal
 	}
 	if s.Retries != nil {
-		if s.Retries.Attempts <= 1 {
+		switch r := *s.Retries; {
+		case r.Attempts == 1 && r.valid():
 			s.Retries = nil // one attempt is no retries
-		} else {
-			r := *s.Retries
+		case r.Attempts > 1:
 			if r.Delay == 0 {
 				r.Delay = DefaultRetryDelay
 			}
@@ -208,6 +238,8 @@ func (s *Spec) Normalize() {
 			}
 			s.Retries = &r
 		}
+		// Anything else (attempts below 1, out-of-range fields) is kept as
+		// written for Validate to report.
 	}
 }
 

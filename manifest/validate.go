@@ -493,7 +493,8 @@ func sortedKeys(m map[string]string) []string {
 	return keys
 }
 
-// check checks the retry policy; nil is valid (one attempt).
+// check checks the retry policy; nil is valid (one attempt). Attempts are
+// required: a retries block without them is a mistake, not one attempt.
 func (r *Retries) check(c specProblems) {
 	if r == nil {
 		return
@@ -509,8 +510,14 @@ func (r *Retries) check(c specProblems) {
 	}
 	if r.MaxDelay != 0 && (r.MaxDelay < MinRetryDelay || r.MaxDelay > MaxRetryDelay) {
 		c.add("retries.max_delay", "%s out of range %s-%s", r.MaxDelay, MinRetryDelay, MaxRetryDelay)
-	}
-	if r.MaxDelay != 0 && r.Delay != 0 && r.MaxDelay < r.Delay {
+	} else if r.MaxDelay != 0 && r.Delay != 0 && r.MaxDelay < r.Delay {
 		c.add("retries.max_delay", "%s is less than delay %s", r.MaxDelay, r.Delay)
 	}
+}
+
+// valid reports whether check finds nothing wrong with r.
+func (r *Retries) valid() bool {
+	var p problems
+	r.check(specProblems{&p, ""})
+	return p.err() == nil
 }
