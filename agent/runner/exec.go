@@ -79,6 +79,8 @@ func (r *runner) childEnv(p *plannedRun, secrets map[string]string) []string {
 		env["DROVER_OUTPUT"] = filepath.Join(p.telemetryDir, outputFile)
 	}
 	env["DROVER_RUN_ID"] = p.runID
+	env["DROVER_ATTEMPT"] = strconv.Itoa(max(p.attempt, 1))
+	env["DROVER_MAX_ATTEMPTS"] = strconv.Itoa(r.spec.AttemptsOrOne())
 	env["DROVER_PIPE"] = r.opts.Pipe
 	env["DROVER_TRIGGER"] = p.trigger.Name()
 	if !p.scheduledAt.IsZero() {
@@ -141,13 +143,21 @@ func (r *runner) note(c *chunker, format string, args ...any) {
 	c.in <- piece{stream: agentpb.LogStream_LOG_STREAM_SYSTEM, data: []byte(msg)}
 }
 
-// runPayload executes the payload in its own process group and fills rr.
-// It returns the run's last log chunks, not yet written.
+// runPayload makes the attempts of one run (one without retries: see
+// retries.go) and fills rr with the final attempt's outcome. It returns the
+// run's last log chunks, not yet written.
 func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (final []*agentpb.LogChunk) {
 	c := newChunker(p.runID, r.opts.ChunkBytes, r.opts.FlushEvery, r.now, func(ch *agentpb.LogChunk) {
 		_ = r.record(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_LogChunk{LogChunk: ch}}, false)
 	})
 	defer func() { rr.LogChunks, final = c.close() }()
+	r.attempts(ctx, p, rr, c)
+	return nil // set by the deferred close
+}
+
+// runAttempt executes the payload once in its own process group and fills
+// rr with how that attempt ended.
+func (r *runner) runAttempt(ctx context.Context, p *plannedRun, rr *RunResult, c *chunker) {
 	fail := func(code int, err error) {
 		rr.Status = agentpb.RunStatus_RUN_STATUS_FAILED
 		rr.ExitCode = code
@@ -194,7 +204,6 @@ func (r *runner) runPayload(ctx context.Context, p *plannedRun, rr *RunResult) (
 	rr.Duration = time.Since(proc.start)
 	proc.finish()
 	settle(ctx, rr, proc.cmd.ProcessState, cause, waitErr, timeout, ooms)
-	return nil // set by the deferred close
 }
 
 // payloadProc is a started payload: its process group and the pumps

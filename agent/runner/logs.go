@@ -118,6 +118,12 @@ func (c *chunker) add(p piece) {
 		b = &streamBuf{}
 		c.bufs[p.stream] = b
 	}
+	if p.stream == agentpb.LogStream_LOG_STREAM_SYSTEM {
+		// A runner note (an attempt's marker line) comes after the output
+		// that arrived before it: the pending output gets the lower numbers.
+		c.flush(agentpb.LogStream_LOG_STREAM_STDOUT)
+		c.flush(agentpb.LogStream_LOG_STREAM_STDERR)
+	}
 	data := p.data
 	for len(data) > 0 {
 		if len(b.data) == 0 {

@@ -1,6 +1,7 @@
 // Package runner is `drover-agent run <pipe>`: the ExecStart of every pipe's
 // systemd service and the body of every cron-backend job. It runs the pipe's
-// payload once (or once per missed fire time under catchup: all), tees its
+// payload once (or once per missed fire time under catchup: all; each run up
+// to retries.attempts times, see retries.go), tees its
 // output to its own stdout/stderr (the journal) and into numbered log chunks
 // with secret values masked, and records the run in the pipe's spool
 // (agent/spool) before anything else, so that the daemon can report it
@@ -102,7 +103,8 @@ type Options struct {
 
 	// Env is the runner's environment (default os.Environ()). The payload
 	// inherits it without DROVER_* variables, plus the pipe's env, secrets,
-	// DROVER_RUN_ID, DROVER_PIPE, DROVER_TRIGGER and DROVER_SCHEDULED_AT.
+	// DROVER_RUN_ID, DROVER_PIPE, DROVER_TRIGGER, DROVER_SCHEDULED_AT,
+	// DROVER_ATTEMPT (1, 2 ... with retries) and DROVER_MAX_ATTEMPTS.
 	Env []string
 	// Stdout and Stderr receive the masked output (default os.Stdout/Stderr).
 	Stdout, Stderr io.Writer
@@ -128,6 +130,7 @@ type RunResult struct {
 	StartedAt   time.Time
 	Duration    time.Duration
 	LogChunks   uint64
+	Attempts    int // attempts made (retries.attempts); 1 when the payload never ran
 	Error       string
 	// Reason says why in a word or two when the run did not succeed
 	// ("exit 3", "timeout", "canceled", "signal SIGTERM", "payload_mismatch").
@@ -171,6 +174,7 @@ type plannedRun struct {
 	// telemetryDir holds the run's $DROVER_METRICS and $DROVER_OUTPUT
 	// while its payload runs.
 	telemetryDir string
+	attempt      int // the attempt running ($DROVER_ATTEMPT), from 1
 }
 
 // Run runs the pipe once (or once per missed fire time) and records every
@@ -587,7 +591,7 @@ func (r *runner) execute(ctx context.Context, p *plannedRun) RunResult {
 		Status: rr.Status, ExitCode: int32(rr.ExitCode), Signal: rr.Signal,
 		StartedAt: ts(rr.StartedAt), FinishedAt: ts(finished), DurationMs: rr.Duration.Milliseconds(),
 		Error: rr.Error, LogChunks: rr.LogChunks, ScheduledAt: ts(p.scheduledAt), RequestId: p.requestID,
-		Reason: rr.Reason, Attempts: 1, WrittenBy: WrittenByRunner,
+		Reason: rr.Reason, Attempts: uint32(max(rr.Attempts, 1)), WrittenBy: WrittenByRunner,
 		Output: rr.Output, Metrics: rr.Metrics, TelemetryNotes: rr.TelemetryNotes,
 	}
 	for _, ch := range final {

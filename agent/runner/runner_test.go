@@ -19,6 +19,7 @@ import (
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/google/uuid"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestMain doubles as `drover-agent run` for the tests that signal it.
@@ -124,8 +125,18 @@ func (f *fixture) records() []*agentpb.AgentMessage {
 
 type runRecs struct {
 	started  *agentpb.RunStarted
+	attempts []*agentpb.RunStarted // every RunStarted: one per attempt
 	finished *agentpb.RunFinished
 	chunks   []*agentpb.LogChunk
+}
+
+// log is the run's whole log, every stream in chunk order.
+func (r runRecs) log() string {
+	var b strings.Builder
+	for _, c := range r.chunks {
+		b.Write(c.Data)
+	}
+	return b.String()
 }
 
 func (r runRecs) text(s agentpb.LogStream) string {
@@ -155,10 +166,15 @@ func byRun(t *testing.T, msgs []*agentpb.AgentMessage) ([]string, map[string]*ru
 		switch b := m.Body.(type) {
 		case *agentpb.AgentMessage_RunStarted:
 			r := get(b.RunStarted.RunId)
-			if r.started != nil {
-				t.Fatalf("run %s started twice", b.RunStarted.RunId)
+			if r.finished != nil || b.RunStarted.Attempt != uint32(len(r.attempts)+1) {
+				t.Fatalf("run %s: RunStarted of attempt %d after %d attempts (finished %v)", b.RunStarted.RunId, b.RunStarted.Attempt, len(r.attempts), r.finished != nil)
 			}
-			r.started = b.RunStarted
+			if r.started == nil {
+				r.started = b.RunStarted
+			} else if !proto.Equal(b.RunStarted.StartedAt, r.started.StartedAt) || b.RunStarted.Trigger != r.started.Trigger {
+				t.Fatalf("run %s: attempt %d's RunStarted differs from the run's: %v, %v", b.RunStarted.RunId, b.RunStarted.Attempt, b.RunStarted, r.started)
+			}
+			r.attempts = append(r.attempts, b.RunStarted)
 		case *agentpb.AgentMessage_LogChunk:
 			r := get(b.LogChunk.RunId)
 			if r.started == nil || r.finished != nil {
@@ -174,6 +190,9 @@ func byRun(t *testing.T, msgs []*agentpb.AgentMessage) ([]string, map[string]*ru
 				t.Fatalf("RunFinished without RunStarted")
 			}
 			r.finished = b.RunFinished
+			if b.RunFinished.Attempts != uint32(len(r.attempts)) && !(b.RunFinished.Reason == ReasonPayloadMismatch && b.RunFinished.Attempts == uint32(len(r.attempts)+1)) {
+				t.Fatalf("RunFinished counts %d attempts, %d started", b.RunFinished.Attempts, len(r.attempts))
+			}
 			if b.RunFinished.LogChunks != uint64(len(r.chunks)) {
 				t.Fatalf("RunFinished counts %d chunks, spool has %d", b.RunFinished.LogChunks, len(r.chunks))
 			}
