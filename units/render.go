@@ -42,6 +42,16 @@ const (
 	TimeoutGrace = 15 * time.Second
 )
 
+// StartTimeout is the service's TimeoutStartSec=, a backstop behind the
+// runner's own timeout: every attempt running to the pipe's timeout
+// (retries.attempts of them) plus the delays between them, with
+// TimeoutGrace per attempt for the runner to stop an attempt that timed
+// out and record it. Without retries it is timeout + TimeoutGrace. The cron
+// backend gives a runner the same deadline.
+func StartTimeout(s *manifest.Spec) time.Duration {
+	return s.RunBudget() + time.Duration(s.AttemptsOrOne())*TimeoutGrace
+}
+
 // Options says how the agent that renders the units is installed.
 type Options struct {
 	AgentPath string   // ExecStart binary; default DefaultAgentPath
@@ -126,10 +136,10 @@ func (o Options) withDefaults() (Options, error) {
 // is the agent's decision.
 //
 // Only these spec fields reach the files: name (validated), description,
-// schedule and timezone (through OnCalendar and Corrections), run_as, secret names, timeout,
-// jitter, catchup, hardening and limits. Script, command, files, env and
-// secret values never do: the runner reads them from the pipe's directory
-// and the agent's store.
+// schedule and timezone (through OnCalendar and Corrections), run_as, secret
+// names, timeout and retries (through TimeoutStartSec), jitter, catchup,
+// hardening and limits. Script, command, files, env and secret values never
+// do: the runner reads them from the pipe's directory and the agent's store.
 func Render(spec *manifest.Spec, opts Options) ([]File, error) {
 	if spec == nil {
 		return nil, fmt.Errorf("units: nil spec")
@@ -212,9 +222,10 @@ func serviceSections(s *manifest.Spec, o Options, desc string) ([]section, error
 	svc := []option{
 		{"Type", "oneshot"},
 		{"ExecStart", execStart},
-		// The runner enforces the pipe's timeout itself (and records
-		// timed_out); systemd's limit is a backstop after its kill grace.
-		{"TimeoutStartSec", formatSpan(s.Timeout.D() + TimeoutGrace)},
+		// The runner enforces the pipe's timeout on each attempt itself
+		// (and records timed_out); systemd's limit is a backstop after its
+		// kill grace, for all the attempts and the delays between them.
+		{"TimeoutStartSec", formatSpan(StartTimeout(s))},
 		// Cancel and timeout kill the job's whole process tree.
 		{"KillMode", "control-group"},
 		{"SyslogIdentifier", ident},

@@ -388,7 +388,18 @@ func wantUnits(t testing.TB, spec *manifest.Spec, o Options) (svc, tmr []uopt) {
 	}
 	sv("Type", "oneshot")
 	sv("ExecStart", execValue(append([]string{agent, "run", s.Name}, o.RunArgs...)))
-	sv("TimeoutStartSec", spanSeconds(s.Timeout.D()+15*time.Second))
+	// Every attempt's timeout and 15 s of kill grace, plus the delays
+	// between attempts (delay, growing by backoff, capped at max_delay).
+	budget := s.Timeout.D() + 15*time.Second
+	if r := s.Retries; r != nil {
+		budget *= time.Duration(r.Attempts)
+		wait := r.Delay.D()
+		for i := 1; i < r.Attempts; i++ {
+			budget += wait
+			wait = min(time.Duration(float64(wait)*r.Backoff), r.MaxDelay.D())
+		}
+	}
+	sv("TimeoutStartSec", spanSeconds(budget))
 	sv("KillMode", "control-group")
 	sv("SyslogIdentifier", "drover-pipe-"+s.Name)
 	sv("StateDirectory", "drover-runs/"+s.Name)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/drover/drover/agent/runreq"
 	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/units"
 )
 
 // Cron is the fallback backend for hosts without systemd: an in-process
@@ -286,7 +287,9 @@ func (b *Cron) schedulePipe(pipe manifest.Pipe, now time.Time) (step Step, chang
 		p = &cronPipe{procs: map[string]*cronProc{}}
 		b.pipes[name] = p
 	}
-	p.pipe, p.timeout, p.enabled = pipe, spec.Timeout.D(), spec.IsEnabled()
+	// The runner times out each attempt itself; like systemd's
+	// TimeoutStartSec=, this deadline is a backstop for all its attempts.
+	p.pipe, p.timeout, p.enabled = pipe, units.StartTimeout(spec), spec.IsEnabled()
 	if p.key == key && (p.entry != 0 || !p.enabled) {
 		return Step{}, false, nil
 	}
@@ -463,7 +466,7 @@ func (b *Cron) spawn(name, trigger string, scheduled time.Time, requestID string
 }
 
 // reap waits for a spawned runner (killing its process group after
-// timeout, as systemd's TimeoutStartSec= does), records how it ended in its
+// timeout, units.StartTimeout, as systemd's TimeoutStartSec= does), records how it ended in its
 // run account, forgets it, and removes its run request.
 func (b *Cron) reap(p *cronPipe, proc *cronProc, acct cronRun, timeout time.Duration) {
 	defer b.wg.Done()
