@@ -22,6 +22,13 @@
 //     and a systemd-backend agent have the same next fire times (live and
 //     as reported to the server) and fire at the same instant; the cron
 //     backend's runs reach the server.
+//   - TestRetriesBothBackends: retries on a systemd agent and a cron agent:
+//     a script failing twice then succeeding is one run with attempts 3 and
+//     every attempt's output and marker line in its log; an always-failing
+//     one fails after its third attempt with the waits within 10% of the
+//     backoff and one run.failed event; a timed-out attempt is retried; a
+//     cancel during a delay ends the run with no further attempt; droverctl
+//     shows the attempts.
 //   - TestOfflineRunsArriveExactlyOnce: the server process is stopped while
 //     105 runs happen; after its restart every run and every log chunk
 //     arrives exactly once and in order.
