@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 )
 
@@ -32,7 +33,7 @@ import (
 
 // MarkerFormat is the line written into a run's log before each attempt
 // after the first: the attempt, the attempts in all, the delay before it
-// and how the previous attempt ended (its reason, e.g. "exit 1",
+// (as the spec writes durations: 30s, 1m, 1h30m) and how the previous attempt ended (its reason, e.g. "exit 1",
 // "timeout").
 const MarkerFormat = "--- drover: attempt %d of %d after %s (previous: %s) ---\n"
 
@@ -62,7 +63,7 @@ func (r *runner) attempts(ctx context.Context, p *plannedRun, rr *RunResult, c *
 			previous = runReason(ar)
 		}
 		delay := r.spec.Retries.DelayBefore(n + 1)
-		msg := fmt.Sprintf(MarkerFormat, n+1, total, delay, previous)
+		msg := fmt.Sprintf(MarkerFormat, n+1, total, manifest.Duration(delay), previous)
 		_, _ = r.opts.Stderr.Write([]byte(msg))
 		c.in <- piece{stream: agentpb.LogStream_LOG_STREAM_SYSTEM, data: []byte(msg)}
 		if !sleepCtx(ctx, delay) {

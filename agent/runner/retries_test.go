@@ -21,7 +21,7 @@ func retries(attempts int, delay time.Duration, backoff float64) *manifest.Retri
 }
 
 func marker(n, of int, after time.Duration, prev string) string {
-	return fmt.Sprintf(MarkerFormat, n, of, after, prev)
+	return fmt.Sprintf(MarkerFormat, n, of, manifest.Duration(after), prev)
 }
 
 // inOrder fails unless every part appears in log, in this order.
@@ -234,5 +234,15 @@ func TestRetriesNoneOrFirstAttemptSucceeds(t *testing.T) {
 	f.run(f.opts())
 	if r := only(t, f); r.finished.Attempts != 1 || r.finished.ExitCode != 4 || strings.Contains(r.log(), "--- drover") {
 		t.Fatalf("finished %v, log %q", r.finished, r.log())
+	}
+}
+
+// The marker writes the delay as the spec does.
+func TestRetriesMarkerLine(t *testing.T) {
+	if got := fmt.Sprintf(MarkerFormat, 3, 5, manifest.Duration(90*time.Second), "exit 1"); got != "--- drover: attempt 3 of 5 after 1m30s (previous: exit 1) ---\n" {
+		t.Fatalf("marker %q", got)
+	}
+	if got := fmt.Sprintf(MarkerFormat, 2, 3, manifest.Duration(time.Minute), "timeout"); got != "--- drover: attempt 2 of 3 after 1m (previous: timeout) ---\n" {
+		t.Fatalf("marker %q", got)
 	}
 }
