@@ -132,7 +132,11 @@ func DecodeSpecFile(data []byte) (*SpecFile, error) {
 			continue
 		}
 		if err := root.Decode(&specs[i]); err != nil {
-			p.addFE(yamlError(at, err))
+			fe := yamlError(at, err)
+			if path := fieldAtLine(root, fe.Line); path != "" {
+				fe.Field = join(at, path)
+			}
+			p.addFE(fe)
 			continue
 		}
 		decoded[i] = true
@@ -224,6 +228,32 @@ func checkKnownFields(p *problems, n *yaml.Node, t reflect.Type, at string) {
 		seen[k.Value] = true
 		checkKnownFields(p, v, ft, join(at, k.Value))
 	}
+}
+
+// fieldAtLine is the path of the deepest mapping key on line under n
+// ("retries", "retries.backoff"), so that a value of the wrong type is
+// reported at its field; "" when no key is on that line.
+func fieldAtLine(n *yaml.Node, line int) string {
+	if line <= 0 || n.Kind != yaml.MappingNode {
+		return ""
+	}
+	found := ""
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		path := ""
+		if sub := fieldAtLine(v, line); sub != "" {
+			path = join(k.Value, sub)
+		} else if k.Line == line {
+			path = k.Value
+		}
+		if path != "" && found != "" {
+			return "" // several keys on the line (a flow mapping): the caller's key is the field
+		}
+		if path != "" {
+			found = path
+		}
+	}
+	return found
 }
 
 // lineFor finds the line of a field path like "[2].limits.memory_mb" or

@@ -53,7 +53,7 @@ func TestDecodeSpecsErrorsCarryFieldAndLine(t *testing.T) {
 	}{
 		{"name: a\nschedule: '* * * * *'\nscript: x\nbogus: 1\n", "[0].bogus", 4, "unknown field"},
 		{"name: a\nschedule: '* * * * *'\nscript: x\nlimits:\n  cpus: 2\n", "[0].limits.cpus", 5, "unknown field"},
-		{"name: a\nschedule: '* * * * *'\nscript: x\ntimeout: soon\n", "[0]", 4, "not a duration"},
+		{"name: a\nschedule: '* * * * *'\nscript: x\ntimeout: soon\n", "[0].timeout", 4, "not a duration"},
 		{"name: a\nschedule: '* * * * *'\nscript: x\n---\nname: a\nschedule: '@hourly'\nscript: y\n", "[1].name", 5, "duplicate"},
 		{"name: ../x\nschedule: '* * * * *'\nscript: x\n", "[0].name", 1, "not a valid name"},
 		{"name: a\nschedule: '* * * * *'\nscript: x\ntimezone: Mars/Base\n", "[0].timezone", 4, "unknown time zone"},

@@ -192,3 +192,18 @@ func TestRetriesDecode(t *testing.T) {
 		t.Fatalf("misspelt field: %v", err)
 	}
 }
+
+// A value of the wrong type is reported at its field and line.
+func TestRetriesDecodeWrongType(t *testing.T) {
+	for doc, field := range map[string]string{
+		"retries: 3\n":                       "[0].retries",
+		"retries:\n  attempts: three\n":      "[0].retries.attempts",
+		"retries: {attempts: 2, delay: x}\n": "[0].retries", // a flow mapping: the key on the line
+	} {
+		_, err := DecodeSpecs([]byte("name: job\nschedule: '@hourly'\nscript: 'true'\n" + doc))
+		ps := problemsOf(t, err)
+		if len(ps) != 1 || ps[0].Field != field || ps[0].Line < 4 {
+			t.Errorf("%q: problems %+v, want one at %s", doc, ps, field)
+		}
+	}
+}
