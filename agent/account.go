@@ -119,7 +119,7 @@ func (a *Agent) settle(e apply.Ended) error {
 	}
 	var msgs []*agentpb.AgentMessage
 	if !book.HasFinal(e.RunID) {
-		msgs = append(msgs, a.daemonRecord(e, e.RunID))
+		msgs = append(msgs, a.daemonRecord(e, e.RunID, book.AttemptsOf(e.RunID)))
 	}
 	if e.OneAtATime {
 		// Runs of this pipe begun during the invocation (catch-up runs
@@ -134,7 +134,7 @@ func (a *Agent) settle(e apply.Ended) error {
 			if !e.FinishedAt.IsZero() && at.After(e.FinishedAt) {
 				continue
 			}
-			r := a.daemonRecord(e, id)
+			r := a.daemonRecord(e, id, book.AttemptsOf(id))
 			r.GetRunFinished().StartedAt = timestamppb.New(at)
 			r.GetRunFinished().Trigger = agentpb.Trigger_TRIGGER_CATCHUP
 			r.GetRunFinished().ScheduledAt = nil
@@ -156,8 +156,9 @@ func (a *Agent) settle(e apply.Ended) error {
 	return nil
 }
 
-// daemonRecord is the RunFinished the daemon writes for run id of e.
-func (a *Agent) daemonRecord(e apply.Ended, runID string) *agentpb.AgentMessage {
+// daemonRecord is the RunFinished the daemon writes for run id of e, which
+// had started attempts attempts (retries).
+func (a *Agent) daemonRecord(e apply.Ended, runID string, attempts uint32) *agentpb.AgentMessage {
 	status := agentpb.RunStatus_RUN_STATUS_FAILED
 	reason := e.Reason
 	if reason == "" {
@@ -172,7 +173,7 @@ func (a *Agent) daemonRecord(e apply.Ended, runID string) *agentpb.AgentMessage 
 		RunId: runID, Pipe: e.Pipe, PipeVersion: a.pipeVersion(e.Pipe),
 		Status: status, ExitCode: int32(e.ExitCode), Signal: e.Signal,
 		Error:  "the runner wrote no record of this run; the service manager reports: " + reason,
-		Reason: reason, Attempts: 1, WrittenBy: WrittenByDaemon, RequestId: e.RequestID,
+		Reason: reason, Attempts: attempts, WrittenBy: WrittenByDaemon, RequestId: e.RequestID,
 	}
 	if status == agentpb.RunStatus_RUN_STATUS_SUCCEEDED {
 		f.Error = ""

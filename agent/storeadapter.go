@@ -156,7 +156,15 @@ type RunBook struct {
 	Finals    []string             `json:"finals,omitempty"`
 	Accounted []string             `json:"accounted,omitempty"`
 	Open      map[string]time.Time `json:"open,omitempty"`
+	// Attempts is the latest attempt an open run reported past its first
+	// (RunStarted.attempt, with retries), for the record the daemon writes
+	// when the runner could not.
+	Attempts map[string]uint32 `json:"attempts,omitempty"`
 }
+
+// AttemptsOf is how many attempts run id is known to have started (1 when
+// only its first, or nothing, was reported).
+func (rb *RunBook) AttemptsOf(runID string) uint32 { return max(1, rb.Attempts[runID]) }
 
 const (
 	kvRunBook  = "agent.runs/" // + pipe
@@ -206,6 +214,12 @@ func noteInBook(t *store.Tx, books map[string]*RunBook, msg *agentpb.AgentMessag
 			rb.Open = map[string]time.Time{}
 		}
 		rb.Open[rs.GetRunId()] = rs.GetStartedAt().AsTime()
+		if n := rs.GetAttempt(); n > 1 {
+			if rb.Attempts == nil {
+				rb.Attempts = map[string]uint32{}
+			}
+			rb.Attempts[rs.GetRunId()] = max(n, rb.Attempts[rs.GetRunId()])
+		}
 		for len(rb.Open) > runBookMax {
 			oldest, at := "", time.Time{}
 			for id, t := range rb.Open {
@@ -214,11 +228,13 @@ func noteInBook(t *store.Tx, books map[string]*RunBook, msg *agentpb.AgentMessag
 				}
 			}
 			delete(rb.Open, oldest)
+			delete(rb.Attempts, oldest)
 		}
 	case *agentpb.AgentMessage_RunFinished:
 		rf := body.RunFinished
 		rb := loadBook(t, books, rf.GetPipe())
 		delete(rb.Open, rf.GetRunId())
+		delete(rb.Attempts, rf.GetRunId())
 		rb.Finals = pushBounded(rb.Finals, rf.GetRunId())
 	}
 }
