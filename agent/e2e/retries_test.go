@@ -37,13 +37,14 @@ func retryMarker(n, of int, after, prev string) string {
 //   - a script failing twice then succeeding is one run on the server with
 //     attempts 3 and status succeeded, its log holding all three attempts'
 //     output and the two marker lines; no run.failed event is raised for it;
-//   - a script always failing with attempts 3 (delay 1 s, backoff 2) fails
+//   - a script always failing with attempts 3 (delay 2 s, backoff 2) fails
 //     after the third attempt, the waits between attempts (as the script
-//     saw them) within 10% of 1 s and 2 s, and exactly one run.failed event
+//     saw them) within 10% of 2 s and 4 s, and exactly one run.failed event
 //     per run;
 //   - an attempt that times out is retried;
-//   - a cancel through the API during the delay before the third attempt
-//     ends the run canceled at once, and the third attempt never runs;
+//   - during the delay before the third attempt the server shows the run
+//     running with attempts 2; a cancel through the API then ends it
+//     canceled at once, and the third attempt never runs;
 //   - droverctl describe run and get runs -o wide show the attempts.
 func TestRetriesBothBackends(t *testing.T) {
 	mgr, srv, tags := userScenario(t, "retries")
@@ -53,7 +54,7 @@ func TestRetriesBothBackends(t *testing.T) {
 		"r-flaky": {pipeSpec{Schedule: far, Script: "echo \"attempt $DROVER_ATTEMPT of $DROVER_MAX_ATTEMPTS ran\"\n[ \"$DROVER_ATTEMPT\" -ge 3 ] || exit 7\n"},
 			map[string]any{"attempts": 3, "delay": "1s"}},
 		"r-fail": {pipeSpec{Schedule: far, Script: "echo \"attempt $DROVER_ATTEMPT start $(date +%s%N)\"\necho \"attempt $DROVER_ATTEMPT end $(date +%s%N)\"\nexit 3\n"},
-			map[string]any{"attempts": 3, "delay": "1s", "backoff": 2}},
+			map[string]any{"attempts": 3, "delay": "2s", "backoff": 2}},
 		// The first attempt runs past its timeout, the second succeeds.
 		// Three timed-out attempts would outlast a deadline of one timeout
 		// plus grace: the cron backend's deadline covers all of them.
@@ -100,12 +101,12 @@ func TestRetriesBothBackends(t *testing.T) {
 			if r.Status != "failed" || r.Attempts != 3 || r.ExitCode != 3 || r.Reason != "exit 3" {
 				t.Fatalf("%s: failing run %+v", s.backend, r)
 			}
-			assertInOrder(t, s.backend+": failing run's log", log, retryMarker(2, 3, "1s", "exit 3"), retryMarker(3, 3, "2s", "exit 3"))
+			assertInOrder(t, s.backend+": failing run's log", log, retryMarker(2, 3, "2s", "exit 3"), retryMarker(3, 3, "4s", "exit 3"))
 			starts, ends := scriptTimes(log)
 			if len(starts) != 3 || len(ends) != 3 {
 				t.Fatalf("%s: failing run's log:\n%s", s.backend, log)
 			}
-			for n, want := range map[int]time.Duration{2: time.Second, 3: 2 * time.Second} {
+			for n, want := range map[int]time.Duration{2: 2 * time.Second, 3: 4 * time.Second} {
 				wait := starts[n].Sub(ends[n-1])
 				t.Logf("%s: wait before attempt %d: %s (backoff says %s)", s.backend, n, wait, want)
 				if wait < want || wait > want+want/10 {
@@ -127,6 +128,11 @@ func TestRetriesBothBackends(t *testing.T) {
 		testkit.WaitFor(t, 30*time.Second, backend+": the marker before the third attempt", func() bool {
 			return strings.Contains(srv.logText(r.ID), retryMarker(3, 3, "30s", "exit 1"))
 		})
+		// While it waits, the server shows the run running with its
+		// second attempt made (each attempt's RunStarted raises it).
+		if live := waitRun(t, srv, "r-cancel", id, r.ID, 30*time.Second, "running"); live.Attempts != 2 {
+			t.Fatalf("%s: the run during its delay: %+v", backend, live)
+		}
 		t0 := time.Now()
 		var cancel api.CancelResponse
 		srv.api("POST", "/api/v1/runs/"+r.ID+"/cancel", nil, &cancel)
