@@ -37,6 +37,16 @@ var _ Notifier = (*Hub)(nil)
 type Hub struct {
 	mu    sync.Mutex
 	conns map[string]*streamConn
+	// watch, if set, is told each time an agent's live stream opens
+	// (open) or ends without a replacement; it is called without the
+	// hub's lock held and must not block.
+	watch func(agentID string, open bool)
+}
+
+// Live is one live stream: the agent and the serial of the certificate it
+// was opened with.
+type Live struct {
+	AgentID, Serial string
 }
 
 // streamConn is one live AgentStream.
@@ -61,23 +71,45 @@ type streamConn struct {
 // NewHub returns a hub with no streams.
 func NewHub() *Hub { return &Hub{conns: map[string]*streamConn{}} }
 
+// Watch sets the function told of streams opening and ending (before any
+// stream is served).
+func (h *Hub) Watch(fn func(agentID string, open bool)) { h.watch = fn }
+
 // add makes c the agent's live stream and closes the one it replaces.
 func (h *Hub) add(c *streamConn) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if old := h.conns[c.agentID]; old != nil && old != c {
 		old.cancel(ErrReplaced)
 	}
 	h.conns[c.agentID] = c
+	h.mu.Unlock()
+	if h.watch != nil {
+		h.watch(c.agentID, true)
+	}
 }
 
 // remove forgets c unless a newer stream replaced it.
 func (h *Hub) remove(c *streamConn) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.conns[c.agentID] == c {
+	gone := h.conns[c.agentID] == c
+	if gone {
 		delete(h.conns, c.agentID)
 	}
+	h.mu.Unlock()
+	if gone && h.watch != nil {
+		h.watch(c.agentID, false)
+	}
+}
+
+// List returns the live streams.
+func (h *Hub) List() []Live {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]Live, 0, len(h.conns))
+	for id, c := range h.conns {
+		out = append(out, Live{AgentID: id, Serial: c.serial})
+	}
+	return out
 }
 
 // current reports whether c is its agent's live stream.
