@@ -205,6 +205,61 @@ func TestReplicasSignals(t *testing.T) {
 	if r, err := ag.get("/api/v1/agents/self/manifest"); err == nil && r.code == 200 {
 		t.Fatalf("C still serves the revoked agent")
 	}
+
+	// A replica that stops drops its claims: run now on A at once says
+	// offline for an agent that streamed to it.
+	idle.base, idle.grpcAddr = cc.base, cc.s.GRPCAddr()
+	ist := idle.mustStream(t)
+	testkit.WaitFor(t, 5*time.Second, "the idle agent online on A", func() bool { return a.s.hub.Online(idle.id) })
+	cc.stop()
+	<-ist.recvDone
+	asked := time.Now()
+	a.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{Agent: idle.id}, &rr)
+	if len(rr.Sent) != 0 || !slices.Equal(rr.Offline, []string{idle.id}) || time.Since(asked) > time.Second {
+		t.Fatalf("run now after C stopped: sent %v, offline %v, in %v", rr.Sent, rr.Offline, time.Since(asked))
+	}
+
+	// A claim of a replica that died without dropping it (a fault an
+	// in-process server cannot show, so the claim is written directly):
+	// A waits for an answer that never comes, then says offline.
+	if err := a.s.store.PutStreams(t.Context(), "r-gone", []string{idle.id}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	asked = time.Now()
+	a.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{Agent: idle.id}, &rr)
+	waited := time.Since(asked)
+	if len(rr.Sent) != 0 || !slices.Equal(rr.Offline, []string{idle.id}) || waited < cmdTimeout || waited > cmdTimeout+time.Second {
+		t.Fatalf("run now with a dead replica's claim: sent %v, offline %v, in %v", rr.Sent, rr.Offline, waited)
+	}
+	if r := a.do("POST", "/api/v1/runs/x-00000/cancel", a.admin, nil); r.code != 409 {
+		t.Fatalf("cancel with no stream anywhere: %d %s", r.code, r.body)
+	}
+}
+
+// Console sessions are in the store: a restart logs no one out, and a
+// session outlives it until logout.
+func TestConsoleSessionSurvivesRestart(t *testing.T) {
+	ts := startServer(t)
+	cookie, csrf := ts.consoleLogin(ts.admin)
+	dir := ts.cfg.DataDir
+	ts.stop()
+	ts = startServer(t, func(cfg *Config) { cfg.DataDir = dir })
+	if r := ts.consoleDo("GET", "/api/v1/agents", cookie, nil); r.code != 200 {
+		t.Fatalf("the session after a restart: %d %s", r.code, r.body)
+	}
+	var n int
+	if err := ts.db().Reader().QueryRow(`SELECT COUNT(*) FROM console_sessions WHERE id_hash=?`, []byte(cookie)).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the cookie value is stored as it is (%d rows, %v)", n, err)
+	}
+	if r := ts.consoleDo("POST", "/ui/logout", cookie, nil, "X-CSRF-Token", csrf, "Origin", "https://"+ts.s.HTTPAddr()); r.code != 204 {
+		t.Fatalf("logout: %d %s", r.code, r.body)
+	}
+	if err := ts.db().Reader().QueryRow(`SELECT COUNT(*) FROM console_sessions`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d sessions stored after logout (%v)", n, err)
+	}
+	if r := ts.consoleDo("GET", "/api/v1/agents", cookie, nil); r.code != 401 {
+		t.Fatalf("the session after logout: %d %s", r.code, r.body)
+	}
 }
 
 // errorCodeOf is the API error code carried by a gRPC status's message.
@@ -283,3 +338,61 @@ func TestReplicasBusReconnects(t *testing.T) {
 		t.Fatalf("B reconnected %d times (%d before), the stream ended with %v", n, reconnects, st.err())
 	}
 }
+
+// A signal's payload stays under the NOTIFY limit however many agents it
+// names, and its chunks carry every id with its serial, in order.
+func TestSignalChunks(t *testing.T) {
+	var b sigBody
+	for i := range 10000 {
+		b.IDs = append(b.IDs, newAgentID())
+		b.Serials = append(b.Serials, uint64(1e12+i))
+	}
+	chunks := b.chunks()
+	var got sigBody
+	for _, c := range chunks {
+		if len(c) > bus.MaxPayload {
+			t.Fatalf("a chunk of %d bytes", len(c))
+		}
+		var part sigBody
+		if err := json.Unmarshal([]byte(c), &part); err != nil || len(part.IDs) != len(part.Serials) {
+			t.Fatalf("chunk %q: %v", c[:80], err)
+		}
+		got.IDs, got.Serials = append(got.IDs, part.IDs...), append(got.Serials, part.Serials...)
+	}
+	if !slices.Equal(got.IDs, b.IDs) || !slices.Equal(got.Serials, b.Serials) {
+		t.Fatal("the chunks do not add up to the signal")
+	}
+	t.Logf("10000 agents: %d signals", len(chunks))
+}
+
+// Two servers on one in-process bus: signals reach the other member only,
+// in order, and a member whose queue overflowed resyncs.
+func TestLocalBus(t *testing.T) {
+	n := bus.NewNetwork()
+	a, b := n.Join(), n.Join()
+	if !a.Shared() || bus.NewNetwork().Join().Shared() {
+		t.Fatal("Shared")
+	}
+	h := &recordingHandler{got: make(chan bus.Signal, 10)}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go b.Run(ctx, h)
+	for _, k := range []string{"one", "two"} {
+		if err := a.Publish(ctx, k, `{"i":["x"]}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"one", "two"} {
+		if s := <-h.got; s.Kind != k || s.From != a.Replica() {
+			t.Fatalf("got %+v, want %s from %s", s, k, a.Replica())
+		}
+	}
+	if err := a.Publish(ctx, "big", strings.Repeat("x", bus.MaxPayload+1)); err == nil {
+		t.Fatal("an oversized payload was published")
+	}
+}
+
+type recordingHandler struct{ got chan bus.Signal }
+
+func (h *recordingHandler) Signal(s bus.Signal) { h.got <- s }
+func (h *recordingHandler) Resync()             {}

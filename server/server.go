@@ -419,6 +419,7 @@ func (s *Server) shutdown() {
 		s.grpcSrv.Stop()
 		<-grpcDone
 	}
+	s.fleet.release()
 	s.ingest.Stop()
 	if err := s.store.Close(); err != nil {
 		s.log.Error("closing the store", "err", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,7 +95,7 @@ var closeCauses = map[string]error{"revoked": stream.ErrRevoked, "deleted": errD
 
 func causeName(err error) string {
 	for n, c := range closeCauses {
-		if errors.Is(err, c) && err.Error() == c.Error() {
+		if err == c {
 			return n
 		}
 	}
@@ -148,9 +147,12 @@ var _ liveStreams = (*fleet)(nil)
 // shared: other replicas may exist.
 func (f *fleet) shared() bool { return f.bus.Shared() }
 
-func (f *fleet) Count() int             { return f.hub.Count() }
-func (f *fleet) CloseAll(cause error)   { f.hub.CloseAll(cause) }
-func (f *fleet) Retire(id, cert string) { f.hub.Retire(id, cert); f.send("retire", sigBody{IDs: []string{id}, Cert: cert}) }
+func (f *fleet) Count() int           { return f.hub.Count() }
+func (f *fleet) CloseAll(cause error) { f.hub.CloseAll(cause) }
+func (f *fleet) Retire(id, cert string) {
+	f.hub.Retire(id, cert)
+	f.send("retire", sigBody{IDs: []string{id}, Cert: cert})
+}
 
 func (f *fleet) Close(id string, cause error) {
 	f.hub.Close(id, cause)
@@ -544,7 +546,6 @@ func (f *fleet) kickPresence() {
 func (f *fleet) keepPresence(ctx context.Context) {
 	tick := time.NewTicker(presenceEvery)
 	defer tick.Stop()
-	replica := f.bus.Replica()
 	for {
 		refresh := false
 		select {
@@ -554,40 +555,57 @@ func (f *fleet) keepPresence(ctx context.Context) {
 		case <-tick.C:
 			refresh = true
 		}
-		f.presMu.Lock()
-		q := f.presQ
-		f.presQ = map[string]bool{}
-		f.presMu.Unlock()
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		now := f.s.clock.Now()
-		var opened []string
-		for id, open := range q {
-			if open {
-				opened = append(opened, id)
-			} else if err := f.s.store.DropStream(wctx, id, replica); err != nil {
-				f.dirty.Store(true)
-			}
-		}
-		if f.dirty.Swap(false) {
-			opened = opened[:0]
-			for _, l := range f.hub.List() {
-				opened = append(opened, l.AgentID)
-			}
-		}
-		if err := f.s.store.PutStreams(wctx, replica, opened, now); err != nil {
-			f.dirty.Store(true)
-			if ctx.Err() == nil {
-				f.s.log.Debug("writing stream claims", "err", err)
-			}
-		}
-		if refresh {
-			n, err := f.s.store.TouchStreams(wctx, replica, now, now.Add(-presenceTTL))
-			if err != nil || n < f.hub.Count() {
-				f.dirty.Store(true)
-			}
-		}
-		cancel()
+		f.writePresence(ctx, refresh)
 	}
+}
+
+// writePresence writes the queued claims and drops (and with refresh,
+// refreshes every claim).
+func (f *fleet) writePresence(ctx context.Context, refresh bool) {
+	if !f.shared() {
+		return
+	}
+	replica := f.bus.Replica()
+	f.presMu.Lock()
+	q := f.presQ
+	f.presQ = map[string]bool{}
+	f.presMu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	now := f.s.clock.Now()
+	var opened []string
+	for id, open := range q {
+		if open {
+			opened = append(opened, id)
+		} else if err := f.s.store.DropStream(wctx, id, replica); err != nil {
+			f.dirty.Store(true)
+		}
+	}
+	if f.dirty.Swap(false) {
+		opened = opened[:0]
+		for _, l := range f.hub.List() {
+			opened = append(opened, l.AgentID)
+		}
+	}
+	if err := f.s.store.PutStreams(wctx, replica, opened, now); err != nil {
+		f.dirty.Store(true)
+		if ctx.Err() == nil {
+			f.s.log.Debug("writing stream claims", "err", err)
+		}
+	}
+	if refresh {
+		n, err := f.s.store.TouchStreams(wctx, replica, now, now.Add(-presenceTTL))
+		if err != nil || n < f.hub.Count() {
+			f.dirty.Store(true)
+		}
+	}
+}
+
+// release drops the claims of the streams this replica closed on the way
+// down, so that the others stop sending it commands at once.
+func (f *fleet) release() {
+	f.dirty.Store(false)
+	f.writePresence(context.Background(), false)
 }
 
 // follow announces a run followed here; the follower re-reads once after
@@ -679,9 +697,4 @@ func (l fleetLogs) watch(runID string) (chan struct{}, func()) {
 func (l fleetLogs) notify(recs []*store.Record) {
 	l.logWatchers.notify(recs)
 	l.f.committed(recs)
-}
-
-// String is the fleet's state for logs.
-func (f *fleet) String() string {
-	return fmt.Sprintf("replica %s (bus up %v, %d streams here)", f.bus.Replica(), f.bus.Up(), f.hub.Count())
 }

@@ -8,10 +8,10 @@ import (
 	agentpb "github.com/drover/drover/proto"
 )
 
-// Notifier is how the rest of the server reaches the agents' live
-// streams: commands to push and streams to close. Hub is the in-memory,
-// single-replica implementation; several replicas need one that reaches
-// the replica holding the stream.
+// Notifier is how the rest of the server reaches the live streams of this
+// process: commands to push and streams to close. Hub implements it; the
+// server's fleet (server/signals.go) wraps it to reach the streams other
+// replicas hold, over the signal bus.
 type Notifier interface {
 	// SyncNow tells the agent that manifest serial is out.
 	SyncNow(agentID string, serial uint64) bool

@@ -4,7 +4,8 @@
 // pushes SyncNow, RunNow and CancelRun and closes streams, the validation
 // of agent records, and the ingester that commits them in batches to a
 // store.IngestStore and acknowledges them. The server's wiring creates it;
-// handlers reach it through Notifier.
+// handlers reach the hub through the server's fleet, which also signals
+// the other replicas.
 package stream
 
 import (
