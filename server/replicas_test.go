@@ -118,13 +118,51 @@ func TestReplicasSignals(t *testing.T) {
 		t.Fatalf("manifest pulled from C after the apply: %v, %v (want serial %d)", acc, err, m.Manifest.Serial)
 	}
 
-	// Run now on A reaches the agent on C; an agent with no stream is
-	// offline.
+	// Run now on A reaches the agents on B and C; an agent with no stream
+	// is offline.
 	idle := a.enrollAgent(tags)
+	onB := a.enrollAgent(tags)
+	onB.base, onB.grpcAddr = b.base, b.s.GRPCAddr()
+	stB := onB.mustStream(t)
+	// B claims the stream a few milliseconds after it opens (claims are
+	// written in batches); A sees it from then on.
+	testkit.WaitFor(t, 5*time.Second, "the stream on B, seen from A", func() bool { return a.s.hub.Online(onB.id) })
 	var rr api.RunPipeResponse
 	a.adminOK("POST", "/api/v1/pipes/job/run", api.RunPipeRequest{}, &rr)
-	if !slices.Equal(rr.Sent, []string{ag.id}) || !slices.Equal(rr.Offline, []string{idle.id}) {
-		t.Fatalf("run now on A: sent %v, offline %v (agent on C %s, idle %s)", rr.Sent, rr.Offline, ag.id, idle.id)
+	wantSent := []string{ag.id, onB.id}
+	slices.Sort(wantSent)
+	slices.Sort(rr.Sent)
+	if !slices.Equal(rr.Sent, wantSent) || !slices.Equal(rr.Offline, []string{idle.id}) {
+		t.Fatalf("run now on A: sent %v, offline %v (agents on B and C %v, idle %s)", rr.Sent, rr.Offline, wantSent, idle.id)
+	}
+	testkit.WaitFor(t, 5*time.Second, "RunNow on B's stream", func() bool {
+		stB.mu.Lock()
+		defer stB.mu.Unlock()
+		return len(stB.runNows) == 1 && stB.runNows[0].GetRequestId() == rr.RequestID
+	})
+
+	// A renewal promoted on A retires the stream B holds with the old
+	// certificate.
+	key, certPEM, err := onB.renew()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := onB.setCert(key, certPEM); err != nil {
+		t.Fatal(err)
+	}
+	onB.base = a.base
+	promoted := time.Now()
+	if _, err := onB.pullManifest(); err != nil { // the new certificate's first use promotes it
+		t.Fatal(err)
+	}
+	select {
+	case <-stB.recvDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream on B with the old certificate is still open 5s after the promotion on A")
+	}
+	t.Logf("renewal promoted on A -> old stream on B closed: %v", time.Since(promoted))
+	if e := stB.err(); e == nil || !strings.Contains(e.Error(), "superseded") {
+		t.Fatalf("the old stream ended with %v", e)
 	}
 	testkit.WaitFor(t, 5*time.Second, "RunNow on the stream", func() bool {
 		st.mu.Lock()
