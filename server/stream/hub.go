@@ -38,8 +38,8 @@ type Hub struct {
 	mu    sync.Mutex
 	conns map[string]*streamConn
 	// watch, if set, is told each time an agent's live stream opens
-	// (open) or ends without a replacement; it is called without the
-	// hub's lock held and must not block.
+	// (open) or ends without a replacement, in order; it is called with
+	// the hub's lock held and must not block.
 	watch func(agentID string, open bool)
 }
 
@@ -82,23 +82,22 @@ func (h *Hub) add(c *streamConn) {
 		old.cancel(ErrReplaced)
 	}
 	h.conns[c.agentID] = c
-	h.mu.Unlock()
 	if h.watch != nil {
 		h.watch(c.agentID, true)
 	}
+	h.mu.Unlock()
 }
 
 // remove forgets c unless a newer stream replaced it.
 func (h *Hub) remove(c *streamConn) {
 	h.mu.Lock()
-	gone := h.conns[c.agentID] == c
-	if gone {
+	if h.conns[c.agentID] == c {
 		delete(h.conns, c.agentID)
+		if h.watch != nil {
+			h.watch(c.agentID, false)
+		}
 	}
 	h.mu.Unlock()
-	if gone && h.watch != nil {
-		h.watch(c.agentID, false)
-	}
 }
 
 // List returns the live streams.
