@@ -320,12 +320,27 @@ func TestReplicasBusReconnects(t *testing.T) {
 	tags := map[string]string{"job": "yes"}
 	ag := a.enrollAgent(tags)
 	a.putScriptPipe("job", "echo job", tags)
+	// The agent streams to A, then (A's stream still open, as when the
+	// network to A broke) to B: A ends the older stream.
+	old := ag.mustStream(t)
+	testkit.WaitFor(t, 5*time.Second, "the stream on A", func() bool { return a.s.fleet.hub.Online(ag.id) })
 	ag.base, ag.grpcAddr = b.base, b.s.GRPCAddr()
 	if _, err := ag.pullManifest(); err != nil {
 		t.Fatal(err)
 	}
 	st := ag.mustStream(t)
 	testkit.WaitFor(t, 5*time.Second, "the stream on B", func() bool { return b.s.fleet.hub.Online(ag.id) })
+	select {
+	case <-old.recvDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("A still holds the agent's older stream 5s after it opened one on B")
+	}
+	if e := old.err(); e == nil || !strings.Contains(e.Error(), "newer stream") {
+		t.Fatalf("the older stream ended with %v", e)
+	}
+	if a.s.fleet.hub.Online(ag.id) || !b.s.fleet.hub.Online(ag.id) {
+		t.Fatal("the agent's stream is not on B alone")
+	}
 
 	down := time.Now()
 	c.Stop(t)

@@ -27,6 +27,8 @@ import (
 //	close   agents revoked or deleted: end their live stream
 //	retire  an agent whose renewal was promoted: end a stream opened with
 //	        an older certificate
+//	took    agents that opened a stream here: end an older stream of theirs
+//	        (left half-open when the agent moved)
 //	cmd     RunNow or CancelRun for agents whose stream another replica
 //	        holds (addressed to it); ack answers which it queued
 //	follow  runs followed live here: tell us when their records commit
@@ -70,6 +72,7 @@ type sigBody struct {
 	Op      string   `json:"o,omitempty"` // cmd: run or cancel
 	Pipe    string   `json:"p,omitempty"` // cmd run
 	Arg     string   `json:"a,omitempty"` // cmd run: the request id; cancel: the run id
+	At      int64    `json:"at,omitempty"` // took: when the streams opened (Unix ns)
 }
 
 // chunks encodes b, split into payloads of at most bus.MaxPayload bytes.
@@ -327,6 +330,8 @@ func mergeable(last outItem, kind string, b sigBody) bool {
 	switch kind {
 	case "sync", "inv", "follow", "logs":
 		return last.kind == kind
+	case "took":
+		return last.kind == kind && b.At-last.body.At < int64(time.Second)
 	case "close":
 		return last.kind == kind && last.body.Cause == b.Cause
 	}
@@ -410,6 +415,11 @@ func (f *fleet) Signal(sig bus.Signal) {
 			if b.Cause == "deleted" {
 				f.s.forgetAgent(id)
 			}
+		}
+	case "took":
+		at := time.Unix(0, b.At)
+		for _, id := range b.IDs {
+			f.hub.Replaced(id, at)
 		}
 	case "retire":
 		if cs != nil {
@@ -530,6 +540,9 @@ func (f *fleet) streamChanged(id string, open bool) {
 	f.presQ[id] = open
 	f.presMu.Unlock()
 	f.kickPresence()
+	if open {
+		f.send("took", sigBody{IDs: []string{id}, At: f.s.clock.Now().UnixNano()})
+	}
 }
 
 func (f *fleet) kickPresence() {

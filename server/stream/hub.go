@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	agentpb "github.com/drover/drover/proto"
 )
@@ -53,6 +54,7 @@ type Live struct {
 type streamConn struct {
 	agentID string
 	serial  string // of the client certificate the stream was opened with
+	opened  time.Time
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 	// out carries commands to the stream's sender; when it is full a
@@ -184,6 +186,18 @@ func (h *Hub) Retire(agentID, serial string) {
 	if c := h.conns[agentID]; c != nil && c.serial != serial {
 		c.cancel(ErrRetired)
 	}
+}
+
+// Replaced ends the agent's live stream if it was opened before t: the
+// agent opened a newer one on another replica.
+func (h *Hub) Replaced(agentID string, t time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.conns[agentID]; c != nil && c.opened.Before(t) {
+		c.cancel(ErrReplaced)
+		return true
+	}
+	return false
 }
 
 // CloseAll ends every live stream (shutdown).

@@ -159,7 +159,7 @@ func (g *Service) AgentStream(stream agentpb.Agent_AgentStreamServer) error {
 
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	conn := &streamConn{agentID: agentID, serial: serial, ctx: cctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 16), kick: make(chan struct{}, 1)}
+	conn := &streamConn{agentID: agentID, serial: serial, opened: g.clock.Now(), ctx: cctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 16), kick: make(chan struct{}, 1)}
 	g.hub.add(conn)
 	defer g.hub.remove(conn)
 	log.Debug("stream opened")
