@@ -63,15 +63,15 @@ const (
 
 // sigBody is a signal's payload (JSON, short keys).
 type sigBody struct {
-	IDs     []string `json:"i,omitempty"` // agents, or runs (follow, logs)
-	Serials []uint64 `json:"s,omitempty"` // sync: the manifest serial of each of IDs
-	Cause   string   `json:"c,omitempty"` // close: revoked or deleted
-	Cert    string   `json:"z,omitempty"` // retire: the certificate serial now current
-	Corr    string   `json:"k,omitempty"` // cmd, ack: matches an ack to its cmd
-	To      string   `json:"t,omitempty"` // cmd, ack: the replica addressed
-	Op      string   `json:"o,omitempty"` // cmd: run or cancel
-	Pipe    string   `json:"p,omitempty"` // cmd run
-	Arg     string   `json:"a,omitempty"` // cmd run: the request id; cancel: the run id
+	IDs     []string `json:"i,omitempty"`  // agents, or runs (follow, logs)
+	Serials []uint64 `json:"s,omitempty"`  // sync: the manifest serial of each of IDs
+	Cause   string   `json:"c,omitempty"`  // close: revoked or deleted
+	Cert    string   `json:"z,omitempty"`  // retire: the certificate serial now current
+	Corr    string   `json:"k,omitempty"`  // cmd, ack: matches an ack to its cmd
+	To      string   `json:"t,omitempty"`  // cmd, ack: the replica addressed
+	Op      string   `json:"o,omitempty"`  // cmd: run or cancel
+	Pipe    string   `json:"p,omitempty"`  // cmd run
+	Arg     string   `json:"a,omitempty"`  // cmd run: the request id; cancel: the run id
 	At      int64    `json:"at,omitempty"` // took: when the streams opened (Unix ns)
 }
 
