@@ -17,8 +17,10 @@ const maxCached = 200000
 // poll answered 304) does not touch the database. It is correct for one
 // server process: every write that changes a cached value goes through it
 // and invalidates after the write committed. A generation counter stops a
-// read that raced with a write from caching the old value. (Several servers
-// on PostgreSQL will need an invalidation channel or no cache.)
+// read that raced with a write from caching the old value. With several
+// replicas, share tells the others which agents' entries a write changed
+// (the "inv" signal), and while bypass reports true (the signal bus is
+// down, so another replica's write could go unheard) nothing is cached.
 type cachedStore struct {
 	store.Store
 
@@ -29,6 +31,10 @@ type cachedStore struct {
 	// onPromote, if set, is called after a renewal's certificate became
 	// the agent's current one.
 	onPromote func(id, serial string)
+	// share, if set, tells the other replicas the agents whose entries a
+	// write changed; bypass, if set and true, turns the cache off.
+	share  func(ids []string)
+	bypass func() bool
 }
 
 func newCachedStore(s store.Store) *cachedStore {
@@ -45,8 +51,29 @@ func (c *cachedStore) invalidate(ids ...string) {
 	}
 }
 
+// written invalidates after a committed write and tells the other
+// replicas.
+func (c *cachedStore) written(ids ...string) {
+	c.invalidate(ids...)
+	if c.share != nil {
+		c.share(ids)
+	}
+}
+
+// invalidateAll empties the cache.
+func (c *cachedStore) invalidateAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen.Add(1)
+	clear(c.certs)
+	clear(c.manifests)
+}
+
 // cacheGet is the read-through part shared by both maps.
 func cacheGet[V any](c *cachedStore, m map[string]*V, id string, load func() (*V, error)) (*V, error) {
+	if c.bypass != nil && c.bypass() {
+		return load()
+	}
 	c.mu.RLock()
 	v, ok := m[id]
 	c.mu.RUnlock()
@@ -78,13 +105,13 @@ func (c *cachedStore) GetManifest(ctx context.Context, id string) (*store.Stored
 }
 
 func (c *cachedStore) SetNextCert(ctx context.Context, id, serial string, expires time.Time) error {
-	defer c.invalidate(id)
+	defer c.written(id)
 	return c.Store.SetNextCert(ctx, id, serial, expires)
 }
 
 func (c *cachedStore) PromoteCert(ctx context.Context, id, serial string) error {
 	err := c.Store.PromoteCert(ctx, id, serial)
-	c.invalidate(id)
+	c.written(id)
 	if err == nil && c.onPromote != nil {
 		if ac, err := c.Store.AgentCert(ctx, id); err == nil && ac.Serial == serial {
 			c.onPromote(id, serial)
@@ -94,12 +121,12 @@ func (c *cachedStore) PromoteCert(ctx context.Context, id, serial string) error 
 }
 
 func (c *cachedStore) RevokeAgent(ctx context.Context, id string, now time.Time) error {
-	defer c.invalidate(id)
+	defer c.written(id)
 	return c.Store.RevokeAgent(ctx, id, now)
 }
 
 func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *store.Agent) error {
-	defer c.invalidate(a.ID)
+	defer c.written(a.ID)
 	return c.Store.EnrollAgent(ctx, tokenID, now, a)
 }
 
@@ -108,11 +135,11 @@ func (c *cachedStore) SaveManifests(ctx context.Context, ms []*store.StoredManif
 	for i, m := range ms {
 		ids[i] = m.AgentID
 	}
-	defer c.invalidate(ids...)
+	defer c.written(ids...)
 	return c.Store.SaveManifests(ctx, ms)
 }
 
 func (c *cachedStore) DeleteAgent(ctx context.Context, id string) error {
-	defer c.invalidate(id)
+	defer c.written(id)
 	return c.Store.DeleteAgent(ctx, id)
 }

@@ -77,7 +77,7 @@ func (c consoleAuth) Session(r *http.Request) (console.Principal, *console.Sessi
 // newConsole makes the /ui/ handler and hooks its sessions into the
 // authenticator.
 func (s *Server) newConsole() http.Handler {
-	sessions := console.NewMemory(console.DefaultExpiry, s.clock.Now)
+	sessions := console.NewStored(s.store, console.DefaultExpiry, s.clock.Now)
 	s.auth.sessions = sessions
 	return console.New(console.Config{
 		Sessions:        sessions,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,33 +72,59 @@ func (l *logWatchers) watch(runID string) (ch chan struct{}, stop func()) {
 // notify wakes the streams of the runs touched by committed records.
 func (l *logWatchers) notify(recs []*store.Record) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.m) == 0 {
-		return
+	idle := len(l.m) == 0
+	l.mu.Unlock()
+	if !idle {
+		l.wake(touchedRuns(recs))
 	}
-	for _, r := range recs {
-		var ids []string
-		switch {
-		case r.Chunk != nil:
-			ids = []string{r.Chunk.RunID}
-		case r.RunFinished != nil:
-			ids = []string{r.RunFinished.ID}
-		case r.RunStarted != nil:
-			ids = []string{r.RunStarted.ID}
-		case r.Settle != nil:
-			ids = r.Settle.Settled // runs settled lost have ended
-		default:
-			continue
-		}
-		for _, id := range ids {
-			for ch := range l.m[id] {
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
+}
+
+// wake wakes the streams of the runs.
+func (l *logWatchers) wake(runIDs []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range runIDs {
+		for ch := range l.m[id] {
+			select {
+			case ch <- struct{}{}:
+			default:
 			}
 		}
 	}
+}
+
+// wakeAll wakes every stream (signals from other replicas may have been
+// missed).
+func (l *logWatchers) wakeAll() { l.wake(l.runs()) }
+
+// runs lists the runs followed.
+func (l *logWatchers) runs() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.m))
+	for id := range l.m {
+		out = append(out, id)
+	}
+	return out
+}
+
+// touchedRuns lists the runs whose records were committed.
+func touchedRuns(recs []*store.Record) []string {
+	var ids []string
+	for _, r := range recs {
+		switch {
+		case r.Chunk != nil:
+			ids = append(ids, r.Chunk.RunID)
+		case r.RunFinished != nil:
+			ids = append(ids, r.RunFinished.ID)
+		case r.RunStarted != nil:
+			ids = append(ids, r.RunStarted.ID)
+		case r.Settle != nil:
+			ids = append(ids, r.Settle.Settled...) // runs settled lost have ended
+		}
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
 }
 
 const (

@@ -309,16 +309,20 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	resp := api.RunPipeResponse{RequestID: "req-" + strings.ToLower(b32.EncodeToString(randomBytes(10))), Sent: []string{}, Offline: []string{}}
-	found := false
+	var targets []string
 	for _, a := range agents {
 		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !p.Spec.Targets.Selects(a.ID, a.Tags) || !hasTags(a.Tags, req.Tags) {
 			continue
 		}
-		found = true
-		if s.hub.RunNow(a.ID, p.Name, resp.RequestID) {
-			resp.Sent = append(resp.Sent, a.ID)
+		targets = append(targets, a.ID)
+	}
+	found := len(targets) > 0
+	sent := s.hub.RunNow(r.Context(), targets, p.Name, resp.RequestID)
+	for _, id := range targets {
+		if sent[id] {
+			resp.Sent = append(resp.Sent, id)
 		} else {
-			resp.Offline = append(resp.Offline, a.ID)
+			resp.Offline = append(resp.Offline, id)
 		}
 	}
 	switch {

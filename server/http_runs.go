@@ -112,7 +112,7 @@ func (s *Server) handleCancelRun(w http.ResponseWriter, r *http.Request) error {
 		}
 		return errs.New(errs.ErrConflict, fmt.Sprintf("run %s has ended (%s): there is nothing to cancel", run.ID, why))
 	}
-	if !s.hub.Cancel(run.AgentID, run.ID) {
+	if !s.hub.Cancel(r.Context(), run.AgentID, run.ID) {
 		return errs.New(errs.ErrConflict, fmt.Sprintf("agent %s, which runs %s, is not connected; retry when it is online", run.AgentID, run.ID))
 	}
 	s.log.Info("run cancel requested", "run", run.ID, "agent", run.AgentID)

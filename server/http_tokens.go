@@ -187,6 +187,10 @@ func (s *Server) handleRevokeAPIToken(w http.ResponseWriter, r *http.Request) er
 	if err := s.store.RevokeAPIToken(r.Context(), id, s.clock.Now()); err != nil {
 		return err
 	}
+	// Its console sessions would be refused anyway; they are deleted too.
+	if err := s.store.DeleteTokenSessions(r.Context(), id); err != nil {
+		s.log.Warn("deleting the console sessions of a revoked token", "token_id", id, "err", err)
+	}
 	after, err := s.store.GetAPIToken(r.Context(), id)
 	if err != nil {
 		return err

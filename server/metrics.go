@@ -113,6 +113,16 @@ func newMetrics(s *Server) *metrics {
 	}
 	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
 		func() float64 { return float64(s.streams.Streams()) })
+	busUp := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_signal_bus_up", Help: "1 while this replica receives the other replicas' signals."},
+		func() float64 {
+			if s.fleet.bus.Up() {
+				return 1
+			}
+			return 0
+		})
+	dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_signals_dropped_total", Help: "Signals to the other replicas that could not be sent."},
+		func() float64 { return float64(s.fleet.dropped.Load()) })
+	m.reg.MustRegister(busUp, dropped)
 	m.reg.MustRegister(m.runsLost, m.acceptErrors, m.refused, m.throttled, m.identityConflicts, m.pipes)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/server/bus"
 	"log/slog"
 	"path/filepath"
 	"syscall"
@@ -107,7 +108,8 @@ func BenchmarkMissedDetection(b *testing.B) {
 	fire := time.Date(2026, 6, 1, 2, 30, 0, 0, time.UTC)
 	seedFleet(b, st, agents, pipes, fire)
 	clock := &fixedClock{}
-	s := &Server{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler), clock: clock, hub: stream.NewHub(), store: st}
+	s := &Server{cfg: DefaultConfig(), log: slog.New(slog.DiscardHandler), clock: clock, store: st}
+	s.hub = newFleet(s, stream.NewHub(), bus.NewNetwork().Join(), newLogWatchers())
 	m := newMonitor(s)
 	deadline := fire.Add(10 * time.Minute) // default grace, no jitter
 	ctx := context.Background()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/bus"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/postgres"
@@ -60,7 +61,8 @@ type Server struct {
 	sealer     *pki.Sealer
 	store      store.Store
 	compiler   manifestCompiler
-	hub        liveStreams
+	hub        liveStreams // fleet: this replica's streams and the others' (signals.go)
+	fleet      *fleet
 	ingest     *stream.Ingester
 	monitor    *monitor // missed.go, events.go
 	leader     leader
@@ -129,9 +131,10 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		clock = SystemClock()
 	}
 	hub := stream.NewHub()
-	s := &Server{cfg: cfg, log: logger, clock: clock, hub: hub,
+	logs := newLogWatchers()
+	s := &Server{cfg: cfg, log: logger, clock: clock,
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
-		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
+		logWatch:      logs, logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches)}
 	defer func() {
@@ -163,6 +166,16 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		return nil, err
 	}
 	cs := newCachedStore(st)
+	// The signal bus: LISTEN/NOTIFY when replicas share a PostgreSQL
+	// database, else a bus of one.
+	var sigBus bus.Bus = bus.NewNetwork().Join()
+	if pg, ok := st.(*postgres.DB); ok {
+		sigBus = bus.NewPostgres(pg.ListenConfig(), pg.SQL(), logger)
+	}
+	s.fleet = newFleet(s, hub, sigBus, logs)
+	s.hub, s.logWatch = s.fleet, fleetLogs{logs, s.fleet}
+	cs.share = func(ids []string) { s.fleet.send("inv", sigBody{IDs: ids}) }
+	cs.bypass = func() bool { return !sigBus.Up() }
 	// A promoted renewal retires the previous certificate: a stream opened
 	// with it is closed, as revocation closes streams.
 	cs.onPromote = func(id, serial string) { s.hub.Retire(id, serial) }
@@ -362,6 +375,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { defer bgWG.Done(); s.maintain(bg) }()
 	go func() { defer bgWG.Done(); s.watchdog(bg) }()
 	bgWG.Add(1)
+	go func() { defer bgWG.Done(); s.fleet.run(bg) }()
+	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.leader.lead(bg, "monitor", s.monitor.run) }()
 	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.leader.lead(bg, "notify", s.notifier.Run) }()
@@ -369,7 +384,7 @@ func (s *Server) Run(ctx context.Context) error {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()
 	}
-	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.Pin())
+	s.log.Info("drover-server ready", "https", s.HTTPAddr(), "grpc", s.GRPCAddr(), "data_dir", s.cfg.DataDir, "ca_pin", s.ca.Pin(), "replica", s.fleet.bus.Replica())
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		s.log.Warn("sd_notify failed", "err", err)
 	}
@@ -404,6 +419,7 @@ func (s *Server) shutdown() {
 		s.grpcSrv.Stop()
 		<-grpcDone
 	}
+	s.fleet.release()
 	s.ingest.Stop()
 	if err := s.store.Close(); err != nil {
 		s.log.Error("closing the store", "err", err)

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/drover/drover/server/store"
-	"github.com/drover/drover/server/stream"
 )
 
 // The state that only one server replica can hold sits behind these
@@ -14,11 +13,28 @@ import (
 // store (store.Store, with its cache cachedStore in front) and the
 // fleet-wide loops (leader) have their own.
 type (
-	// liveStreams reaches the agents' live streams; stream.Hub holds the
-	// streams of this process.
+	// liveStreams reaches the agents' live streams wherever they are:
+	// fleet acts on this process's (a stream.Hub) and signals the other
+	// replicas over the bus (signals.go).
 	liveStreams interface {
-		stream.Notifier
+		// SyncNow tells the agent that manifest serial is out.
+		SyncNow(agentID string, serial uint64)
+		// RunNow asks each agent to run a pipe now and returns those whose
+		// live stream took the command.
+		RunNow(ctx context.Context, agentIDs []string, pipe, requestID string) map[string]bool
+		// Cancel asks the agent to cancel a run; false when no live stream
+		// took the command.
+		Cancel(ctx context.Context, agentID, runID string) bool
+		// Online reports whether the agent has a live stream.
+		Online(agentID string) bool
+		// Close ends the agent's live stream with cause (revoked, deleted).
+		Close(agentID string, cause error)
+		// Retire ends the agent's live stream unless it was opened with
+		// the certificate serial now current.
+		Retire(agentID, serial string)
+		// Count is the number of live streams on this replica.
 		Count() int
+		// CloseAll ends this replica's live streams (shutdown).
 		CloseAll(cause error)
 	}
 	// rateLimit allows an event of key at now, or not; rateLimiter counts
@@ -27,7 +43,8 @@ type (
 		allow(key string, now time.Time) bool
 	}
 	// logNotifier wakes the live-log followers of a run when its records
-	// commit; logWatchers wakes those of this process.
+	// commit; logWatchers wakes those of this process, fleetLogs also
+	// those on other replicas (signals.go).
 	logNotifier interface {
 		watch(runID string) (wake chan struct{}, stop func())
 		notify(recs []*store.Record)
@@ -40,9 +57,10 @@ type (
 )
 
 var (
-	_ liveStreams = (*stream.Hub)(nil)
+	_ liveStreams = (*fleet)(nil)
 	_ rateLimit   = (*rateLimiter)(nil)
 	_ logNotifier = (*logWatchers)(nil)
+	_ logNotifier = fleetLogs{}
 	_ dataDirLock = (*dirLock)(nil)
 )
 

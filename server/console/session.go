@@ -3,12 +3,16 @@ package console
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/server/errs"
+	"github.com/drover/drover/server/store"
 )
 
 // CookieName is the session cookie.
@@ -31,8 +35,8 @@ type Session struct {
 // ErrNoSession: the session does not exist, expired or was ended.
 var ErrNoSession = errors.New("console: no such session")
 
-// Sessions stores console sessions. The single-replica server keeps them in
-// memory (Memory); a store shared by replicas can stand in.
+// Sessions stores console sessions: in the server's store (Stored), or in
+// memory (Memory, for tests of the console alone).
 type Sessions interface {
 	// Create starts a session for the token.
 	Create(ctx context.Context, tokenID string) (*Session, error)
@@ -192,4 +196,78 @@ func setCookie(w http.ResponseWriter, id string, maxAge time.Duration) {
 		c.MaxAge = int(maxAge / time.Second)
 	}
 	http.SetCookie(w, c)
+}
+
+// Stored is Sessions kept in the server's store: a login on one replica
+// works on every other, and a restart logs no one out. Only the SHA-256 of
+// a session's cookie value is stored; its CSRF token is derived from the
+// value, so neither can be read back from the database. A use is recorded
+// at most once a minute (touchEvery), so the idle expiry is kept to within
+// that minute.
+type Stored struct {
+	st  store.SessionStore
+	exp Expiry
+	now func() time.Time
+}
+
+// maxSessionID bounds a cookie value looked up (the ids made are 43
+// characters).
+const maxSessionID = 128
+
+// touchEvery bounds how often a session's last use is written.
+const touchEvery = time.Minute
+
+// NewStored makes the store-backed sessions; now is the clock.
+func NewStored(st store.SessionStore, exp Expiry, now func() time.Time) *Stored {
+	return &Stored{st: st, exp: exp, now: now}
+}
+
+func hashID(id string) []byte {
+	sum := sha256.Sum256([]byte("drover console session\x00" + id))
+	return sum[:]
+}
+
+func csrfFor(id string) string {
+	sum := sha256.Sum256([]byte("drover console csrf\x00" + id))
+	return base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+func (s *Stored) limits(now time.Time) store.SessionLimits {
+	return store.SessionLimits{IdleBefore: now.Add(-s.exp.Idle), CreatedBefore: now.Add(-s.exp.Absolute), Max: maxSessions}
+}
+
+func (s *Stored) Create(ctx context.Context, tokenID string) (*Session, error) {
+	now := s.now()
+	id := randomToken()
+	if err := s.st.CreateSession(ctx, &store.ConsoleSession{IDHash: hashID(id), TokenID: tokenID, CreatedAt: now, LastSeenAt: now}, s.limits(now)); err != nil {
+		return nil, err
+	}
+	return &Session{ID: id, CSRF: csrfFor(id), TokenID: tokenID, Created: now, LastSeen: now}, nil
+}
+
+func (s *Stored) Get(ctx context.Context, id string) (*Session, error) {
+	if id == "" || len(id) > maxSessionID {
+		return nil, ErrNoSession
+	}
+	now := s.now()
+	cs, err := s.st.GetSession(ctx, hashID(id), s.limits(now))
+	if errors.Is(err, errs.ErrNotFound) {
+		return nil, ErrNoSession
+	}
+	if err != nil {
+		return nil, err
+	}
+	if now.Sub(cs.LastSeenAt) >= touchEvery {
+		if err := s.st.TouchSession(ctx, cs.IDHash, now); err != nil {
+			return nil, err
+		}
+	}
+	return &Session{ID: id, CSRF: csrfFor(id), TokenID: cs.TokenID, Created: cs.CreatedAt, LastSeen: now}, nil
+}
+
+func (s *Stored) Delete(ctx context.Context, id string) error {
+	if id == "" || len(id) > maxSessionID {
+		return nil
+	}
+	return s.st.DeleteSession(ctx, hashID(id))
 }

@@ -28,6 +28,8 @@ type Store interface {
 	AuditStore
 	MonitorStore
 	NotifyStore
+	PresenceStore
+	SessionStore
 	Close() error
 }
 
@@ -180,4 +182,41 @@ type MonitorStore interface {
 	PruneEvents(ctx context.Context, before time.Time) (int, error)
 	MonitorState(ctx context.Context) (map[string]string, error)
 	SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error
+}
+
+// PresenceStore records which replica holds each agent's live stream, for
+// several replicas on one database. A claim is refreshed by its replica
+// and counts only while it is fresh (seen at or after a cut-off the caller
+// picks), so the claims of a replica that died expire by themselves.
+type PresenceStore interface {
+	// PutStreams records that replica holds the live streams of agentIDs
+	// as of now, taking them over from any other replica.
+	PutStreams(ctx context.Context, replica string, agentIDs []string, now time.Time) error
+	// DropStream forgets the agent's stream if replica holds it.
+	DropStream(ctx context.Context, agentID, replica string) error
+	// TouchStreams marks every stream replica holds seen at now, and
+	// deletes the claims (of any replica) seen before expired; it returns
+	// how many claims replica holds.
+	TouchStreams(ctx context.Context, replica string, now, expired time.Time) (int, error)
+	// StreamReplicas returns the replica holding the stream of each of
+	// agentIDs (every agent when nil) whose claim was seen at or after
+	// since; agents without one are absent.
+	StreamReplicas(ctx context.Context, agentIDs []string, since time.Time) (map[string]string, error)
+}
+
+// SessionStore keeps the web console's sessions, by the SHA-256 of their
+// cookie value (the value itself is never stored).
+type SessionStore interface {
+	// CreateSession stores a session, first deleting the expired ones and,
+	// past lim.Max sessions, the oldest.
+	CreateSession(ctx context.Context, s *ConsoleSession, lim SessionLimits) error
+	// GetSession returns a session; ErrNotFound when there is none or it
+	// expired by lim (an expired one is deleted).
+	GetSession(ctx context.Context, idHash []byte, lim SessionLimits) (*ConsoleSession, error)
+	// TouchSession records a use of the session at now.
+	TouchSession(ctx context.Context, idHash []byte, now time.Time) error
+	// DeleteSession ends a session (none is not an error).
+	DeleteSession(ctx context.Context, idHash []byte) error
+	// DeleteTokenSessions ends every session of an API token.
+	DeleteTokenSessions(ctx context.Context, tokenID string) error
 }

@@ -352,3 +352,20 @@ func (a *MonitorAgent) Decode(withPipes bool) error {
 func SpecJSON(s *manifest.Spec) ([]byte, error) {
 	return json.Marshal(s)
 }
+
+// ConsoleSession is a web console login, named by the SHA-256 of its
+// cookie value.
+type ConsoleSession struct {
+	IDHash     []byte
+	TokenID    string
+	CreatedAt  time.Time
+	LastSeenAt time.Time
+}
+
+// SessionLimits is what makes a session expire: used last before
+// IdleBefore, or created before CreatedBefore; Max bounds how many are
+// kept (0: no bound).
+type SessionLimits struct {
+	IdleBefore, CreatedBefore time.Time
+	Max                       int
+}

@@ -4,14 +4,15 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	agentpb "github.com/drover/drover/proto"
 )
 
-// Notifier is how the rest of the server reaches the agents' live
-// streams: commands to push and streams to close. Hub is the in-memory,
-// single-replica implementation; several replicas need one that reaches
-// the replica holding the stream.
+// Notifier is how the rest of the server reaches the live streams of this
+// process: commands to push and streams to close. Hub implements it; the
+// server's fleet (server/signals.go) wraps it to reach the streams other
+// replicas hold, over the signal bus.
 type Notifier interface {
 	// SyncNow tells the agent that manifest serial is out.
 	SyncNow(agentID string, serial uint64) bool
@@ -37,12 +38,23 @@ var _ Notifier = (*Hub)(nil)
 type Hub struct {
 	mu    sync.Mutex
 	conns map[string]*streamConn
+	// watch, if set, is told each time an agent's live stream opens
+	// (open) or ends without a replacement, in order; it is called with
+	// the hub's lock held and must not block.
+	watch func(agentID string, open bool)
+}
+
+// Live is one live stream: the agent and the serial of the certificate it
+// was opened with.
+type Live struct {
+	AgentID, Serial string
 }
 
 // streamConn is one live AgentStream.
 type streamConn struct {
 	agentID string
 	serial  string // of the client certificate the stream was opened with
+	opened  time.Time
 	ctx     context.Context
 	cancel  context.CancelCauseFunc
 	// out carries commands to the stream's sender; when it is full a
@@ -61,23 +73,44 @@ type streamConn struct {
 // NewHub returns a hub with no streams.
 func NewHub() *Hub { return &Hub{conns: map[string]*streamConn{}} }
 
+// Watch sets the function told of streams opening and ending (before any
+// stream is served).
+func (h *Hub) Watch(fn func(agentID string, open bool)) { h.watch = fn }
+
 // add makes c the agent's live stream and closes the one it replaces.
 func (h *Hub) add(c *streamConn) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if old := h.conns[c.agentID]; old != nil && old != c {
 		old.cancel(ErrReplaced)
 	}
 	h.conns[c.agentID] = c
+	if h.watch != nil {
+		h.watch(c.agentID, true)
+	}
+	h.mu.Unlock()
 }
 
 // remove forgets c unless a newer stream replaced it.
 func (h *Hub) remove(c *streamConn) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.conns[c.agentID] == c {
 		delete(h.conns, c.agentID)
+		if h.watch != nil {
+			h.watch(c.agentID, false)
+		}
 	}
+	h.mu.Unlock()
+}
+
+// List returns the live streams.
+func (h *Hub) List() []Live {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]Live, 0, len(h.conns))
+	for id, c := range h.conns {
+		out = append(out, Live{AgentID: id, Serial: c.serial})
+	}
+	return out
 }
 
 // current reports whether c is its agent's live stream.
@@ -153,6 +186,18 @@ func (h *Hub) Retire(agentID, serial string) {
 	if c := h.conns[agentID]; c != nil && c.serial != serial {
 		c.cancel(ErrRetired)
 	}
+}
+
+// Replaced ends the agent's live stream if it was opened before t: the
+// agent opened a newer one on another replica.
+func (h *Hub) Replaced(agentID string, t time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.conns[agentID]; c != nil && c.opened.Before(t) {
+		c.cancel(ErrReplaced)
+		return true
+	}
+	return false
 }
 
 // CloseAll ends every live stream (shutdown).

@@ -4,7 +4,8 @@
 // pushes SyncNow, RunNow and CancelRun and closes streams, the validation
 // of agent records, and the ingester that commits them in batches to a
 // store.IngestStore and acknowledges them. The server's wiring creates it;
-// handlers reach it through Notifier.
+// handlers reach the hub through the server's fleet, which also signals
+// the other replicas.
 package stream
 
 import (
@@ -158,7 +159,7 @@ func (g *Service) AgentStream(stream agentpb.Agent_AgentStreamServer) error {
 
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	conn := &streamConn{agentID: agentID, serial: serial, ctx: cctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 16), kick: make(chan struct{}, 1)}
+	conn := &streamConn{agentID: agentID, serial: serial, opened: g.clock.Now(), ctx: cctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 16), kick: make(chan struct{}, 1)}
 	g.hub.add(conn)
 	defer g.hub.remove(conn)
 	log.Debug("stream opened")

@@ -26,6 +26,7 @@ import (
 
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -128,6 +129,10 @@ func Redact(msg, dsn string) string {
 // SQL is the database/sql handle on the pool, for tests and tools that
 // inspect the database directly (queries use $1 placeholders).
 func (s *DB) SQL() *sql.DB { return s.sql }
+
+// ListenConfig is a copy of the pool's connection settings, for a
+// connection of its own (the signal bus's LISTEN).
+func (s *DB) ListenConfig() *pgx.ConnConfig { return s.pool.Config().ConnConfig.Copy() }
 
 // Close closes the pool.
 func (s *DB) Close() error {

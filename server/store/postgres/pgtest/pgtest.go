@@ -82,8 +82,7 @@ func Start(t testing.TB) *Cluster {
 	c.run(t, "initdb", "-D", c.path("data"), "-U", "postgres", "--auth=trust", "--no-locale", "-E", "UTF8", "--no-sync")
 	for attempt := 0; ; attempt++ {
 		c.Port = freePort(t)
-		opts := fmt.Sprintf("-k %s -h 127.0.0.1 -p %d -F -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", c.path(""), c.Port)
-		out, err := c.cmd("pg_ctl", "-D", c.path("data"), "-l", c.path("log"), "-o", opts, "-w", "-t", "60", "start").CombinedOutput()
+		out, err := c.start()
 		if err == nil {
 			break
 		}
@@ -98,6 +97,25 @@ func Start(t testing.TB) *Cluster {
 		}
 	})
 	return c
+}
+
+func (c *Cluster) start() ([]byte, error) {
+	opts := fmt.Sprintf("-k %s -h 127.0.0.1 -p %d -F -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", c.path(""), c.Port)
+	return c.cmd("pg_ctl", "-D", c.path("data"), "-l", c.path("log"), "-o", opts, "-w", "-t", "60", "start").CombinedOutput()
+}
+
+// Stop stops the cluster (fast shutdown: every connection is closed).
+func (c *Cluster) Stop(t testing.TB) {
+	t.Helper()
+	c.run(t, "pg_ctl", "-D", c.path("data"), "-m", "fast", "-w", "stop")
+}
+
+// StartAgain starts a stopped cluster on the same port.
+func (c *Cluster) StartAgain(t testing.TB) {
+	t.Helper()
+	if out, err := c.start(); err != nil {
+		t.Fatalf("pg_ctl start: %v\n%s", err, out)
+	}
 }
 
 func (c *Cluster) path(name string) string { return filepath.Join(c.dir, name) }
