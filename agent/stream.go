@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -35,12 +37,16 @@ const (
 var errReconnect = errors.New("identity replaced")
 
 // streamLoop keeps the telemetry stream open, reconnecting with backoff and
-// jitter, until ctx is done.
+// jitter, until ctx is done. A stream that fails moves the agent to the
+// next replica (replicas.go): at once, give or take failoverJitter, while
+// some replica has not been tried since the last healthy stream; with the
+// backoff once every replica failed in a row.
 func (a *Agent) streamLoop(ctx context.Context) {
 	bo := newBackoff(time.Second, a.cfg.MaxBackoff)
+	streak := 0 // failed streams since the last healthy one
 	for {
 		start := time.Now()
-		err := a.streamOnce(ctx)
+		idx, addr, err := a.streamOnce(ctx)
 		a.setStreamUp(false)
 		if ctx.Err() != nil {
 			return
@@ -48,14 +54,25 @@ func (a *Agent) streamLoop(ctx context.Context) {
 		if errors.Is(err, errReconnect) {
 			a.log.Info("stream closed to reconnect with the new identity")
 			bo.reset()
+			streak = 0
 			continue
 		}
 		a.noteAuth(err) // a refusal marks the identity as lost (reenroll.go)
 		if time.Since(start) > streamHealthy {
 			bo.reset()
+			streak = 0
 		}
-		d := bo.next()
-		a.log.Warn("stream closed; reconnecting", "err", err, "retry_in", d.Round(time.Millisecond))
+		streak++
+		rs := a.replicaSet()
+		moved := rs.grpcFailed(idx)
+		_, n := rs.count()
+		d := retryDelay(streak, n, bo)
+		if moved {
+			_, next := rs.grpcAddr()
+			a.log.Warn("stream closed; failing over to the next replica", "grpc", addr, "err", err, "next", next, "retry_in", d.Round(time.Millisecond))
+		} else {
+			a.log.Warn("stream closed; reconnecting", "grpc", addr, "err", err, "retry_in", d.Round(time.Millisecond))
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -63,11 +80,63 @@ func (a *Agent) streamLoop(ctx context.Context) {
 			return
 		case <-a.reconnectCh:
 			bo.reset()
+			streak = 0
 		case <-t.C:
 		}
 		t.Stop()
 	}
 }
+
+// replicaSet is the agent's replica view (set with the identity).
+func (a *Agent) replicaSet() *replicas {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.replicas
+}
+
+// dialStream connects to addr and waits until the connection is ready,
+// at most connectTimeout: a replica that accepts connections and then
+// stays silent (a blackhole) fails here instead of holding the stream.
+func (a *Agent) dialStream(ctx context.Context, id *Identity, addr string) (*grpc.ClientConn, error) {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("grpc_addr %q: %w", addr, err)
+	}
+	creds := credentials.NewTLS(mtlsConfig("", id.caPool, a.currentCert))
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: streamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.DefaultConfig, MinConnectTimeout: connectTimeout}),
+		grpc.WithUserAgent("drover-agent/"+Version),
+	)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	conn.Connect()
+	for {
+		st := conn.GetState()
+		if st == connectivity.Ready {
+			return conn, nil
+		}
+		if st == connectivity.TransientFailure && cctx.Err() == nil {
+			// The first attempt failed (refused, TLS): no point waiting
+			// for gRPC's own retry while another replica may answer.
+			conn.Close()
+			return nil, fmt.Errorf("connect %s: %w", addr, errConnect)
+		}
+		if !conn.WaitForStateChange(cctx, st) {
+			conn.Close()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("connect %s: no connection within %s", addr, connectTimeout)
+		}
+	}
+}
+
+// errConnect: a stream address refused the connection or its handshake.
+var errConnect = errors.New("connection failed")
 
 func (a *Agent) setStreamUp(up bool) {
 	a.mu.Lock()
@@ -78,22 +147,20 @@ func (a *Agent) setStreamUp(up bool) {
 // streamOnce runs one stream: Hello, then the outbox in order and a
 // heartbeat, while a receiver handles acks and commands. It returns when
 // the stream breaks or ctx is done.
-func (a *Agent) streamOnce(ctx context.Context) error {
+func (a *Agent) streamOnce(ctx context.Context) (idx int, addr string, err error) {
 	id := a.identity()
-	host, _, err := net.SplitHostPort(id.GRPCAddr)
+	rs := a.replicaSet()
+	idx, addr = rs.grpcAddr()
+	conn, err := a.dialStream(ctx, id, addr)
 	if err != nil {
-		return fmt.Errorf("grpc_addr %q: %w", id.GRPCAddr, err)
-	}
-	creds := credentials.NewTLS(mtlsConfig(host, id.caPool, a.currentCert))
-	conn, err := grpc.NewClient(id.GRPCAddr,
-		grpc.WithTransportCredentials(creds),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: a.cfg.HeartbeatInterval * 2, Timeout: 20 * time.Second}),
-		grpc.WithUserAgent("drover-agent/"+Version),
-	)
-	if err != nil {
-		return err
+		return idx, addr, err
 	}
 	defer conn.Close()
+	return idx, addr, a.runStream(ctx, conn, rs, idx, addr)
+}
+
+// runStream runs one stream on conn (address idx of rs).
+func (a *Agent) runStream(ctx context.Context, conn *grpc.ClientConn, rs *replicas, idx int, addr string) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := agentpb.NewAgentClient(conn).AgentStream(sctx)
@@ -109,7 +176,8 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- a.receive(ctx, stream, &acked, ackCh) }()
 	a.setStreamUp(true)
-	a.log.Info("stream connected", "grpc", id.GRPCAddr)
+	rs.grpcOK(idx)
+	a.log.Info("stream connected", "grpc", addr)
 
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
