@@ -202,7 +202,7 @@ func (s *serverProc) token(tags map[string]string) string {
 		args = append(args, "--tag", k+"="+tags[k])
 	}
 	cmd := exec.Command(serverBin(), args...)
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(s.env...) // the store settings (PostgreSQL replicas)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -1,0 +1,323 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/agent"
+	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/server"
+	"github.com/drover/drover/server/store/postgres/pgtest"
+)
+
+// failoverBudget is how soon after a replica's death an agent must have
+// its stream and its polls on another replica.
+const failoverBudget = 10 * time.Second
+
+// TestFailoverReplicaKilled: two drover-server replicas on one PostgreSQL.
+// An agent enrolled through A receives both replicas' URLs and stream
+// addresses; A is SIGKILLed while a run is in progress; the agent's stream
+// and polls are on B within failoverBudget (measured), the run that
+// finished meanwhile arrives on the server exactly once with its whole
+// log, and when A comes back the agent stays on B (sticky).
+func TestFailoverReplicaKilled(t *testing.T) {
+	t.Parallel()
+	failover(t, false)
+}
+
+// TestFailoverReplicaBlackholed: the same with a replica that stops
+// answering without closing anything (a TCP proxy in front of A that
+// stops forwarding, like a host that dropped off the network): the agent
+// notices through its keepalive and the dial timeouts.
+func TestFailoverReplicaBlackholed(t *testing.T) {
+	t.Parallel()
+	failover(t, true)
+}
+
+func failover(t *testing.T, blackhole bool) {
+	pg := pgtest.Start(t)
+	dsn := pg.NewDatabase(t)
+	port := func() string { return fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)) }
+	aHTTP, aGRPC, bHTTP, bGRPC := port(), port(), port(), port()
+	// What agents are told: A directly, or A through the proxies.
+	pubAHTTP, pubAGRPC := aHTTP, aGRPC
+	var proxies []*tcpProxy
+	if blackhole {
+		ph, pgp := startProxy(t, aHTTP), startProxy(t, aGRPC)
+		proxies = []*tcpProxy{ph, pgp}
+		pubAHTTP, pubAGRPC = ph.addr(), pgp.addr()
+	}
+	env := []string{
+		"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn,
+		"DROVER_PUBLIC_URLS=https://" + pubAHTTP + ",https://" + bHTTP,
+		"DROVER_GRPC_PUBLIC_ADDRS=" + pubAGRPC + "," + bGRPC,
+	}
+	a := startReplica(t, "A", "", aHTTP, aGRPC, env)
+	b := startReplica(t, "B", a.dataDir, bHTTP, bGRPC, env)
+
+	tags := map[string]string{"e2e": "failover"}
+	ag, id := enrolledAgent(t, a, agentOpts{name: "agent-failover", backend: "cron", tags: tags, serverURL: "https://" + pubAHTTP,
+		syncInterval: 2 * time.Second})
+	var ident agent.Identity
+	raw, err := os.ReadFile(filepath.Join(ag.dataDir, "identity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &ident); err != nil {
+		t.Fatal(err)
+	}
+	wantURLs := "https://" + pubAHTTP + " https://" + bHTTP
+	if strings.Join(ident.ServerURLs, " ") != wantURLs || strings.Join(ident.GRPCAddrs, " ") != pubAGRPC+" "+bGRPC {
+		t.Fatalf("identity.json after enrollment: server_urls %v, grpc_addrs %v", ident.ServerURLs, ident.GRPCAddrs)
+	}
+	st := ag.statusCLI()
+	if st.Server != "https://"+pubAHTTP || st.GRPCAddr != pubAGRPC || st.Replicas == nil || len(st.Replicas.ServerURLs) != 2 || st.Replicas.GRPCSince.IsZero() {
+		t.Fatalf("status before the failover: %+v %+v", st, st.Replicas)
+	}
+	if !a.agentView(id).Online {
+		t.Fatal("the agent is not online on A")
+	}
+
+	// A run of 4 s, 40 numbered lines; A dies 1 s into it.
+	const lines = 40
+	script := fmt.Sprintf("i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep 0.1; done\n", lines)
+	a.putPipe("fo-job", pipeSpec{Schedule: far, Script: script, Targets: byTags(tags)})
+	ag.waitPipes(60*time.Second, "fo-job")
+	req := a.runNow("fo-job", id)
+	a.runOfRequest(req.RequestID, 30*time.Second, "running")
+	time.Sleep(time.Second)
+
+	t0 := time.Now()
+	if blackhole {
+		for _, p := range proxies {
+			p.blackhole()
+		}
+	} else {
+		a.proc.kill()
+	}
+	var onB *agent.Status
+	testkit.WaitFor(t, 30*time.Second, "the agent's stream on replica B", func() bool {
+		st := ag.status()
+		if st != nil && st.StreamConnected && st.GRPCAddr == bGRPC && st.Replicas != nil && !st.Replicas.GRPCSince.IsZero() {
+			onB = st
+			return true
+		}
+		return false
+	})
+	streamTook := time.Since(t0)
+	// A poll: `drover-agent sync` answered by B.
+	if out := ag.syncCLI(); out != "unchanged" && out != "applied" {
+		t.Fatalf("sync after the failover: %s", out)
+	}
+	pollTook := time.Since(t0)
+	st = ag.statusCLI()
+	t.Logf("blackhole=%v: stream on B %s after A's death, a poll answered by B %s after it; %d failovers",
+		blackhole, streamTook.Round(time.Millisecond), pollTook.Round(time.Millisecond), st.Replicas.Failovers)
+	if st.Server != "https://"+bHTTP || st.Replicas.ServerSince.IsZero() || st.LastSyncError != "" {
+		t.Fatalf("polls not on B: server %s, since %v, last sync error %q", st.Server, st.Replicas.ServerSince, st.LastSyncError)
+	}
+	if streamTook > failoverBudget || pollTook > failoverBudget {
+		t.Errorf("failover took %s (stream) and %s (poll); the budget is %s", streamTook, pollTook, failoverBudget)
+	}
+	if onB.Replicas.Failovers == 0 {
+		t.Error("no failover counted")
+	}
+	if !b.agentView(id).Online {
+		t.Error("B does not see the agent online")
+	}
+
+	// The run finished during the failover: exactly once, with every line once.
+	run := b.runOfRequest(req.RequestID, 60*time.Second, "succeeded")
+	testkit.WaitFor(t, 30*time.Second, "an empty outbox", func() bool {
+		st := ag.status()
+		return st != nil && st.OutboxRecords == 0
+	})
+	runs := b.runs("fo-job", id)
+	if len(runs) != 1 || runs[0].ID != run.ID {
+		t.Fatalf("%d runs on the server, want 1: %+v", len(runs), runs)
+	}
+	var want strings.Builder
+	for i := 1; i <= lines; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	if got := b.logText(run.ID); got != want.String() {
+		t.Fatalf("the run's log on the server:\n%s\nwant %d lines, each once", got, lines)
+	}
+
+	// A comes back: the agent stays on B.
+	if blackhole {
+		for _, p := range proxies {
+			p.restore()
+		}
+	} else {
+		a.start(aHTTP, aGRPC)
+	}
+	for range 3 {
+		ag.syncCLI()
+	}
+	time.Sleep(3 * time.Second)
+	st = ag.statusCLI()
+	if st.Server != "https://"+bHTTP || st.GRPCAddr != bGRPC || !st.StreamConnected {
+		t.Fatalf("after A came back the agent moved: server %s, grpc %s, stream %v", st.Server, st.GRPCAddr, st.StreamConnected)
+	}
+	if out := ag.cli("status"); !strings.Contains(out, "Replicas:") || !strings.Contains(out, bGRPC) {
+		t.Errorf("drover-agent status does not show the replicas:\n%s", out)
+	}
+}
+
+// startReplica starts a drover-server replica on fixed addresses. With
+// keysFrom, the replica shares that data dir's keys: its key files are
+// copied into the new data dir before the start. Until the keys live in
+// the store (sealed by a key-encryption key), this is how two replicas on
+// one database share their CA and signing keys in the tests.
+func startReplica(t *testing.T, name, keysFrom, httpAddr, grpcAddr string, env []string) *serverProc {
+	t.Helper()
+	dir := t.TempDir()
+	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server-"+name), env: env}
+	if keysFrom != "" {
+		copyKeyFiles(t, keysFrom, s.dataDir)
+	}
+	s.start(httpAddr, grpcAddr)
+	t.Cleanup(func() { s.proc.kill() })
+	caPEM, err := os.ReadFile(filepath.Join(s.dataDir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	if s.admin, err = server.ReadAdminToken(s.dataDir); err != nil {
+		t.Fatal(err)
+	}
+	s.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	return s
+}
+
+// copyKeyFiles copies a server data dir's keys, CA and admin token (not
+// its TLS certificate, lock or database) into dst.
+func copyKeyFiles(t *testing.T, src, dst string) {
+	t.Helper()
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		n := e.Name()
+		if !e.Type().IsRegular() || strings.HasPrefix(n, "tls.") || strings.HasPrefix(n, "server.") || strings.HasPrefix(n, ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, _ := e.Info()
+		if err := os.WriteFile(filepath.Join(dst, n), b, fi.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// tcpProxy forwards 127.0.0.1 connections to a target until blackhole:
+// from then on it accepts connections and reads what it is sent, but
+// forwards nothing either way and closes nothing, as a host that dropped
+// off the network looks to its peers. A fault the tests cannot cause
+// otherwise without root (no firewall rules here).
+type tcpProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	holed  bool
+	conns  []net.Conn
+}
+
+func startProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{ln: ln, target: target}
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+	})
+	go p.serve()
+	return p
+}
+
+func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *tcpProxy) isHoled() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holed
+}
+
+func (p *tcpProxy) blackhole() { p.mu.Lock(); p.holed = true; p.mu.Unlock() }
+
+// restore forwards new connections again (the held ones stay dead).
+func (p *tcpProxy) restore() { p.mu.Lock(); p.holed = false; p.mu.Unlock() }
+
+func (p *tcpProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c)
+		holed := p.holed
+		p.mu.Unlock()
+		if holed {
+			go io.Copy(io.Discard, c)
+			continue
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, u)
+		p.mu.Unlock()
+		go p.pipe(c, u)
+		go p.pipe(u, c)
+	}
+}
+
+// pipe copies from src to dst until the proxy is blackholed; then it
+// keeps reading src and drops what it reads.
+func (p *tcpProxy) pipe(src, dst net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.isHoled() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !p.isHoled() {
+				dst.Close()
+			}
+			return
+		}
+	}
+}
