@@ -73,7 +73,7 @@ func newReplicaClient(rs *replicas, tlsConf *tls.Config, timeout time.Duration, 
 	_, first := rs.httpURL()
 	return resty.New().
 		SetBaseURL(strings.TrimSuffix(first, "/")).
-		SetTransport(&failoverTransport{rs: rs, base: newBaseTransport(tlsConf), learn: learn}).
+		SetTransport(&failoverTransport{rs: rs, base: newBaseTransport(tlsConf, timeout), learn: learn}).
 		SetTimeout(timeout).
 		SetRetryCount(0).
 		SetError(&api.ErrorBody{}).

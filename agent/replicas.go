@@ -41,17 +41,20 @@ import (
 // one does not answer).
 
 // Failover timing. A dead replica's connections end at once (the kernel
-// answers with a reset); one that stops answering is noticed by the
-// stream's keepalive (a ping after streamKeepalive without anything read,
-// answered within streamKeepaliveWait), by the dial and TLS handshake
-// timeouts and by httpHeaderTimeout for a poll. streamKeepalive is the
-// server's keepalive enforcement minimum (pings more frequent than that are
-// refused with GOAWAY).
+// answers with a reset). One that stops answering without closing them is
+// noticed by the stream's liveness probe (probeStream: at most probeIdle +
+// probeTick + probeTimeout after the last answer), by the dial and TLS
+// handshake timeouts, and by the response-header timeout of a poll;
+// gRPC's own keepalive (at most every 10 s, gRPC's minimum) and the
+// TCP_USER_TIMEOUT it sets are the backstop.
 const (
-	streamKeepalive     = 5 * time.Second
+	streamKeepalive     = 10 * time.Second
 	streamKeepaliveWait = 3 * time.Second
 	connectTimeout      = 5 * time.Second
-	httpHeaderTimeout   = 10 * time.Second
+	// httpHeaderTimeout bounds the wait for an answer's headers from one
+	// replica (at most half the request timeout, so that the next replica
+	// gets its turn within the same request).
+	httpHeaderTimeout = 8 * time.Second
 	// failoverJitter spreads the agents of a dead replica over time as
 	// they move to the next one.
 	failoverJitter = 500 * time.Millisecond
@@ -400,13 +403,13 @@ func unavailable(code int) bool {
 // dial, handshake and response-header timeouts notice a replica that
 // stopped answering. The TLS configuration leaves ServerName empty, so
 // that each replica is checked against its own host name.
-func newBaseTransport(tlsConf *tls.Config) *http.Transport {
+func newBaseTransport(tlsConf *tls.Config, requestTimeout time.Duration) *http.Transport {
 	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: connectTimeout, KeepAlive: 15 * time.Second}).DialContext,
 		TLSClientConfig:       tlsConf,
 		TLSHandshakeTimeout:   connectTimeout,
-		ResponseHeaderTimeout: httpHeaderTimeout,
+		ResponseHeaderTimeout: min(httpHeaderTimeout, requestTimeout/2),
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          4,
 		MaxIdleConnsPerHost:   2,

@@ -14,9 +14,12 @@ import (
 
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -135,6 +138,52 @@ func (a *Agent) dialStream(ctx context.Context, id *Identity, addr string) (*grp
 	}
 }
 
+// errUnresponsive ends a stream whose server stopped answering.
+var errUnresponsive = errors.New("the server stopped answering (liveness probe timed out)")
+
+// Liveness probe. gRPC's keepalive pings no more often than every 10 s,
+// so a replica that stops answering without closing its connections (a
+// host off the network) would hold the stream for 13 s or more. While the
+// server has sent nothing for probeIdle, the agent sends a small unary
+// call on the same connection (the standard health check; a server
+// without the health service answers Unimplemented, which proves it alive
+// just as well) and gives up on the stream when no answer comes within
+// probeTimeout.
+const (
+	probeIdle    = 3 * time.Second
+	probeTick    = time.Second
+	probeTimeout = 3 * time.Second
+)
+
+// probeStream probes conn until ctx ends; it cancels the stream with
+// errUnresponsive when a probe goes unanswered.
+func probeStream(ctx context.Context, conn *grpc.ClientConn, lastRecv *atomic.Int64, cancel context.CancelCauseFunc) {
+	t := time.NewTicker(probeTick)
+	defer t.Stop()
+	hc := healthpb.NewHealthClient(conn)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, lastRecv.Load())) < probeIdle {
+			continue
+		}
+		pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
+		_, err := hc.Check(pctx, &healthpb.HealthCheckRequest{})
+		pcancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.Unavailable {
+			cancel(fmt.Errorf("%w: %v", errUnresponsive, err))
+			return
+		}
+		lastRecv.Store(time.Now().UnixNano())
+	}
+}
+
 // errConnect: a stream address refused the connection or its handshake.
 var errConnect = errors.New("connection failed")
 
@@ -161,8 +210,8 @@ func (a *Agent) streamOnce(ctx context.Context) (idx int, addr string, err error
 
 // runStream runs one stream on conn (address idx of rs).
 func (a *Agent) runStream(ctx context.Context, conn *grpc.ClientConn, rs *replicas, idx int, addr string) error {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	stream, err := agentpb.NewAgentClient(conn).AgentStream(sctx)
 	if err != nil {
 		return err
@@ -172,26 +221,38 @@ func (a *Agent) runStream(ctx context.Context, conn *grpc.ClientConn, rs *replic
 	}
 
 	var acked atomic.Uint64
+	var lastRecv atomic.Int64
+	lastRecv.Store(time.Now().UnixNano())
 	ackCh := make(chan struct{}, 1)
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- a.receive(ctx, stream, &acked, ackCh) }()
+	go func() { recvErr <- a.receive(ctx, stream, &acked, ackCh, &lastRecv) }()
+	go probeStream(sctx, conn, &lastRecv, cancel)
 	a.setStreamUp(true)
 	rs.grpcOK(idx)
 	a.log.Info("stream connected", "grpc", addr)
 
+	// cause prefers the probe's verdict to the error it provoked.
+	cause := func(err error) error {
+		if c := context.Cause(sctx); errors.Is(c, errUnresponsive) {
+			return c
+		}
+		return err
+	}
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
 	var lastSent uint64
 	for {
 		if err := a.sendPending(stream, &lastSent, &acked); err != nil {
-			return err
+			return cause(err)
 		}
 		select {
 		case <-ctx.Done():
 			_ = stream.CloseSend()
 			return ctx.Err()
+		case <-sctx.Done():
+			return cause(sctx.Err())
 		case err := <-recvErr:
-			return err
+			return cause(err)
 		case <-a.reconnectCh:
 			_ = stream.CloseSend()
 			return errReconnect
@@ -199,7 +260,7 @@ func (a *Agent) runStream(ctx context.Context, conn *grpc.ClientConn, rs *replic
 		case <-ackCh:
 		case <-hb.C:
 			if err := stream.Send(a.heartbeat(ctx)); err != nil {
-				return fmt.Errorf("send heartbeat: %w", err)
+				return cause(fmt.Errorf("send heartbeat: %w", err))
 			}
 		}
 	}
@@ -208,12 +269,13 @@ func (a *Agent) runStream(ctx context.Context, conn *grpc.ClientConn, rs *replic
 // receive reads the server's messages until the stream fails: acks delete
 // outbox records (acked, and a signal on ackCh, let the sender move its
 // window), commands are handled.
-func (a *Agent) receive(ctx context.Context, stream agentpb.Agent_AgentStreamClient, acked *atomic.Uint64, ackCh chan<- struct{}) error {
+func (a *Agent) receive(ctx context.Context, stream agentpb.Agent_AgentStreamClient, acked *atomic.Uint64, ackCh chan<- struct{}, lastRecv *atomic.Int64) error {
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
 			return err
 		}
+		lastRecv.Store(time.Now().UnixNano())
 		ack := msg.GetAck()
 		if ack == nil {
 			a.handleCommand(ctx, msg)

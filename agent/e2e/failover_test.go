@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/agent"
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/server"
 	"github.com/drover/drover/server/store/postgres/pgtest"
@@ -67,8 +68,12 @@ func failover(t *testing.T, blackhole bool) {
 	b := startReplica(t, "B", a.dataDir, bHTTP, bGRPC, env)
 
 	tags := map[string]string{"e2e": "failover"}
+	// Through the API: `drover-server tokens create` writes to the SQLite
+	// file of the data dir only.
+	var tok api.EnrollmentTokenCreated
+	a.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: tags}, &tok)
 	ag, id := enrolledAgent(t, a, agentOpts{name: "agent-failover", backend: "cron", tags: tags, serverURL: "https://" + pubAHTTP,
-		syncInterval: 2 * time.Second})
+		syncInterval: 2 * time.Second, token: tok.Token})
 	var ident agent.Identity
 	raw, err := os.ReadFile(filepath.Join(ag.dataDir, "identity.json"))
 	if err != nil {
