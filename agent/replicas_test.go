@@ -2,8 +2,12 @@ package agent
 
 import (
 	"crypto/tls"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -190,5 +194,106 @@ func TestFailoverTransport(t *testing.T) {
 	tr.rs = rs2
 	if _, err := client.Get(deadURL + "/api/v1/agents/self/manifest"); err == nil || !strings.Contains(err.Error(), "no replica answered") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// The lists a server sends on its manifest answers replace the identity's,
+// are stored in identity.json (an identity without them, as older agents
+// wrote it, keeps working), survive a restart, and show in status; a
+// configured server URL outside them stays the last resort; an agent.yaml
+// override wins.
+func TestAgentLearnsReplicaLists(t *testing.T) {
+	srv := newFakeServer(t)
+	cfg := testConfig(t, srv)
+	must(t, os.WriteFile(cfg.TokenFile, []byte(srv.token(time.Hour)), 0o600))
+	ta := startAgent(t, cfg, nil)
+	id := ta.enrolled(15 * time.Second)
+	if len(id.ServerURLs) != 0 || id.Server != srv.URL() {
+		t.Fatalf("enrolled with a server that sends no lists: %+v", id)
+	}
+	srv.publish(id.AgentID, nil)
+	ta.syncNow()
+	grpcAddr := srv.grpcLn.Addr().String()
+	urls := srv.URL() + ",https://127.0.0.1:1"
+	srv.setIntercept(func(w http.ResponseWriter, r *http.Request, _ string) bool {
+		if r.URL.Path == pathManifest {
+			w.Header().Set(api.ServerURLsHeader, urls)
+			w.Header().Set(api.GRPCAddrsHeader, grpcAddr+",127.0.0.1:1")
+		}
+		return false
+	})
+	ta.syncNow()
+	var stored Identity
+	raw, err := os.ReadFile(filepath.Join(cfg.DataDir, identityFile))
+	must(t, err)
+	must(t, json.Unmarshal(raw, &stored))
+	if strings.Join(stored.ServerURLs, ",") != urls || len(stored.GRPCAddrs) != 2 || stored.Server != srv.URL() {
+		t.Fatalf("identity.json: %s", raw)
+	}
+	st := ta.a.Status(t.Context())
+	if st.Replicas == nil || len(st.Replicas.ServerURLs) != 2 || st.Server != srv.URL() || st.GRPCAddr != grpcAddr || st.Replicas.ServerSince.IsZero() {
+		t.Fatalf("status: %+v %+v", st, st.Replicas)
+	}
+
+	// A bad list changes nothing.
+	srv.setIntercept(func(w http.ResponseWriter, r *http.Request, _ string) bool {
+		w.Header().Set(api.ServerURLsHeader, "http://plain.example")
+		return false
+	})
+	ta.syncNow()
+	if got := ta.a.identity().ServerURLs; strings.Join(got, ",") != urls {
+		t.Fatalf("a bad list was taken: %v", got)
+	}
+	ta.stop()
+	back, err := loadIdentity(cfg.DataDir)
+	must(t, err)
+	if strings.Join(back.serverURLs(), ",") != urls {
+		t.Fatalf("after a restart: %v", back.serverURLs())
+	}
+
+	// The lists the agent uses.
+	u, g, paired := replicaLists(Config{Server: "https://lb.example"}, back)
+	if len(u) != 3 || u[2] != "https://lb.example" || len(g) != 2 || paired {
+		t.Fatalf("configured server outside the lists: %v %v %v", u, g, paired)
+	}
+	u, _, paired = replicaLists(Config{Server: srv.URL() + "/"}, back)
+	if len(u) != 2 || !paired {
+		t.Fatalf("configured server among the lists: %v %v", u, paired)
+	}
+	old := &Identity{Server: "https://old.example", GRPCAddr: "old.example:8444"}
+	if u, g, paired := replicaLists(Config{Server: "https://new.example"}, old); strings.Join(u, ",") != "https://new.example" || g[0] != "old.example:8444" || !paired {
+		t.Fatalf("an identity from before replicas: %v %v %v", u, g, paired)
+	}
+	over := Config{ServerURLs: []string{"https://x.example", "https://y.example"}, GRPCAddrs: []string{"x.example:1"}}
+	if u, g, paired := replicaLists(over, back); strings.Join(u, ",") != "https://x.example,https://y.example" || len(g) != 1 || paired {
+		t.Fatalf("agent.yaml override: %v %v %v", u, g, paired)
+	}
+}
+
+// agent.yaml's server_urls and grpc_addrs are validated with field paths.
+func TestConfigReplicaLists(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ServerURLs = []string{"https://a.example", "ftp://b", "https://A.example/"}
+	cfg.GRPCAddrs = []string{"a:1", "nope"}
+	err := cfg.Validate()
+	for _, f := range []string{"server_urls[1]", "server_urls[2]", "grpc_addrs[1]"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("no problem for %s: %v", f, err)
+		}
+	}
+	if err != nil && (strings.Contains(err.Error(), "server_urls[0]: ") || strings.Contains(err.Error(), "grpc_addrs[0]: ")) {
+		t.Errorf("a good entry refused: %v", err)
+	}
+	cfg = DefaultConfig()
+	cfg.ServerURLs = make([]string, api.MaxReplicaAddrs+1)
+	for i := range cfg.ServerURLs {
+		cfg.ServerURLs[i] = fmt.Sprintf("https://r%d.example", i)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "server_urls") {
+		t.Errorf("%d URLs accepted: %v", len(cfg.ServerURLs), err)
+	}
+	env, err := LoadConfig("", false, []string{"DROVER_SERVER_URLS=https://a.example,https://b.example"})
+	if err != nil || len(env.ServerURLs) != 2 {
+		t.Fatalf("DROVER_SERVER_URLS: %v %v", env.ServerURLs, err)
 	}
 }
