@@ -100,13 +100,23 @@ func failover(t *testing.T, blackhole bool) {
 	a.putPipe("fo-job", pipeSpec{Schedule: far, Script: script, Targets: byTags(tags)})
 	ag.waitPipes(60*time.Second, "fo-job")
 	req := a.runNow("fo-job", id)
-	a.runOfRequest(req.RequestID, 30*time.Second, "running")
+	running := a.runOfRequest(req.RequestID, 30*time.Second, "running")
 	time.Sleep(time.Second)
 
 	t0 := time.Now()
 	if blackhole {
-		for _, p := range proxies {
-			p.blackhole()
+		// The polls get nothing at all; the stream's replies vanish while A
+		// still receives and commits: the records it commits from now on
+		// are never acknowledged, and the agent must send them again to B.
+		before := strings.Count(a.logText(running.ID), "\n")
+		proxies[0].blackhole()
+		proxies[1].holeReplies()
+		time.Sleep(2 * time.Second)
+		after := strings.Count(a.logText(running.ID), "\n")
+		st := ag.status()
+		t.Logf("A committed %d log lines before its replies vanished and %d after; the agent's outbox holds %d records", before, after-before, st.OutboxRecords)
+		if after <= before || st.OutboxRecords == 0 || st.GRPCAddr != pubAGRPC {
+			t.Fatalf("no records committed by A without an ack (lines %d -> %d, outbox %d, stream %s): the re-send is not exercised", before, after, st.OutboxRecords, st.GRPCAddr)
 		}
 	} else {
 		a.proc.kill()
@@ -238,14 +248,16 @@ func copyKeyFiles(t *testing.T, src, dst string) {
 // tcpProxy forwards 127.0.0.1 connections to a target until blackhole:
 // from then on it accepts connections and reads what it is sent, but
 // forwards nothing either way and closes nothing, as a host that dropped
-// off the network looks to its peers. A fault the tests cannot cause
+// off the network looks to its peers. holeReplies drops only what the
+// target sends (it still receives). A fault the tests cannot cause
 // otherwise without root (no firewall rules here).
 type tcpProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	holed  bool
-	conns  []net.Conn
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	holed   bool // nothing forwarded, new connections swallowed
+	replies bool // the target's bytes dropped
+	conns   []net.Conn
 }
 
 func startProxy(t *testing.T, target string) *tcpProxy {
@@ -269,16 +281,18 @@ func startProxy(t *testing.T, target string) *tcpProxy {
 
 func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
 
-func (p *tcpProxy) isHoled() bool {
+// dropping reports whether bytes in one direction are dropped now.
+func (p *tcpProxy) dropping(fromTarget bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.holed
+	return p.holed || fromTarget && p.replies
 }
 
-func (p *tcpProxy) blackhole() { p.mu.Lock(); p.holed = true; p.mu.Unlock() }
+func (p *tcpProxy) blackhole()   { p.mu.Lock(); p.holed = true; p.mu.Unlock() }
+func (p *tcpProxy) holeReplies() { p.mu.Lock(); p.replies = true; p.mu.Unlock() }
 
 // restore forwards new connections again (the held ones stay dead).
-func (p *tcpProxy) restore() { p.mu.Lock(); p.holed = false; p.mu.Unlock() }
+func (p *tcpProxy) restore() { p.mu.Lock(); p.holed, p.replies = false, false; p.mu.Unlock() }
 
 func (p *tcpProxy) serve() {
 	for {
@@ -288,9 +302,9 @@ func (p *tcpProxy) serve() {
 		}
 		p.mu.Lock()
 		p.conns = append(p.conns, c)
-		holed := p.holed
+		swallow := p.holed || p.replies
 		p.mu.Unlock()
-		if holed {
+		if swallow {
 			go io.Copy(io.Discard, c)
 			continue
 		}
@@ -302,24 +316,24 @@ func (p *tcpProxy) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, u)
 		p.mu.Unlock()
-		go p.pipe(c, u)
-		go p.pipe(u, c)
+		go p.pipe(c, u, false)
+		go p.pipe(u, c, true)
 	}
 }
 
-// pipe copies from src to dst until the proxy is blackholed; then it
-// keeps reading src and drops what it reads.
-func (p *tcpProxy) pipe(src, dst net.Conn) {
+// pipe copies from src to dst while that direction is forwarded; when it
+// is not, it keeps reading src and drops what it reads.
+func (p *tcpProxy) pipe(src, dst net.Conn, fromTarget bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !p.isHoled() {
+		if n > 0 && !p.dropping(fromTarget) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
 		}
 		if err != nil {
-			if !p.isHoled() {
+			if !p.dropping(fromTarget) {
 				dst.Close()
 			}
 			return
