@@ -415,8 +415,17 @@ func (a *Agent) tryEnroll(ctx context.Context, tokStr string) (*Identity, error)
 		a.setEnrollErr(err)
 		return nil, err
 	}
-	a.log.Info("enrolling", "server", strings.Join(enrollServers(a.cfg), ","), "token", tok.String())
-	id, err := enroll(ctx, enrollServers(a.cfg), tok, a.host, a.cfg.DataDir, a.store, a.cfg.RequestTimeout, time.Now, a.log)
+	servers := enrollServers(a.cfg)
+	if old := a.identity(); old != nil {
+		// Re-enrollment: any replica the old identity knew will do.
+		for _, u := range old.serverURLs() {
+			if indexOf(servers, u, sameURL) < 0 {
+				servers = append(servers, u)
+			}
+		}
+	}
+	a.log.Info("enrolling", "server", strings.Join(servers, ","), "token", tok.String())
+	id, err := enroll(ctx, servers, tok, a.host, a.cfg.DataDir, a.store, a.cfg.RequestTimeout, time.Now, a.log)
 	if err != nil {
 		a.setEnrollErr(err)
 		return nil, err

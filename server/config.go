@@ -309,8 +309,8 @@ func LoadConfig(path string, required bool, env []string) (Config, error) {
 // checkPublicURL checks an address agents are given for the HTTPS API.
 func checkPublicURL(s string) error {
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "https" || u.Host == "" || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return fmt.Errorf("%q must be an https:// URL with a host (and no user, query or fragment)", s)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || strings.ContainsAny(s, ", ") {
+		return fmt.Errorf("%q must be an https:// URL with a host (and no user, query, fragment, comma or space)", s)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
