@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,21 +27,24 @@ import (
 // its stream and its polls on another replica.
 const failoverBudget = 10 * time.Second
 
-// TestFailoverReplicaKilled: two drover-server replicas on one PostgreSQL.
-// An agent enrolled through A receives both replicas' URLs and stream
-// addresses; A is SIGKILLed while a run is in progress; the agent's stream
-// and polls are on B within failoverBudget (measured), the run that
+// TestFailoverReplicaKilled: three drover-server replicas on one
+// PostgreSQL. An agent enrolled through A receives every replica's URL and
+// stream address; A is SIGKILLed while a run is in progress; the agent's
+// stream and polls are on B within failoverBudget (measured), the run that
 // finished meanwhile arrives on the server exactly once with its whole
-// log, and when A comes back the agent stays on B (sticky).
+// log, and when A comes back the agent stays on B (sticky); when B is
+// killed too, the agent goes on to C.
 func TestFailoverReplicaKilled(t *testing.T) {
 	t.Parallel()
 	failover(t, false)
 }
 
-// TestFailoverReplicaBlackholed: the same with a replica that stops
-// answering without closing anything (a TCP proxy in front of A that
-// stops forwarding, like a host that dropped off the network): the agent
-// notices through its keepalive and the dial timeouts.
+// TestFailoverReplicaBlackholed: the same with two replicas, A behind TCP
+// proxies that stop forwarding without closing anything (a host that
+// dropped off the network): the polls get nothing, the stream's replies
+// vanish while A still commits what it receives. The agent notices through
+// its liveness probe and the dial timeouts, and the records A committed
+// without acknowledging them are sent again to B and stored once.
 func TestFailoverReplicaBlackholed(t *testing.T) {
 	t.Parallel()
 	failover(t, true)
@@ -50,7 +54,7 @@ func failover(t *testing.T, blackhole bool) {
 	pg := pgtest.Start(t)
 	dsn := pg.NewDatabase(t)
 	port := func() string { return fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)) }
-	aHTTP, aGRPC, bHTTP, bGRPC := port(), port(), port(), port()
+	aHTTP, aGRPC, bHTTP, bGRPC, cHTTP, cGRPC := port(), port(), port(), port(), port(), port()
 	// What agents are told: A directly, or A through the proxies.
 	pubAHTTP, pubAGRPC := aHTTP, aGRPC
 	var proxies []*tcpProxy
@@ -59,13 +63,23 @@ func failover(t *testing.T, blackhole bool) {
 		proxies = []*tcpProxy{ph, pgp}
 		pubAHTTP, pubAGRPC = ph.addr(), pgp.addr()
 	}
+	urls := []string{"https://" + pubAHTTP, "https://" + bHTTP}
+	addrs := []string{pubAGRPC, bGRPC}
+	if !blackhole {
+		// Three replicas: after A, B dies too, and the agent goes on to C.
+		urls, addrs = append(urls, "https://"+cHTTP), append(addrs, cGRPC)
+	}
 	env := []string{
 		"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn,
-		"DROVER_PUBLIC_URLS=https://" + pubAHTTP + ",https://" + bHTTP,
-		"DROVER_GRPC_PUBLIC_ADDRS=" + pubAGRPC + "," + bGRPC,
+		"DROVER_PUBLIC_URLS=" + strings.Join(urls, ","),
+		"DROVER_GRPC_PUBLIC_ADDRS=" + strings.Join(addrs, ","),
 	}
 	a := startReplica(t, "A", "", aHTTP, aGRPC, env)
 	b := startReplica(t, "B", a.dataDir, bHTTP, bGRPC, env)
+	var c *serverProc
+	if !blackhole {
+		c = startReplica(t, "C", a.dataDir, cHTTP, cGRPC, env)
+	}
 
 	tags := map[string]string{"e2e": "failover"}
 	// Through the API: `drover-server tokens create` writes to the SQLite
@@ -82,12 +96,11 @@ func failover(t *testing.T, blackhole bool) {
 	if err := json.Unmarshal(raw, &ident); err != nil {
 		t.Fatal(err)
 	}
-	wantURLs := "https://" + pubAHTTP + " https://" + bHTTP
-	if strings.Join(ident.ServerURLs, " ") != wantURLs || strings.Join(ident.GRPCAddrs, " ") != pubAGRPC+" "+bGRPC {
+	if !slices.Equal(ident.ServerURLs, urls) || !slices.Equal(ident.GRPCAddrs, addrs) {
 		t.Fatalf("identity.json after enrollment: server_urls %v, grpc_addrs %v", ident.ServerURLs, ident.GRPCAddrs)
 	}
 	st := ag.statusCLI()
-	if st.Server != "https://"+pubAHTTP || st.GRPCAddr != pubAGRPC || st.Replicas == nil || len(st.Replicas.ServerURLs) != 2 || st.Replicas.GRPCSince.IsZero() {
+	if st.Server != "https://"+pubAHTTP || st.GRPCAddr != pubAGRPC || st.Replicas == nil || len(st.Replicas.ServerURLs) != len(urls) || st.Replicas.GRPCSince.IsZero() {
 		t.Fatalf("status before the failover: %+v %+v", st, st.Replicas)
 	}
 	if !a.agentView(id).Online {
@@ -188,6 +201,27 @@ func failover(t *testing.T, blackhole bool) {
 	}
 	if out := ag.cli("status"); !strings.Contains(out, "Replicas:") || !strings.Contains(out, bGRPC) {
 		t.Errorf("drover-agent status does not show the replicas:\n%s", out)
+	}
+	if c == nil {
+		return
+	}
+
+	// B dies too: the agent goes on to C, the next in the list, not back
+	// to A.
+	t1 := time.Now()
+	b.proc.kill()
+	testkit.WaitFor(t, 30*time.Second, "the agent's stream on replica C", func() bool {
+		st := ag.status()
+		return st != nil && st.StreamConnected && st.GRPCAddr == cGRPC && st.Replicas != nil && !st.Replicas.GRPCSince.IsZero()
+	})
+	took := time.Since(t1)
+	if out := ag.syncCLI(); out != "unchanged" && out != "applied" {
+		t.Fatalf("sync on C: %s", out)
+	}
+	st = ag.statusCLI()
+	t.Logf("B killed: stream and polls on C %s later; %d failovers", took.Round(time.Millisecond), st.Replicas.Failovers)
+	if st.Server != "https://"+cHTTP || took > failoverBudget || !c.agentView(id).Online {
+		t.Fatalf("after B's death: server %s after %s", st.Server, took)
 	}
 }
 
