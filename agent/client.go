@@ -66,9 +66,26 @@ func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log 
 	return c
 }
 
+// newReplicaClient returns the mTLS client of an enrolled agent: every
+// request goes to the replica in use and fails over along rs
+// (failoverTransport); learn receives the replica lists the server sends.
+func newReplicaClient(rs *replicas, tlsConf *tls.Config, timeout time.Duration, log *slog.Logger, learn func(urls, addrs []string)) *resty.Client {
+	_, first := rs.httpURL()
+	return resty.New().
+		SetBaseURL(strings.TrimSuffix(first, "/")).
+		SetTransport(&failoverTransport{rs: rs, base: newBaseTransport(tlsConf, timeout), learn: learn}).
+		SetTimeout(timeout).
+		SetRetryCount(0).
+		SetError(&api.ErrorBody{}).
+		SetResponseBodyLimit(maxJSONBytes).
+		SetLogger(restyLogger{log}).
+		SetHeader("User-Agent", "drover-agent/"+Version)
+}
+
 // mtlsConfig is the TLS configuration of every request after enrollment:
 // the server must present a certificate of the enrolled CA for host, and the
 // agent presents cert (read through get, so renewal takes effect at once).
+// An empty host checks each replica against the host it is dialled as.
 func mtlsConfig(host string, pool *x509.CertPool, get func() *tls.Certificate) *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS12,

@@ -5,10 +5,12 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/config"
 	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
@@ -43,6 +45,14 @@ type Config struct {
 	// Required to enroll; once enrolled the URL recorded at enrollment is
 	// used when Server is empty.
 	Server string `yaml:"server"`
+	// ServerURLs, when set, are the HTTPS base URLs of the server's
+	// replicas in the order to try them, in place of the list the server
+	// sends; GRPCAddrs the same for the stream (host:port). An agent with
+	// neither uses the lists the server gave it (enrollment, renewal and
+	// every manifest answer) and, after them, Server. Enrollment tries
+	// Server, then ServerURLs, until one answers.
+	ServerURLs []string `yaml:"server_urls"`
+	GRPCAddrs  []string `yaml:"grpc_addrs"`
 	// DataDir holds the key, certificates and agent.db (created 0700).
 	DataDir string `yaml:"data_dir"`
 	// TokenFile is where config management drops the enrollment token. It is
@@ -141,6 +151,24 @@ func (c *Config) Validate() error {
 			add("server", "%v", err)
 		}
 	}
+	checkList := func(field string, list []string, check func(string) error, eq func(a, b string) bool) {
+		if len(list) > api.MaxReplicaAddrs {
+			add(field, "%d entries; at most %d", len(list), api.MaxReplicaAddrs)
+			return
+		}
+		for i, v := range list {
+			f := fmt.Sprintf("%s[%d]", field, i)
+			if err := check(v); err != nil {
+				add(f, "%v", err)
+				continue
+			}
+			if j := indexOf(list[:i], v, eq); j >= 0 {
+				add(f, "%q repeats %s[%d]", v, field, j)
+			}
+		}
+	}
+	checkList("server_urls", c.ServerURLs, checkServerURL, sameURL)
+	checkList("grpc_addrs", c.GRPCAddrs, checkGRPCAddr, strings.EqualFold)
 	abs := func(field, p string, required bool) {
 		switch {
 		case p == "" && required:

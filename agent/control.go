@@ -36,20 +36,23 @@ type controlResponse struct {
 
 // Status is what `drover-agent status` shows.
 type Status struct {
-	Version        string    `json:"version"`
-	Enrolled       bool      `json:"enrolled"`
-	EnrollError    string    `json:"enroll_error,omitempty"`
-	IdentityError  string    `json:"identity_error,omitempty"` // enrolled, but the identity no longer works (reenroll.go)
-	AgentID        string    `json:"agent_id,omitempty"`
-	Server         string    `json:"server,omitempty"`
-	GRPCAddr       string    `json:"grpc_addr,omitempty"`
-	CertExpiresAt  time.Time `json:"cert_expires_at,omitzero"`
-	Backend        string    `json:"backend"`
-	Scope          string    `json:"scope"`
-	SystemdVersion string    `json:"systemd_version,omitempty"`
-	Serial         uint64    `json:"serial"`
-	Digest         string    `json:"digest,omitempty"`
-	AppliedSerial  uint64    `json:"applied_serial"`
+	Version       string `json:"version"`
+	Enrolled      bool   `json:"enrolled"`
+	EnrollError   string `json:"enroll_error,omitempty"`
+	IdentityError string `json:"identity_error,omitempty"` // enrolled, but the identity no longer works (reenroll.go)
+	AgentID       string `json:"agent_id,omitempty"`
+	// Server and GRPCAddr are the replica the agent talks to now;
+	// Replicas every one it knows and since when it uses these.
+	Server         string         `json:"server,omitempty"`
+	GRPCAddr       string         `json:"grpc_addr,omitempty"`
+	Replicas       *ReplicaStatus `json:"replicas,omitempty"`
+	CertExpiresAt  time.Time      `json:"cert_expires_at,omitzero"`
+	Backend        string         `json:"backend"`
+	Scope          string         `json:"scope"`
+	SystemdVersion string         `json:"systemd_version,omitempty"`
+	Serial         uint64         `json:"serial"`
+	Digest         string         `json:"digest,omitempty"`
+	AppliedSerial  uint64         `json:"applied_serial"`
 	// ManifestExpired: the manifest in force passed its expires_at and the
 	// server sent no newer one (a stuck server or a proxy answering 304):
 	// its pipes keep running, and the agent retries hard.
@@ -231,7 +234,7 @@ func (a *Agent) handleControl(ctx context.Context, c *net.UnixConn) {
 func (a *Agent) Status(ctx context.Context) Status {
 	st := Status{Version: Version, Backend: a.backend.Name(), Scope: a.cfg.Scope, SystemdVersion: a.systemdVersion(), IdentityError: a.identityProblem()}
 	a.mu.Lock()
-	id := a.id
+	id, rs := a.id, a.replicas
 	st.EnrollError = a.enrollErr
 	st.LastSync, st.LastSyncError, st.StreamConnected = a.lastSync, a.lastSyncErr, a.streamUp
 	results := append([]PipeResult(nil), a.results...)
@@ -246,10 +249,17 @@ func (a *Agent) Status(ctx context.Context) Status {
 		st.ManifestExpired = !cur.ExpiresAt.IsZero() && !time.Now().Before(cur.ExpiresAt)
 	}
 	if id != nil {
-		st.Enrolled, st.AgentID, st.GRPCAddr, st.CertExpiresAt = true, id.AgentID, id.GRPCAddr, id.NotAfter()
-		st.Server = a.cfg.Server
-		if st.Server == "" {
-			st.Server = id.Server
+		st.Enrolled, st.AgentID, st.CertExpiresAt = true, id.AgentID, id.NotAfter()
+		if rs != nil {
+			r := rs.status()
+			r.Override = len(a.cfg.ServerURLs) > 0 || len(a.cfg.GRPCAddrs) > 0
+			if len(r.ServerURLs) > 0 {
+				st.Server = r.ServerURLs[r.ServerIndex]
+			}
+			if len(r.GRPCAddrs) > 0 {
+				st.GRPCAddr = r.GRPCAddrs[r.GRPCIndex]
+			}
+			st.Replicas = &r
 		}
 	}
 	if ms, err := a.manifestState(); err == nil {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,7 @@ type Agent struct {
 	mu            sync.Mutex
 	id            *Identity
 	http          *resty.Client
+	replicas      *replicas // the server's replicas and the ones in use (replicas.go)
 	etag          string
 	current       *manifest.Manifest // manifest in force (accepted and applied)
 	currentEnv    []byte
@@ -229,15 +231,16 @@ func (a *Agent) identity() *Identity {
 
 // setIdentity installs id and rebuilds the HTTP client around it.
 func (a *Agent) setIdentity(id *Identity) {
-	server := a.cfg.Server
-	if server == "" {
-		server = id.Server
-	}
-	host, _ := serverHost(server)
+	urls, addrs, paired := replicaLists(a.cfg, id)
 	a.mu.Lock()
 	first := a.id == nil
 	a.id = id
-	a.http = newHTTPClient(server, mtlsConfig(host, id.caPool, a.currentCert), a.cfg.RequestTimeout, a.log)
+	if a.replicas == nil {
+		a.replicas = newReplicas(urls, addrs, paired)
+	} else {
+		a.replicas.set(urls, addrs, paired)
+	}
+	a.http = newReplicaClient(a.replicas, mtlsConfig("", id.caPool, a.currentCert), a.cfg.RequestTimeout, a.log, a.learnReplicas)
 	if a.host.MachineID != "" {
 		// The server binds the identity to this machine and refuses the
 		// same certificate from another one (identity_conflict).
@@ -247,6 +250,68 @@ func (a *Agent) setIdentity(id *Identity) {
 	if first {
 		close(a.enrolled)
 	}
+}
+
+// replicaLists are the lists of replica addresses the agent uses with id:
+// those of agent.yaml when set, else the server's, followed by the
+// configured server URL when it is not among them (an identity from
+// before replicas: the configured URL replaces the enrolled one). paired:
+// entry i of both lists is the same replica.
+func replicaLists(cfg Config, id *Identity) (urls, addrs []string, paired bool) {
+	switch {
+	case len(cfg.ServerURLs) > 0:
+		urls = cfg.ServerURLs
+	case len(id.ServerURLs) > 0:
+		urls = id.ServerURLs
+		if cfg.Server != "" && indexOf(urls, cfg.Server, sameURL) < 0 {
+			urls = append(append([]string(nil), urls...), cfg.Server)
+		}
+	case cfg.Server != "":
+		urls = []string{cfg.Server}
+	default:
+		urls = id.serverURLs()
+	}
+	addrs = id.grpcAddrs()
+	if len(cfg.GRPCAddrs) > 0 {
+		addrs = cfg.GRPCAddrs
+	}
+	paired = len(cfg.ServerURLs) == 0 && len(cfg.GRPCAddrs) == 0 && len(urls) == len(addrs)
+	return urls, addrs, paired
+}
+
+// learnReplicas takes the replica lists a server sent: when they differ
+// from the identity's and check out, they are stored in identity.json and
+// used from now on (the replicas in use stay while they are listed).
+func (a *Agent) learnReplicas(urls, addrs []string) {
+	urls, addrs, err := checkReplicaLists(urls, addrs)
+	if err != nil {
+		a.log.Warn("ignoring the replica list the server sent", "err", err)
+		return
+	}
+	if len(urls) == 0 {
+		return
+	}
+	if len(addrs) == 0 {
+		addrs = nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	id := a.id
+	if id == nil || slices.Equal(id.ServerURLs, urls) && slices.Equal(id.GRPCAddrs, addrs) {
+		return
+	}
+	next := id.withReplicas(urls, addrs)
+	if len(addrs) == 0 {
+		next.GRPCAddrs, next.GRPCAddr = nil, id.GRPCAddr
+	}
+	if err := saveIdentity(a.cfg.DataDir, next); err != nil {
+		a.log.Error("save the server's replica list", "err", err)
+		return
+	}
+	a.id = next
+	u, g, paired := replicaLists(a.cfg, next)
+	a.replicas.set(u, g, paired)
+	a.log.Info("the server's replicas", "server_urls", urls, "grpc_addrs", next.grpcAddrs())
 }
 
 func (a *Agent) currentCert() *tls.Certificate {
@@ -350,8 +415,17 @@ func (a *Agent) tryEnroll(ctx context.Context, tokStr string) (*Identity, error)
 		a.setEnrollErr(err)
 		return nil, err
 	}
-	a.log.Info("enrolling", "server", a.cfg.Server, "token", tok.String())
-	id, err := enroll(ctx, a.cfg.Server, tok, a.host, a.cfg.DataDir, a.store, a.cfg.RequestTimeout, time.Now, a.log)
+	servers := enrollServers(a.cfg)
+	if old := a.identity(); old != nil {
+		// Re-enrollment: any replica the old identity knew will do.
+		for _, u := range old.serverURLs() {
+			if indexOf(servers, u, sameURL) < 0 {
+				servers = append(servers, u)
+			}
+		}
+	}
+	a.log.Info("enrolling", "server", strings.Join(servers, ","), "token", tok.String())
+	id, err := enroll(ctx, servers, tok, a.host, a.cfg.DataDir, a.store, a.cfg.RequestTimeout, time.Now, a.log)
 	if err != nil {
 		a.setEnrollErr(err)
 		return nil, err

@@ -34,6 +34,9 @@
 //   - Every RunNow the server sent ends in a run record: the run, or one
 //     the agent writes (skipped: a run is in progress; failed: it could not
 //     start one, after syncing once in case the pipe is new).
+//   - The agent knows every replica of the server and talks to one at a
+//     time, staying with it while it works and moving to the next within
+//     seconds when it fails, for its polls and its stream (replicas.go).
 //   - An identity that stops working (revoked, expired, another server CA)
 //     leaves the pipes running; a new token re-enrolls the host as a new
 //     agent, and the old id's manifest serials no longer judge the new

@@ -74,13 +74,55 @@ func compactJSON(b []byte) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// enroll runs the enrollment protocol with tok against server and stores the
-// result in dataDir and st. Nothing is sent unless the server's chain holds
-// the CA the token pins.
-func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDir string, st Store, timeout time.Duration, now func() time.Time, log *slog.Logger) (*Identity, error) {
-	if server == "" {
+// enrollServers are the URLs enrollment tries, in order: server, then
+// the configured replica URLs.
+func enrollServers(cfg Config) []string {
+	var out []string
+	for _, u := range append([]string{cfg.Server}, cfg.ServerURLs...) {
+		if u != "" && indexOf(out, u, sameURL) < 0 {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// enroll enrolls with tok through the first of servers that answers: a
+// server that cannot be reached is skipped, any answer (an acceptance or
+// a refusal) ends the attempt.
+func enroll(ctx context.Context, servers []string, tok Token, host HostInfo, dataDir string, st Store, timeout time.Duration, now func() time.Time, log *slog.Logger) (*Identity, error) {
+	if len(servers) == 0 {
 		return nil, errors.New("enroll: no server URL configured (server: in agent.yaml, --server or DROVER_SERVER)")
 	}
+	var err error
+	for i, server := range servers {
+		var id *Identity
+		id, err = enrollAt(ctx, server, tok, host, dataDir, st, timeout, now, log)
+		if err == nil || ctx.Err() != nil || !unreachable(err) {
+			return id, err
+		}
+		if i < len(servers)-1 {
+			log.Warn("enrollment: the server does not answer; trying the next one", "server", server, "err", err)
+		}
+	}
+	return nil, err
+}
+
+// unreachable reports whether err says a server was not reached at all
+// (no HTTP answer, no TLS refusal of ours).
+func unreachable(err error) bool {
+	var ae *api.Error
+	if errors.As(err, &ae) || errors.Is(err, pemutil.ErrPinMismatch) {
+		return false
+	}
+	var ne net.Error
+	var oe *net.OpError
+	return errors.As(err, &ne) || errors.As(err, &oe)
+}
+
+// enrollAt runs the enrollment protocol with tok against server and
+// stores the result in dataDir and st. Nothing is sent unless the
+// server's chain holds the CA the token pins.
+func enrollAt(ctx context.Context, server string, tok Token, host HostInfo, dataDir string, st Store, timeout time.Duration, now func() time.Time, log *slog.Logger) (*Identity, error) {
 	if err := checkServerURL(server); err != nil {
 		return nil, fmt.Errorf("enroll: server: %w", err)
 	}
@@ -118,6 +160,13 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	if out.AgentID == "" {
 		return nil, errors.New("enroll: the response has no agent_id")
 	}
+	urls, addrs, err := checkReplicaLists(out.ServerURLs, out.GRPCAddrs)
+	if err != nil {
+		return nil, fmt.Errorf("enroll: %w", err)
+	}
+	if out.GRPCAddr == "" && len(addrs) > 0 {
+		out.GRPCAddr = addrs[0]
+	}
 	if _, _, err := net.SplitHostPort(out.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("enroll: grpc_addr %q: %w", out.GRPCAddr, err)
 	}
@@ -150,7 +199,8 @@ func enroll(ctx context.Context, server string, tok Token, host HostInfo, dataDi
 	if err != nil {
 		return nil, err
 	}
-	id := &Identity{AgentID: out.AgentID, Server: server, GRPCAddr: out.GRPCAddr, EnrolledAt: now().UTC()}
+	id := &Identity{AgentID: out.AgentID, Server: strings.TrimSuffix(server, "/"), GRPCAddr: out.GRPCAddr, EnrolledAt: now().UTC()}
+	id.ServerURLs, id.GRPCAddrs = urls, addrs
 	if err := id.setCredentials(cred, caPEM); err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
@@ -188,7 +238,7 @@ func Enroll(ctx context.Context, cfg Config, st Store, token string, host HostIn
 	if err != nil {
 		return nil, err
 	}
-	return enroll(ctx, cfg.Server, tok, host, cfg.DataDir, st, cfg.RequestTimeout, time.Now, log)
+	return enroll(ctx, enrollServers(cfg), tok, host, cfg.DataDir, st, cfg.RequestTimeout, time.Now, log)
 }
 
 // DefaultHostInfo describes this host.

@@ -29,14 +29,54 @@ const (
 
 // Identity is what enrollment leaves in the data directory.
 type Identity struct {
-	AgentID    string    `json:"agent_id"`
-	Server     string    `json:"server"`
-	GRPCAddr   string    `json:"grpc_addr"`
+	AgentID string `json:"agent_id"`
+	// Server is the URL the agent enrolled through, GRPCAddr the first
+	// stream address; an identity written before replicas has only these.
+	Server   string `json:"server"`
+	GRPCAddr string `json:"grpc_addr"`
+	// ServerURLs and GRPCAddrs are every replica's addresses as the server
+	// last sent them (enrollment, renewal, manifest answers); empty: the
+	// server has none configured, Server and GRPCAddr are the lists.
+	ServerURLs []string  `json:"server_urls,omitempty"`
+	GRPCAddrs  []string  `json:"grpc_addrs,omitempty"`
 	EnrolledAt time.Time `json:"enrolled_at"`
 
 	cert   tls.Certificate // leaf set
 	caPEM  []byte
 	caPool *x509.CertPool
+}
+
+// serverURLs is the list of HTTPS base URLs this identity knows.
+func (id *Identity) serverURLs() []string {
+	if len(id.ServerURLs) > 0 {
+		return id.ServerURLs
+	}
+	if id.Server == "" {
+		return nil
+	}
+	return []string{id.Server}
+}
+
+// grpcAddrs is the list of stream addresses this identity knows.
+func (id *Identity) grpcAddrs() []string {
+	if len(id.GRPCAddrs) > 0 {
+		return id.GRPCAddrs
+	}
+	if id.GRPCAddr == "" {
+		return nil
+	}
+	return []string{id.GRPCAddr}
+}
+
+// withReplicas returns a copy of id (credentials shared) with the
+// replica lists urls and addrs.
+func (id *Identity) withReplicas(urls, addrs []string) *Identity {
+	next := *id
+	next.ServerURLs, next.GRPCAddrs = urls, addrs
+	if len(addrs) > 0 {
+		next.GRPCAddr = addrs[0]
+	}
+	return &next
 }
 
 // NotAfter is the client certificate's expiry.
@@ -78,6 +118,13 @@ func loadIdentity(dir string) (*Identity, error) {
 	}
 	if id.AgentID == "" {
 		return nil, fmt.Errorf("%s: no agent_id", identityFile)
+	}
+	if urls, addrs, err := checkReplicaLists(id.ServerURLs, id.GRPCAddrs); err == nil {
+		id.ServerURLs, id.GRPCAddrs = urls, addrs
+	} else {
+		// Lists that do not check out are forgotten: Server and GRPCAddr
+		// still reach a replica, whose answers bring the lists back.
+		id.ServerURLs, id.GRPCAddrs = nil, nil
 	}
 	cred, err := readPrivate(filepath.Join(dir, credFile))
 	if err != nil {

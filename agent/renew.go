@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/drover/drover/api"
@@ -69,12 +70,25 @@ func (a *Agent) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	next := &Identity{AgentID: id.AgentID, Server: id.Server, GRPCAddr: id.GRPCAddr, EnrolledAt: id.EnrolledAt}
+	cur := a.identity() // the replica lists may have changed meanwhile
+	next := &Identity{AgentID: id.AgentID, Server: id.Server, GRPCAddr: cur.GRPCAddr, EnrolledAt: id.EnrolledAt,
+		ServerURLs: cur.ServerURLs, GRPCAddrs: cur.GRPCAddrs}
 	if err := next.setCredentials(cred, caPEM); err != nil {
 		return fmt.Errorf("renew: %w", err)
 	}
 	if err := saveCredentials(a.cfg.DataDir, cred, caPEM); err != nil {
 		return fmt.Errorf("renew: save: %w", err)
+	}
+	if urls, addrs, err := checkReplicaLists(out.ServerURLs, out.GRPCAddrs); err != nil {
+		a.log.Warn("ignoring the replica list the server sent", "err", err)
+	} else if len(urls) > 0 && (!slices.Equal(urls, next.ServerURLs) || len(addrs) > 0 && !slices.Equal(addrs, next.GRPCAddrs)) {
+		next.ServerURLs = urls
+		if len(addrs) > 0 {
+			next.GRPCAddrs, next.GRPCAddr = addrs, addrs[0]
+		}
+		if err := saveIdentity(a.cfg.DataDir, next); err != nil {
+			a.log.Error("save the server's replica list", "err", err)
+		}
 	}
 	a.setIdentity(next)
 	a.log.Info("certificate renewed", "expires", next.NotAfter(), "renew_at", next.RenewAt())

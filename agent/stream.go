@@ -13,8 +13,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentpb "github.com/drover/drover/proto"
@@ -35,12 +40,16 @@ const (
 var errReconnect = errors.New("identity replaced")
 
 // streamLoop keeps the telemetry stream open, reconnecting with backoff and
-// jitter, until ctx is done.
+// jitter, until ctx is done. A stream that fails moves the agent to the
+// next replica (replicas.go): at once, give or take failoverJitter, while
+// some replica has not been tried since the last healthy stream; with the
+// backoff once every replica failed in a row.
 func (a *Agent) streamLoop(ctx context.Context) {
 	bo := newBackoff(time.Second, a.cfg.MaxBackoff)
+	streak := 0 // failed streams since the last healthy one
 	for {
 		start := time.Now()
-		err := a.streamOnce(ctx)
+		idx, addr, err := a.streamOnce(ctx)
 		a.setStreamUp(false)
 		if ctx.Err() != nil {
 			return
@@ -48,14 +57,25 @@ func (a *Agent) streamLoop(ctx context.Context) {
 		if errors.Is(err, errReconnect) {
 			a.log.Info("stream closed to reconnect with the new identity")
 			bo.reset()
+			streak = 0
 			continue
 		}
 		a.noteAuth(err) // a refusal marks the identity as lost (reenroll.go)
 		if time.Since(start) > streamHealthy {
 			bo.reset()
+			streak = 0
 		}
-		d := bo.next()
-		a.log.Warn("stream closed; reconnecting", "err", err, "retry_in", d.Round(time.Millisecond))
+		streak++
+		rs := a.replicaSet()
+		moved := rs.grpcFailed(idx)
+		_, n := rs.count()
+		d := retryDelay(streak, n, bo)
+		if moved {
+			_, next := rs.grpcAddr()
+			a.log.Warn("stream closed; failing over to the next replica", "grpc", addr, "err", err, "next", next, "retry_in", d.Round(time.Millisecond))
+		} else {
+			a.log.Warn("stream closed; reconnecting", "grpc", addr, "err", err, "retry_in", d.Round(time.Millisecond))
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
@@ -63,11 +83,111 @@ func (a *Agent) streamLoop(ctx context.Context) {
 			return
 		case <-a.reconnectCh:
 			bo.reset()
+			streak = 0
 		case <-t.C:
 		}
 		t.Stop()
 	}
 }
+
+// replicaSet is the agent's replica view (set with the identity).
+func (a *Agent) replicaSet() *replicas {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.replicas
+}
+
+// dialStream connects to addr and waits until the connection is ready,
+// at most connectTimeout: a replica that accepts connections and then
+// stays silent (a blackhole) fails here instead of holding the stream.
+func (a *Agent) dialStream(ctx context.Context, id *Identity, addr string) (*grpc.ClientConn, error) {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("grpc_addr %q: %w", addr, err)
+	}
+	creds := credentials.NewTLS(mtlsConfig("", id.caPool, a.currentCert))
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: streamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.DefaultConfig, MinConnectTimeout: connectTimeout}),
+		grpc.WithUserAgent("drover-agent/"+Version),
+	)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	conn.Connect()
+	for {
+		st := conn.GetState()
+		if st == connectivity.Ready {
+			return conn, nil
+		}
+		if st == connectivity.TransientFailure && cctx.Err() == nil {
+			// The first attempt failed (refused, TLS): no point waiting
+			// for gRPC's own retry while another replica may answer.
+			conn.Close()
+			return nil, fmt.Errorf("connect %s: %w", addr, errConnect)
+		}
+		if !conn.WaitForStateChange(cctx, st) {
+			conn.Close()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("connect %s: no connection within %s", addr, connectTimeout)
+		}
+	}
+}
+
+// errUnresponsive ends a stream whose server stopped answering.
+var errUnresponsive = errors.New("the server stopped answering (liveness probe timed out)")
+
+// Liveness probe. gRPC's keepalive pings no more often than every 10 s,
+// so a replica that stops answering without closing its connections (a
+// host off the network) would hold the stream for 13 s or more. While the
+// server has sent nothing for probeIdle, the agent sends a small unary
+// call on the same connection (the standard health check; a server
+// without the health service answers Unimplemented, which proves it alive
+// just as well) and gives up on the stream when no answer comes within
+// probeTimeout. It runs only when the agent knows more than one stream
+// address, and costs the server one small call per agent about every 4 s
+// while that agent's stream is idle.
+const (
+	probeIdle    = 3 * time.Second
+	probeTick    = time.Second
+	probeTimeout = 3 * time.Second
+)
+
+// probeStream probes conn until ctx ends; it cancels the stream with
+// errUnresponsive when a probe goes unanswered.
+func probeStream(ctx context.Context, conn *grpc.ClientConn, lastRecv *atomic.Int64, cancel context.CancelCauseFunc) {
+	t := time.NewTicker(probeTick)
+	defer t.Stop()
+	hc := healthpb.NewHealthClient(conn)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Since(time.Unix(0, lastRecv.Load())) < probeIdle {
+			continue
+		}
+		pctx, pcancel := context.WithTimeout(ctx, probeTimeout)
+		_, err := hc.Check(pctx, &healthpb.HealthCheckRequest{})
+		pcancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if code := status.Code(err); code == codes.DeadlineExceeded || code == codes.Unavailable {
+			cancel(fmt.Errorf("%w: %v", errUnresponsive, err))
+			return
+		}
+		lastRecv.Store(time.Now().UnixNano())
+	}
+}
+
+// errConnect: a stream address refused the connection or its handshake.
+var errConnect = errors.New("connection failed")
 
 func (a *Agent) setStreamUp(up bool) {
 	a.mu.Lock()
@@ -78,24 +198,22 @@ func (a *Agent) setStreamUp(up bool) {
 // streamOnce runs one stream: Hello, then the outbox in order and a
 // heartbeat, while a receiver handles acks and commands. It returns when
 // the stream breaks or ctx is done.
-func (a *Agent) streamOnce(ctx context.Context) error {
+func (a *Agent) streamOnce(ctx context.Context) (idx int, addr string, err error) {
 	id := a.identity()
-	host, _, err := net.SplitHostPort(id.GRPCAddr)
+	rs := a.replicaSet()
+	idx, addr = rs.grpcAddr()
+	conn, err := a.dialStream(ctx, id, addr)
 	if err != nil {
-		return fmt.Errorf("grpc_addr %q: %w", id.GRPCAddr, err)
-	}
-	creds := credentials.NewTLS(mtlsConfig(host, id.caPool, a.currentCert))
-	conn, err := grpc.NewClient(id.GRPCAddr,
-		grpc.WithTransportCredentials(creds),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: a.cfg.HeartbeatInterval * 2, Timeout: 20 * time.Second}),
-		grpc.WithUserAgent("drover-agent/"+Version),
-	)
-	if err != nil {
-		return err
+		return idx, addr, err
 	}
 	defer conn.Close()
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	return idx, addr, a.runStream(ctx, conn, rs, idx, addr)
+}
+
+// runStream runs one stream on conn (address idx of rs).
+func (a *Agent) runStream(ctx context.Context, conn *grpc.ClientConn, rs *replicas, idx int, addr string) error {
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	stream, err := agentpb.NewAgentClient(conn).AgentStream(sctx)
 	if err != nil {
 		return err
@@ -105,25 +223,42 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 	}
 
 	var acked atomic.Uint64
+	var lastRecv atomic.Int64
+	lastRecv.Store(time.Now().UnixNano())
 	ackCh := make(chan struct{}, 1)
 	recvErr := make(chan error, 1)
-	go func() { recvErr <- a.receive(ctx, stream, &acked, ackCh) }()
+	go func() { recvErr <- a.receive(ctx, stream, &acked, ackCh, &lastRecv) }()
+	if _, n := rs.count(); n > 1 {
+		// Only where there is another replica to go to: a lone server
+		// (or one name for all) is left to gRPC's keepalive.
+		go probeStream(sctx, conn, &lastRecv, cancel)
+	}
 	a.setStreamUp(true)
-	a.log.Info("stream connected", "grpc", id.GRPCAddr)
+	rs.grpcOK(idx)
+	a.log.Info("stream connected", "grpc", addr)
 
+	// cause prefers the probe's verdict to the error it provoked.
+	cause := func(err error) error {
+		if c := context.Cause(sctx); errors.Is(c, errUnresponsive) {
+			return c
+		}
+		return err
+	}
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
 	var lastSent uint64
 	for {
 		if err := a.sendPending(stream, &lastSent, &acked); err != nil {
-			return err
+			return cause(err)
 		}
 		select {
 		case <-ctx.Done():
 			_ = stream.CloseSend()
 			return ctx.Err()
+		case <-sctx.Done():
+			return cause(sctx.Err())
 		case err := <-recvErr:
-			return err
+			return cause(err)
 		case <-a.reconnectCh:
 			_ = stream.CloseSend()
 			return errReconnect
@@ -131,7 +266,7 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 		case <-ackCh:
 		case <-hb.C:
 			if err := stream.Send(a.heartbeat(ctx)); err != nil {
-				return fmt.Errorf("send heartbeat: %w", err)
+				return cause(fmt.Errorf("send heartbeat: %w", err))
 			}
 		}
 	}
@@ -140,12 +275,13 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 // receive reads the server's messages until the stream fails: acks delete
 // outbox records (acked, and a signal on ackCh, let the sender move its
 // window), commands are handled.
-func (a *Agent) receive(ctx context.Context, stream agentpb.Agent_AgentStreamClient, acked *atomic.Uint64, ackCh chan<- struct{}) error {
+func (a *Agent) receive(ctx context.Context, stream agentpb.Agent_AgentStreamClient, acked *atomic.Uint64, ackCh chan<- struct{}, lastRecv *atomic.Int64) error {
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
 			return err
 		}
+		lastRecv.Store(time.Now().UnixNano())
 		ack := msg.GetAck()
 		if ack == nil {
 			a.handleCommand(ctx, msg)

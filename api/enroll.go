@@ -21,13 +21,37 @@ type EnrollRequest struct {
 
 // EnrollResponse is the answer to a successful enrollment.
 type EnrollResponse struct {
-	AgentID       string            `json:"agent_id"`
-	Certificate   string            `json:"certificate"`
-	CABundle      string            `json:"ca_bundle"`
-	TrustRoot     signing.TrustRoot `json:"trust_root"`
-	GRPCAddr      string            `json:"grpc_addr"`
-	CertExpiresAt time.Time         `json:"cert_expires_at"`
+	AgentID     string            `json:"agent_id"`
+	Certificate string            `json:"certificate"`
+	CABundle    string            `json:"ca_bundle"`
+	TrustRoot   signing.TrustRoot `json:"trust_root"`
+	// GRPCAddr is the first of GRPCAddrs, for agents that know one address.
+	GRPCAddr      string    `json:"grpc_addr"`
+	CertExpiresAt time.Time `json:"cert_expires_at"`
+	// ServerURLs are the HTTPS base URLs of every replica (public_urls),
+	// in the order agents should prefer them; empty from a server that
+	// has no public URLs configured (the agent keeps the URL it enrolled
+	// with).
+	ServerURLs []string `json:"server_urls,omitempty"`
+	// GRPCAddrs are the stream addresses (host:port) of every replica
+	// (grpc_public_addrs), in order of preference.
+	GRPCAddrs []string `json:"grpc_addrs,omitempty"`
 }
+
+// MaxReplicaAddrs bounds server_urls and grpc_addrs (in the server's
+// configuration, in its answers and in an agent's configuration).
+const MaxReplicaAddrs = 16
+
+// Replica lists on agent responses. Every answer to an agent's manifest
+// poll carries the server's current lists of replica addresses in these
+// headers (comma-separated, the same values as server_urls and grpc_addrs
+// at enrollment), so that agents learn of replicas added or removed
+// without re-enrolling. A server without configured public addresses sends
+// neither.
+const (
+	ServerURLsHeader = "X-Drover-Server-Urls"
+	GRPCAddrsHeader  = "X-Drover-Grpc-Addrs"
+)
 
 // RenewRequest is the body of POST /api/v1/agents/self/renew.
 type RenewRequest struct {
@@ -39,6 +63,10 @@ type RenewResponse struct {
 	Certificate   string    `json:"certificate"`
 	CABundle      string    `json:"ca_bundle"`
 	CertExpiresAt time.Time `json:"cert_expires_at"`
+	// ServerURLs and GRPCAddrs are the replicas' current addresses, as in
+	// EnrollResponse.
+	ServerURLs []string `json:"server_urls,omitempty"`
+	GRPCAddrs  []string `json:"grpc_addrs,omitempty"`
 }
 
 // SecretsResponse is the answer to GET /api/v1/agents/self/secrets.

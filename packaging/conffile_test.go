@@ -105,6 +105,9 @@ func TestAgentConffile(t *testing.T) {
 	}
 	want := agent.DefaultConfig()
 	want.Server = cfg.Server
+	if cfg.ServerURLs != nil && len(cfg.ServerURLs) == 0 && len(cfg.GRPCAddrs) == 0 {
+		want.ServerURLs, want.GRPCAddrs = cfg.ServerURLs, cfg.GRPCAddrs // "[]"
+	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("agent.yaml's commented values differ from the defaults:\n got %+v\nwant %+v", cfg, want)
 	}
@@ -134,6 +137,9 @@ func TestServerConffile(t *testing.T) {
 	want.PublicURL = cfg.PublicURL
 	if cfg.TLSSANs != nil && len(cfg.TLSSANs) == 0 {
 		want.TLSSANs = cfg.TLSSANs // "[]" decodes to an empty, non-nil slice
+	}
+	if cfg.PublicURLs != nil && len(cfg.PublicURLs) == 0 && len(cfg.GRPCPublicAddrs) == 0 {
+		want.PublicURLs, want.GRPCPublicAddrs = cfg.PublicURLs, cfg.GRPCPublicAddrs
 	}
 	if cfg.Privileged.AllowTokens != nil && len(cfg.Privileged.AllowTokens) == 0 {
 		want.Privileged.AllowTokens = cfg.Privileged.AllowTokens

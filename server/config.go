@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/notify"
 	"net"
 	"net/url"
@@ -38,6 +39,14 @@ type Config struct {
 	// Empty: the host of PublicURL (or of the enrollment request) with the
 	// gRPC listener's port.
 	GRPCPublicAddr string `yaml:"grpc_public_addr"`
+	// PublicURLs are the HTTPS base URLs of every replica, in the order
+	// agents should prefer them; GRPCPublicAddrs their stream addresses.
+	// Agents receive both lists at enrollment and on every manifest poll
+	// and fail over along them (docs/postgres.md, "Agents and replicas").
+	// public_url, when also set, comes first. At most api.MaxReplicaAddrs
+	// each; all their hosts go into the server certificate's SANs.
+	PublicURLs      []string `yaml:"public_urls"`
+	GRPCPublicAddrs []string `yaml:"grpc_public_addrs"`
 	// TLSSANs are extra DNS names or IPs for the server certificate; the
 	// hostname, localhost, 127.0.0.1 and ::1 are always included.
 	TLSSANs []string `yaml:"tls_sans"`
@@ -297,6 +306,72 @@ func LoadConfig(path string, required bool, env []string) (Config, error) {
 	return cfg, nil
 }
 
+// checkPublicURL checks an address agents are given for the HTTPS API.
+func checkPublicURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "https" || u.Host == "" || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || strings.ContainsAny(s, ", ") {
+		return fmt.Errorf("%q must be an https:// URL with a host (and no user, query, fragment, comma or space)", s)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%q has an invalid port", s)
+		}
+	}
+	return nil
+}
+
+// checkPublicAddr checks a stream address agents are given.
+func checkPublicAddr(s string) error {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil || h == "" {
+		return fmt.Errorf("%q is not host:port", s)
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q has an invalid port", s)
+	}
+	if strings.ContainsAny(h, " /,") {
+		return fmt.Errorf("%q is not host:port", s)
+	}
+	return nil
+}
+
+// normalURL is u as compared for duplicates: no trailing slash, the
+// scheme and host in lower case.
+func normalURL(s string) string {
+	s = strings.TrimSuffix(s, "/")
+	if u, err := url.Parse(s); err == nil {
+		u.Host = strings.ToLower(u.Host)
+		return u.String()
+	}
+	return s
+}
+
+// ReplicaURLs is the list of HTTPS base URLs agents are given: public_url
+// first (when set), then public_urls without it; empty when neither is
+// set.
+func (c *Config) ReplicaURLs() []string {
+	return mergeAddrs(c.PublicURL, c.PublicURLs, func(s string) string { return strings.TrimSuffix(s, "/") }, normalURL)
+}
+
+// ReplicaGRPCAddrs is the list of stream addresses agents are given:
+// grpc_public_addr first (when set), then grpc_public_addrs without it.
+func (c *Config) ReplicaGRPCAddrs() []string {
+	return mergeAddrs(c.GRPCPublicAddr, c.GRPCPublicAddrs, func(s string) string { return s }, strings.ToLower)
+}
+
+func mergeAddrs(one string, list []string, clean, norm func(string) string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, v := range append([]string{one}, list...) {
+		if v == "" || seen[norm(v)] {
+			continue
+		}
+		seen[norm(v)] = true
+		out = append(out, clean(v))
+	}
+	return out
+}
+
 // DecodeConfig decodes YAML over cfg, refusing unknown fields.
 func DecodeConfig(b []byte, cfg *Config) error { return config.Decode(b, cfg) }
 
@@ -322,16 +397,36 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.PublicURL != "" {
-		u, err := url.Parse(c.PublicURL)
-		if err != nil || u.Scheme != "https" || u.Host == "" {
-			add("public_url", "%q must be an https:// URL with a host", c.PublicURL)
+		if err := checkPublicURL(c.PublicURL); err != nil {
+			add("public_url", "%v", err)
 		}
 	}
 	if c.GRPCPublicAddr != "" {
-		if _, _, err := net.SplitHostPort(c.GRPCPublicAddr); err != nil {
-			add("grpc_public_addr", "%q is not host:port", c.GRPCPublicAddr)
+		if err := checkPublicAddr(c.GRPCPublicAddr); err != nil {
+			add("grpc_public_addr", "%v", err)
 		}
 	}
+	checkList := func(field string, list []string, check func(string) error, norm func(string) string) {
+		if len(list) > api.MaxReplicaAddrs {
+			add(field, "%d entries; at most %d", len(list), api.MaxReplicaAddrs)
+			return
+		}
+		seen := map[string]int{}
+		for i, v := range list {
+			f := fmt.Sprintf("%s[%d]", field, i)
+			if err := check(v); err != nil {
+				add(f, "%v", err)
+				continue
+			}
+			if j, dup := seen[norm(v)]; dup {
+				add(f, "%q repeats %s[%d]", v, field, j)
+				continue
+			}
+			seen[norm(v)] = i
+		}
+	}
+	checkList("public_urls", c.PublicURLs, checkPublicURL, normalURL)
+	checkList("grpc_public_addrs", c.GRPCPublicAddrs, checkPublicAddr, strings.ToLower)
 	for i, s := range c.TLSSANs {
 		if s == "" || strings.ContainsAny(s, " /:") && net.ParseIP(s) == nil {
 			add(fmt.Sprintf("tls_sans[%d]", i), "%q is not a DNS name or IP address", s)

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -215,5 +216,68 @@ func TestManifestResignedBeforeExpiry(t *testing.T) {
 	acc, err := a.pullManifest()
 	if err != nil || acc.Manifest.KeyListVersion != 2 || acc.KeyID != acc1.KeyID {
 		t.Fatalf("after a key-list refresh: %v %+v", err, acc)
+	}
+}
+
+// The replicas' public addresses: public_url and grpc_public_addr are
+// one-element lists that come first; both lists are validated entry by
+// entry with field paths, duplicates and more than api.MaxReplicaAddrs
+// refused; DROVER_PUBLIC_URLS is comma-separated.
+func TestConfigReplicaAddresses(t *testing.T) {
+	cfg, err := LoadConfig("", false, []string{"DROVER_PUBLIC_URLS=https://b.example:8443, https://c.example:8443/", "DROVER_GRPC_PUBLIC_ADDRS=b.example:8444,c.example:8444"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.PublicURL = "https://a.example:8443"
+	cfg.DataDir = "/x"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cfg.ReplicaURLs(), " "); got != "https://a.example:8443 https://b.example:8443 https://c.example:8443" {
+		t.Fatalf("ReplicaURLs = %s", got)
+	}
+	if got := strings.Join(cfg.ReplicaGRPCAddrs(), " "); got != "b.example:8444 c.example:8444" {
+		t.Fatalf("ReplicaGRPCAddrs = %s", got)
+	}
+	// public_url repeated in public_urls is not a duplicate: it is the same entry.
+	cfg.PublicURLs = append(cfg.PublicURLs, "https://A.example:8443/")
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(cfg.ReplicaURLs()); n != 3 {
+		t.Fatalf("%d replica URLs: %v", n, cfg.ReplicaURLs())
+	}
+	if sans := strings.Join(serverSANs(&cfg), " "); !strings.Contains(sans, "a.example") || !strings.Contains(sans, "c.example") {
+		t.Fatalf("SANs %s", sans)
+	}
+
+	bad := DefaultConfig()
+	bad.PublicURLs = []string{"https://a.example", "http://b.example", "https://a.example/", "https://u@c.example", "https://d.example:99999"}
+	bad.GRPCPublicAddrs = []string{"a.example:8444", "nope", "a.example:8444", ":8444"}
+	err = bad.Validate()
+	var ve *manifest.ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("err = %v", err)
+	}
+	want := map[string]bool{"public_urls[1]": true, "public_urls[2]": true, "public_urls[3]": true, "public_urls[4]": true,
+		"grpc_public_addrs[1]": true, "grpc_public_addrs[2]": true, "grpc_public_addrs[3]": true}
+	got := map[string]bool{}
+	for _, p := range ve.Problems {
+		got[p.Field] = true
+	}
+	for f := range want {
+		if !got[f] {
+			t.Errorf("no problem for %s in %v", f, err)
+		}
+	}
+	if got["public_urls[0]"] || got["grpc_public_addrs[0]"] {
+		t.Errorf("a good entry refused: %v", err)
+	}
+	many := DefaultConfig()
+	for i := range api.MaxReplicaAddrs + 1 {
+		many.GRPCPublicAddrs = append(many.GRPCPublicAddrs, fmt.Sprintf("r%d.example:8444", i))
+	}
+	if err := many.Validate(); err == nil || !strings.Contains(err.Error(), "grpc_public_addrs") {
+		t.Fatalf("%d addresses accepted: %v", len(many.GRPCPublicAddrs), err)
 	}
 }

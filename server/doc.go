@@ -25,7 +25,7 @@
 //	ca.key, ca.crt        the CA (ECDSA P-256, 10 years); ca.crt is 0644, for clients
 //	tls.key, tls.crt      the server certificate for both listeners, issued by the CA,
 //	                      SANs: localhost, 127.0.0.1, ::1, the hostname, the hosts of
-//	                      public_url and grpc_public_addr, tls_sans; re-issued at start
+//	                      public_url(s) and grpc_public_addr(s), tls_sans; re-issued at start
 //	                      when a SAN is missing or less than 30 days are left
 //	root.key              the root signing key (PKCS#8 PEM); agents pin its public half
 //	manifest-<keyid>.key  manifest signing keys named by the key list (at most the
@@ -73,7 +73,11 @@
 //	  so the agent can check the pin before sending anything). csr: PEM
 //	  "CERTIFICATE REQUEST", ECDSA P-256; its subject and SANs are ignored.
 //	  200 {"agent_id","certificate","ca_bundle","trust_root":{"root_keys","key_list"},
-//	       "grpc_addr":"host:port","cert_expires_at"}
+//	       "grpc_addr":"host:port","cert_expires_at","server_urls"?,"grpc_addrs"?}
+//	  server_urls and grpc_addrs list every replica (public_url(s),
+//	  grpc_public_addr(s)); grpc_addr is their first stream address. Renewal answers
+//	  carry the same lists, and so does every manifest answer, in the headers
+//	  X-Drover-Server-Urls and X-Drover-Grpc-Addrs (comma-separated).
 //	  The certificate names the agent in its CommonName and in a URI SAN
 //	  drover://agent/<id>, with EKU clientAuth, for enrollment.cert_lifetime (30 days).
 //

@@ -2,6 +2,9 @@ package server
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -272,5 +275,57 @@ func TestRevocationClosesLiveStream(t *testing.T) {
 			t.Errorf("new stream after revocation: %v, want PermissionDenied", st2.err())
 		}
 		st2.close()
+	}
+}
+
+// Agents are given every replica's addresses: grpc_addr is the first
+// (derived from public_urls with the gRPC listener's port when no stream
+// addresses are configured), renewal answers both lists, and every
+// manifest answer carries them in headers.
+func TestReplicaAddressesToAgents(t *testing.T) {
+	ts := startServer(t, func(cfg *Config) {
+		cfg.PublicURLs = []string{"https://a.example:8443", "https://b.example:8443/"}
+	})
+	a := ts.enrollAgent(nil)
+	_, port, _ := net.SplitHostPort(ts.s.GRPCAddr())
+	wantAddrs := []string{"a.example:" + port, "b.example:" + port}
+	if a.grpcAddr != wantAddrs[0] {
+		t.Fatalf("grpc_addr %s, want %s", a.grpcAddr, wantAddrs[0])
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := a.renewWith(key)
+	var rr api.RenewResponse
+	if code != 200 || json.Unmarshal(body, &rr) != nil {
+		t.Fatalf("renew: %d %s", code, body)
+	}
+	if strings.Join(rr.ServerURLs, " ") != "https://a.example:8443 https://b.example:8443" || strings.Join(rr.GRPCAddrs, " ") != strings.Join(wantAddrs, " ") {
+		t.Fatalf("renewal: server_urls %v, grpc_addrs %v", rr.ServerURLs, rr.GRPCAddrs)
+	}
+	resp, err := a.client.Get(a.base + "/api/v1/agents/self/manifest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if h := resp.Header.Get(api.ServerURLsHeader); h != "https://a.example:8443,https://b.example:8443" {
+		t.Errorf("%s: %q", api.ServerURLsHeader, h)
+	}
+	if h := resp.Header.Get(api.GRPCAddrsHeader); h != strings.Join(wantAddrs, ",") {
+		t.Errorf("%s: %q", api.GRPCAddrsHeader, h)
+	}
+
+	// Without public addresses: no lists, no headers (the agent keeps what
+	// it enrolled with).
+	plain := startServer(t)
+	b := plain.enrollAgent(nil)
+	resp, err = b.client.Get(b.base + "/api/v1/agents/self/manifest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if h := resp.Header.Get(api.ServerURLsHeader); h != "" {
+		t.Errorf("a server without public_urls sent %q", h)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,13 +132,45 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, api.EnrollResponse{
 		AgentID: id, Certificate: string(certPEM), CABundle: string(s.ca.PEM()), TrustRoot: s.keys.TrustRoot(),
 		GRPCAddr: s.grpcPublicAddr(r), CertExpiresAt: notAfter,
+		ServerURLs: s.cfg.ReplicaURLs(), GRPCAddrs: s.replicaGRPCAddrs(),
 	})
 }
 
-// grpcPublicAddr is the stream address given to agents.
+// replicaGRPCAddrs is the list of stream addresses agents are given: the
+// configured ones, else the host of every public URL with this server's
+// gRPC port; empty when no public address is configured (the agent then
+// keeps the one it was given at enrollment).
+func (s *Server) replicaGRPCAddrs() []string {
+	if l := s.cfg.ReplicaGRPCAddrs(); len(l) > 0 {
+		return l
+	}
+	_, port, _ := net.SplitHostPort(s.GRPCAddr())
+	var out []string
+	for _, u := range s.cfg.ReplicaURLs() {
+		if pu, err := url.Parse(u); err == nil && pu.Hostname() != "" {
+			out = append(out, net.JoinHostPort(pu.Hostname(), port))
+		}
+	}
+	return out
+}
+
+// setReplicaHeaders puts the replicas' current addresses on an answer to
+// an agent (api.ServerURLsHeader).
+func (s *Server) setReplicaHeaders(h http.Header) {
+	if l := s.cfg.ReplicaURLs(); len(l) > 0 {
+		h.Set(api.ServerURLsHeader, strings.Join(l, ","))
+	}
+	if l := s.replicaGRPCAddrs(); len(l) > 0 {
+		h.Set(api.GRPCAddrsHeader, strings.Join(l, ","))
+	}
+}
+
+// grpcPublicAddr is the stream address given to agents that know only
+// one: the first configured, else derived from the public URL or the
+// request's host.
 func (s *Server) grpcPublicAddr(r *http.Request) string {
-	if s.cfg.GRPCPublicAddr != "" {
-		return s.cfg.GRPCPublicAddr
+	if l := s.replicaGRPCAddrs(); len(l) > 0 {
+		return l[0]
 	}
 	_, port, _ := net.SplitHostPort(s.GRPCAddr())
 	host := ""
@@ -179,7 +212,8 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, agentID str
 	}
 	s.log.Info("agent certificate renewed", "agent", agentID)
 	setAudit(r, "agent/"+agentID, map[string]any{"cert_serial": pki.SerialHex(r.TLS.PeerCertificates[0].SerialNumber)}, map[string]any{"next_cert_serial": serial, "cert_expires_at": notAfter})
-	return writeJSON(w, http.StatusOK, api.RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.PEM()), CertExpiresAt: notAfter})
+	return writeJSON(w, http.StatusOK, api.RenewResponse{Certificate: string(certPEM), CABundle: string(s.ca.PEM()), CertExpiresAt: notAfter,
+		ServerURLs: s.cfg.ReplicaURLs(), GRPCAddrs: s.replicaGRPCAddrs()})
 }
 
 func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agentID string) error {
@@ -193,6 +227,7 @@ func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agen
 	}
 	etag := `"` + m.Digest + `"`
 	h := w.Header()
+	s.setReplicaHeaders(h)
 	h.Set("ETag", etag)
 	h.Set("Cache-Control", "no-cache")
 	if etagMatch(r.Header.Get("If-None-Match"), etag) {

@@ -134,8 +134,14 @@ func (s *Server) runInternalAgent(ctx context.Context, bin, dataDir string) erro
 	}
 	// The server's certificate always names 127.0.0.1; dial the listener there.
 	_, port, _ := net.SplitHostPort(s.HTTPAddr())
+	_, grpcPort, _ := net.SplitHostPort(s.GRPCAddr())
+	local := "https://" + net.JoinHostPort("127.0.0.1", port)
 	env := []string{
-		"DROVER_SERVER=https://" + net.JoinHostPort("127.0.0.1", port),
+		"DROVER_SERVER=" + local,
+		// This replica's own agent talks to this replica only, whatever
+		// public_urls lists (it lives and dies with this process).
+		"DROVER_SERVER_URLS=" + local,
+		"DROVER_GRPC_ADDRS=" + net.JoinHostPort("127.0.0.1", grpcPort),
 		"DROVER_DATA_DIR=" + dataDir,
 		"DROVER_TOKEN_FILE=" + filepath.Join(dataDir, "enroll.token"),
 		"DROVER_BACKEND=" + backend,

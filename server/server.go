@@ -142,8 +142,8 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 			s.release()
 		}
 	}()
-	if cfg.PublicURL != "" {
-		if u, err := url.Parse(cfg.PublicURL); err == nil {
+	if l := cfg.ReplicaURLs(); len(l) > 0 {
+		if u, err := url.Parse(l[0]); err == nil {
 			s.publicHost = u.Hostname()
 		}
 	}
@@ -497,13 +497,13 @@ func serverSANs(cfg *Config) []string {
 	if h, err := os.Hostname(); err == nil && h != "" {
 		sans = append(sans, h)
 	}
-	if cfg.PublicURL != "" {
-		if u, err := url.Parse(cfg.PublicURL); err == nil && u.Hostname() != "" {
+	for _, pu := range cfg.ReplicaURLs() {
+		if u, err := url.Parse(pu); err == nil && u.Hostname() != "" {
 			sans = append(sans, u.Hostname())
 		}
 	}
-	if cfg.GRPCPublicAddr != "" {
-		if h, _, err := net.SplitHostPort(cfg.GRPCPublicAddr); err == nil && h != "" {
+	for _, a := range cfg.ReplicaGRPCAddrs() {
+		if h, _, err := net.SplitHostPort(a); err == nil && h != "" {
 			sans = append(sans, h)
 		}
 	}

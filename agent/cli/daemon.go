@@ -273,6 +273,34 @@ func printStatus(w io.Writer, st *agent.Status, now time.Time) {
 			stream = "connected"
 		}
 		fmt.Fprintf(tw, "Server:\t%s (stream %s)\n", st.Server, stream)
+		if r := st.Replicas; r != nil {
+			since := func(t time.Time) string {
+				if t.IsZero() {
+					return "not answered yet"
+				}
+				return "since " + ago(t)
+			}
+			fmt.Fprintf(tw, "Replica:\t%s, %s\n", st.Server, since(r.ServerSince))
+			fmt.Fprintf(tw, "Stream:\t%s, %s\n", st.GRPCAddr, since(r.GRPCSince))
+			src := "from the server"
+			if r.Override {
+				src = "from agent.yaml"
+			}
+			fmt.Fprintf(tw, "Replicas:\t%d known (%s), %d failovers\n", max(len(r.ServerURLs), len(r.GRPCAddrs)), src, r.Failovers)
+			for i := range max(len(r.ServerURLs), len(r.GRPCAddrs)) {
+				u, g, mark := "-", "-", " "
+				if i < len(r.ServerURLs) {
+					u = r.ServerURLs[i]
+				}
+				if i < len(r.GRPCAddrs) {
+					g = r.GRPCAddrs[i]
+				}
+				if i == r.ServerIndex || i == r.GRPCIndex {
+					mark = "*"
+				}
+				fmt.Fprintf(tw, "\t%s %d  %s  %s\n", mark, i, u, g)
+			}
+		}
 		fmt.Fprintf(tw, "Certificate:\texpires %s\n", st.CertExpiresAt.Local().Format(time.RFC3339))
 		if st.IdentityError != "" {
 			fmt.Fprintf(tw, "Identity:\tNOT WORKING: %s; write a new enrollment token to the token file to enroll again\n", st.IdentityError)

@@ -32,6 +32,11 @@
 //   - TestOfflineRunsArriveExactlyOnce: the server process is stopped while
 //     105 runs happen; after its restart every run and every log chunk
 //     arrives exactly once and in order.
+//   - TestFailoverReplicaKilled, TestFailoverReplicaBlackholed: replicas
+//     of drover-server on one PostgreSQL (pgtest; they share keys by a
+//     copy of the first one's key files); an agent's stream and polls move
+//     to another replica within 10 s of a SIGKILL or a blackhole, a run in
+//     flight arrives exactly once, the agent stays where it moved.
 //   - TestCrashDuringSyncAndApply: 50 SIGKILLs of the agent at random points
 //     of sync and apply; after each restart the units on disk equal the
 //     manifest and no temporary file remains.

@@ -202,7 +202,7 @@ func (s *serverProc) token(tags map[string]string) string {
 		args = append(args, "--tag", k+"="+tags[k])
 	}
 	cmd := exec.Command(serverBin(), args...)
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(s.env...) // the store settings (PostgreSQL replicas)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -371,6 +371,7 @@ type agentOpts struct {
 	serverURL    string        // default the server's
 	binary       string        // the drover-agent to start; default the built one
 	noAgentPath  bool          // leave agent_path out: the daemon runs its own binary
+	token        string        // the enrollment token; default one from `drover-server tokens create`
 }
 
 // agentProc is drover-agent running as a child process.
@@ -419,7 +420,10 @@ func newAgent(t testing.TB, srv *serverProc, o agentOpts) *agentProc {
 	} else {
 		a.env = childEnv()
 	}
-	if err := os.WriteFile(a.token, []byte(srv.token(o.tags)+"\n"), 0o600); err != nil {
+	if o.token == "" {
+		o.token = srv.token(o.tags)
+	}
+	if err := os.WriteFile(a.token, []byte(o.token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.stop() })
