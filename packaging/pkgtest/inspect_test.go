@@ -23,6 +23,20 @@ type entry struct{ mode, owner, group string }
 // the package sets them; implicit parents must be root:root 0755).
 func expected(pkg, format string) map[string]entry {
 	f := func(mode string) entry { return entry{mode, "root", "root"} }
+	m := expectedFiles(pkg, format)
+	// Licence, changelog and lintian's overrides (packaging/debian).
+	if format == "deb" {
+		m["/usr/share/doc/"+pkg+"/copyright"] = f("-rw-r--r--")
+		m["/usr/share/doc/"+pkg+"/changelog.Debian.gz"] = entry{"-rw-r--r--", "0", "0"} // nfpm writes it without owner names
+		m["/usr/share/lintian/overrides/"+pkg] = f("-rw-r--r--")
+	} else {
+		m["/usr/share/licenses/"+pkg+"/copyright"] = f("-rw-r--r--")
+	}
+	return m
+}
+
+func expectedFiles(pkg, format string) map[string]entry {
+	f := func(mode string) entry { return entry{mode, "root", "root"} }
 	switch pkg {
 	case "drover-agent":
 		return map[string]entry{
