@@ -86,6 +86,15 @@ var debScripts = map[string]string{
 	"droverctl":     "",
 }
 
+// rpmRequires are each RPM's Requires besides rpmlib(...): sh for the
+// scriptlets, useradd for the server's user (systemd-sysusers is preferred
+// where it is installed).
+var rpmRequires = map[string]string{
+	"drover-agent":  "/bin/sh",
+	"drover-server": "/bin/sh /usr/sbin/useradd",
+	"droverctl":     "",
+}
+
 var rpmScripts = map[string][]string{
 	"drover-agent":  {"postinstall", "preuninstall", "postuninstall"},
 	"drover-server": {"preinstall", "postinstall", "preuninstall", "postuninstall"},
@@ -133,6 +142,9 @@ func TestDebs(t *testing.T) {
 					if got := field(name); got != want {
 						t.Errorf("%s: %q, want %q", name, got, want)
 					}
+				}
+				if got, want := field("Depends"), map[string]string{"drover-server": "systemd-sysusers | passwd"}[pkg]; got != want {
+					t.Errorf("Depends: %q, want %q", got, want)
 				}
 				if pkg == "drover-agent" {
 					if got := field("Recommends"); got != "systemd, libnss-systemd" {
@@ -199,6 +211,20 @@ func checkScriptsContent(t *testing.T, ctrl, pkg string) {
 		}
 		if !strings.Contains(read("postrm"), "rm -rf /var/lib/drover-server") {
 			t.Error("postrm does not purge /var/lib/drover-server")
+		}
+		// The conffile's owner and mode are dpkg's (set at unpack, an
+		// admin's change kept): configure does not touch them.
+		for _, line := range strings.Split(read("postinst"), "\n") {
+			if (strings.HasPrefix(strings.TrimSpace(line), "chmod") || strings.HasPrefix(strings.TrimSpace(line), "chown")) && strings.Contains(line, "server.yaml") {
+				t.Errorf("postinst resets the conffile: %q", line)
+			}
+		}
+		// Users are made with systemd-sysusers or useradd (Depends:
+		// systemd-sysusers | passwd), never adduser.
+		for _, sc := range []string{"preinst", "postinst"} {
+			if strings.Contains(read(sc), "adduser") {
+				t.Errorf("%s uses adduser, which the package does not depend on", sc)
+			}
 		}
 	}
 }
@@ -277,6 +303,21 @@ func TestRPMs(t *testing.T) {
 				want := fmt.Sprintf("%s|%s|1|%s|linux|", pkg, ix.Version, rpmArch(arch))
 				if !strings.HasPrefix(hdr, want) {
 					t.Errorf("header %q, want prefix %q", hdr, want)
+				}
+				if got := run(t, "rpm", "-qp", "--qf", "%{LICENSE}", rpm); got != "LicenseRef-Drover-Proprietary" {
+					t.Errorf("License %q", got)
+				}
+				var reqs []string
+				for _, r := range strings.Split(strings.TrimSpace(run(t, "rpm", "-qpR", rpm)), "\n") {
+					if !strings.HasPrefix(r, "rpmlib(") && r != "" {
+						reqs = append(reqs, r)
+					}
+				}
+				if got, want := strings.Join(reqs, " "), rpmRequires[pkg]; got != want {
+					t.Errorf("Requires %q, want %q", got, want)
+				}
+				if log := run(t, "rpm", "-qp", "--changelog", rpm); !strings.Contains(log, "Drover developers <drover@drover.invalid> - "+ix.Version+"-1\n") {
+					t.Errorf("%%changelog lacks this version's entry:\n%s", log)
 				}
 				info := run(t, "rpm", "-qpi", rpm)
 				if !strings.Contains(info, "Description :") {
