@@ -387,6 +387,9 @@ func generate(ctx context.Context, o Options, hostBin, gen string) error {
 	if err := writeCompletions(ctx, filepath.Join(hostBin, "droverctl"), filepath.Join(gen, "completion")); err != nil {
 		return err
 	}
+	if err := writeModuleLicenses(ctx, hostBin, filepath.Join(gen, "doc")); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(gen, "doc", "changelog.yaml"), Changelog(o.Version, o.BinaryVersion, o.MTime), 0o644); err != nil {
 		return err
 	}

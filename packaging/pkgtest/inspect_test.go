@@ -29,8 +29,10 @@ func expected(pkg, format string) map[string]entry {
 		m["/usr/share/doc/"+pkg+"/copyright"] = f("-rw-r--r--")
 		m["/usr/share/doc/"+pkg+"/changelog.Debian.gz"] = entry{"-rw-r--r--", "0", "0"} // nfpm writes it without owner names
 		m["/usr/share/lintian/overrides/"+pkg] = f("-rw-r--r--")
+		m["/usr/share/doc/"+pkg+"/go-modules-licenses"] = f("-rw-r--r--")
 	} else {
 		m["/usr/share/licenses/"+pkg+"/copyright"] = f("-rw-r--r--")
+		m["/usr/share/licenses/"+pkg+"/go-modules-licenses"] = f("-rw-r--r--")
 	}
 	return m
 }
@@ -181,6 +183,14 @@ func TestDebs(t *testing.T) {
 				bin := map[string]string{"drover-agent": "drover-agent", "drover-server": "drover-server", "droverctl": "droverctl"}[pkg]
 				data := run(t, "sh", "-c", `dpkg-deb --fsys-tarfile "$1" | tar -xO "./usr/bin/$2"`, "sh", deb, bin)
 				checkELF(t, []byte(data), arch)
+
+				// The notices of what is linked into the binary travel with it.
+				lic := run(t, "sh", "-c", `dpkg-deb --fsys-tarfile "$1" | tar -xO "./usr/share/doc/$2/go-modules-licenses"`, "sh", deb, pkg)
+				for _, want := range []string{"Go standard library and runtime", "github.com/spf13/cobra", "Redistribution and use in source and binary forms", "Apache License"} {
+					if !strings.Contains(lic, want) {
+						t.Errorf("go-modules-licenses lacks %q", want)
+					}
+				}
 			})
 		}
 	}
