@@ -2,6 +2,7 @@ package packaging
 
 import (
 	"bytes"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -137,7 +138,15 @@ func TestReplicaExamples(t *testing.T) {
 			case reflect.Slice:
 				if v.Len() != want.Len() {
 					t.Errorf("%s: %s decoded %d entries, want %d", name, f, v.Len(), want.Len())
+					continue
 				}
+				for i := range v.Len() {
+					if got, w := fmt.Sprint(v.Index(i).Interface()), fmt.Sprint(want.Index(i).Interface()); got != w {
+						t.Errorf("%s: %s[%d] decoded as %q, want %q", name, f, i, got, w)
+					}
+				}
+			default:
+				t.Errorf("%s: %s is a %s in server.Config: teach this test to compare it", name, f, v.Kind())
 			}
 		}
 	}

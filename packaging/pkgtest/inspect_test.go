@@ -89,11 +89,10 @@ var debScripts = map[string]string{
 }
 
 // rpmRequires are each RPM's Requires besides rpmlib(...): sh for the
-// scriptlets, useradd for the server's user (systemd-sysusers is preferred
-// where it is installed).
+// scriptlets, systemd (systemd-sysusers) for the server's user.
 var rpmRequires = map[string]string{
 	"drover-agent":  "/bin/sh",
-	"drover-server": "/bin/sh /usr/sbin/useradd",
+	"drover-server": "/bin/sh systemd",
 	"droverctl":     "",
 }
 

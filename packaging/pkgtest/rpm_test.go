@@ -146,7 +146,7 @@ func TestRPMScriptletsInDebianRoot(t *testing.T) {
 			t.Errorf("%s owned by %s, want %s", path, got, owner)
 		}
 	}
-	// --nodeps: the Debian root's /bin/sh and useradd are dpkg's, not in
+	// --nodeps: the Debian root's /bin/sh and systemd are dpkg's, not in
 	// the rpm database (TestRPMs checks the Requires).
 	if out := rpmIn("-V", "--nodeps", "drover-agent", "drover-server", "droverctl"); strings.TrimSpace(out) != "" {
 		t.Errorf("rpm -V after install:\n%s", out)
