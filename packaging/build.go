@@ -26,7 +26,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -200,7 +199,7 @@ func Build(ctx context.Context, o Options) (Index, error) {
 	for _, arch := range o.Arches {
 		archDir := filepath.Join(buildRoot, arch)
 		// Generated files are the same for every architecture.
-		for _, d := range []string{"man", "completion", "scripts"} {
+		for _, d := range []string{"man", "completion", "scripts", "doc"} {
 			if err := copyTree(filepath.Join(gen, d), filepath.Join(archDir, d)); err != nil {
 				return ix, err
 			}
@@ -374,7 +373,7 @@ func hasGoFiles(dir string) bool {
 
 // generate writes man/, completion/ and scripts/ into gen.
 func generate(ctx context.Context, o Options, hostBin, gen string) error {
-	for _, d := range []string{"man", "completion", "scripts/deb", "scripts/rpm"} {
+	for _, d := range []string{"man", "completion", "scripts/deb", "scripts/rpm", "doc"} {
 		if err := os.MkdirAll(filepath.Join(gen, d), 0o755); err != nil {
 			return err
 		}
@@ -388,7 +387,54 @@ func generate(ctx context.Context, o Options, hostBin, gen string) error {
 	if err := writeCompletions(ctx, filepath.Join(hostBin, "droverctl"), filepath.Join(gen, "completion")); err != nil {
 		return err
 	}
+	if err := writeModuleLicenses(ctx, hostBin, filepath.Join(gen, "doc")); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(gen, "doc", "changelog.yaml"), Changelog(o.Version, o.BinaryVersion, o.MTime), 0o644); err != nil {
+		return err
+	}
 	return writeScripts(filepath.Join(o.Root, "packaging", "scripts"), filepath.Join(gen, "scripts"))
+}
+
+// Maintainer is the packages' Maintainer (Debian) and changelog packager;
+// packaging/nfpm/*.yaml say the same.
+const Maintainer = "Drover developers <drover@drover.invalid>"
+
+// Changelog returns the packages' changelog in nfpm's changelog format
+// (github.com/goreleaser/chglog): one entry for this build, which nfpm
+// writes as /usr/share/doc/<package>/changelog.Debian.gz and as the RPM
+// %changelog. The entry's version is the full package version with its
+// revision (1), as dpkg and rpm show it; the changes themselves are the
+// project's git history.
+func Changelog(version, binaryVersion string, mtime time.Time) []byte {
+	type deb struct {
+		Urgency       string   `json:"urgency"`
+		Distributions []string `json:"distributions"`
+	}
+	type change struct {
+		Commit string `json:"commit"`
+		Note   string `json:"note"`
+	}
+	type entry struct {
+		Semver   string   `json:"semver"`
+		Date     string   `json:"date"`
+		Packager string   `json:"packager"`
+		Deb      deb      `json:"deb"`
+		Changes  []change `json:"changes"`
+	}
+	e := entry{
+		Semver:   version + "-1",
+		Date:     mtime.UTC().Format(time.RFC3339),
+		Packager: Maintainer,
+		Deb:      deb{Urgency: "medium", Distributions: []string{"stable"}},
+		Changes: []change{{
+			Commit: binaryVersion,
+			Note:   "Drover " + binaryVersion + "; the changes are in its git history.",
+		}},
+	}
+	// JSON is YAML: the changelog parser reads it as it is.
+	b, _ := json.MarshalIndent([]entry{e}, "", "  ")
+	return append(b, '\n')
 }
 
 // CompletionShells are the shells droverctl's package carries completion for.
@@ -543,33 +589,24 @@ func pack(o Options, pkg, arch, format, archDir string) (Artifact, error) {
 	a.File = packager.ConventionalFileName(info)
 	target := filepath.Join(o.Out, a.File)
 	info.Target = target
-	f, err := os.Create(target)
-	if err != nil {
-		return a, err
-	}
-	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(f, h)}
-	if err := packager.Package(info, cw); err != nil {
-		f.Close()
-		os.Remove(target)
+	var buf bytes.Buffer
+	if err := packager.Package(info, &buf); err != nil {
 		return a, fmt.Errorf("%s %s %s: %w", pkg, arch, format, err)
 	}
-	if err := f.Close(); err != nil {
+	b := buf.Bytes()
+	if format == "rpm" {
+		// ./usr/... member names, as rpmbuild writes them (rpmpayload.go).
+		if b, err = RelativizeRPM(b); err != nil {
+			return a, fmt.Errorf("%s %s rpm payload: %w", pkg, arch, err)
+		}
+	}
+	if err := os.WriteFile(target, b, 0o644); err != nil {
+		os.Remove(target)
 		return a, err
 	}
-	a.SHA256, a.Size = hex.EncodeToString(h.Sum(nil)), cw.n
+	sum := sha256.Sum256(b)
+	a.SHA256, a.Size = hex.EncodeToString(sum[:]), int64(len(b))
 	return a, nil
-}
-
-type countWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // MissingPartError tells that a command the packages carry does not exist

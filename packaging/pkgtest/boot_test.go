@@ -138,6 +138,9 @@ func TestDebLifecycle(t *testing.T) {
 
 	// ---- upgrade (the admin edited the agent's conffile and disabled the server)
 	c.Exec(t, "sh", "-c", `echo '# local edit' >> /etc/drover/agent.yaml && echo kept > /var/lib/drover/marker`)
+	// An admin's mode on a conffile is dpkg's to keep: configure does not
+	// reset it.
+	c.Exec(t, "chmod", "0440", "/etc/drover-server/server.yaml")
 	c.Exec(t, "systemctl", "disable", "drover-server.service")
 	t.Logf("dpkg -i (upgrade): %s", c.Exec(t, append([]string{"dpkg", "-i"}, v2...)...))
 	if got := strings.TrimSpace(c.Exec(t, "dpkg-query", "-W", "-f", "${Version}", "drover-agent")); got != upix.Version+"-1" {
@@ -148,6 +151,9 @@ func TestDebLifecycle(t *testing.T) {
 	}
 	if got := isEnabled(c, "drover-server.service"); got != "disabled" {
 		t.Errorf("the upgrade re-enabled a server the admin disabled: %s", got)
+	}
+	if got := strings.TrimSpace(c.Exec(t, "stat", "-c", "%a %U:%G", "/etc/drover-server/server.yaml")); got != "440 root:drover" {
+		t.Errorf("/etc/drover-server/server.yaml after upgrade: %s, want the admin's 440 root:drover", got)
 	}
 	if !strings.Contains(c.Exec(t, "cat", "/etc/drover/agent.yaml"), "# local edit") {
 		t.Error("the upgrade replaced the edited conffile /etc/drover/agent.yaml")

@@ -23,6 +23,22 @@ type entry struct{ mode, owner, group string }
 // the package sets them; implicit parents must be root:root 0755).
 func expected(pkg, format string) map[string]entry {
 	f := func(mode string) entry { return entry{mode, "root", "root"} }
+	m := expectedFiles(pkg, format)
+	// Licence, changelog and lintian's overrides (packaging/debian).
+	if format == "deb" {
+		m["/usr/share/doc/"+pkg+"/copyright"] = f("-rw-r--r--")
+		m["/usr/share/doc/"+pkg+"/changelog.Debian.gz"] = entry{"-rw-r--r--", "0", "0"} // nfpm writes it without owner names
+		m["/usr/share/lintian/overrides/"+pkg] = f("-rw-r--r--")
+		m["/usr/share/doc/"+pkg+"/go-modules-licenses"] = f("-rw-r--r--")
+	} else {
+		m["/usr/share/licenses/"+pkg+"/copyright"] = f("-rw-r--r--")
+		m["/usr/share/licenses/"+pkg+"/go-modules-licenses"] = f("-rw-r--r--")
+	}
+	return m
+}
+
+func expectedFiles(pkg, format string) map[string]entry {
+	f := func(mode string) entry { return entry{mode, "root", "root"} }
 	switch pkg {
 	case "drover-agent":
 		return map[string]entry{
@@ -69,6 +85,14 @@ var conffiles = map[string]string{
 var debScripts = map[string]string{
 	"drover-agent":  "postinst postrm prerm",
 	"drover-server": "postinst postrm preinst prerm",
+	"droverctl":     "",
+}
+
+// rpmRequires are each RPM's Requires besides rpmlib(...): sh for the
+// scriptlets, systemd (systemd-sysusers) for the server's user.
+var rpmRequires = map[string]string{
+	"drover-agent":  "/bin/sh",
+	"drover-server": "/bin/sh systemd",
 	"droverctl":     "",
 }
 
@@ -120,6 +144,9 @@ func TestDebs(t *testing.T) {
 						t.Errorf("%s: %q, want %q", name, got, want)
 					}
 				}
+				if got, want := field("Depends"), map[string]string{"drover-server": "systemd-sysusers | passwd"}[pkg]; got != want {
+					t.Errorf("Depends: %q, want %q", got, want)
+				}
 				if pkg == "drover-agent" {
 					if got := field("Recommends"); got != "systemd, libnss-systemd" {
 						t.Errorf("Recommends: %q, want systemd, libnss-systemd (dynamic users' names)", got)
@@ -155,6 +182,14 @@ func TestDebs(t *testing.T) {
 				bin := map[string]string{"drover-agent": "drover-agent", "drover-server": "drover-server", "droverctl": "droverctl"}[pkg]
 				data := run(t, "sh", "-c", `dpkg-deb --fsys-tarfile "$1" | tar -xO "./usr/bin/$2"`, "sh", deb, bin)
 				checkELF(t, []byte(data), arch)
+
+				// The notices of what is linked into the binary travel with it.
+				lic := run(t, "sh", "-c", `dpkg-deb --fsys-tarfile "$1" | tar -xO "./usr/share/doc/$2/go-modules-licenses"`, "sh", deb, pkg)
+				for _, want := range []string{"Go standard library and runtime", "github.com/spf13/cobra", "Redistribution and use in source and binary forms", "Apache License"} {
+					if !strings.Contains(lic, want) {
+						t.Errorf("go-modules-licenses lacks %q", want)
+					}
+				}
 			})
 		}
 	}
@@ -185,6 +220,20 @@ func checkScriptsContent(t *testing.T, ctrl, pkg string) {
 		}
 		if !strings.Contains(read("postrm"), "rm -rf /var/lib/drover-server") {
 			t.Error("postrm does not purge /var/lib/drover-server")
+		}
+		// The conffile's owner and mode are dpkg's (set at unpack, an
+		// admin's change kept): configure does not touch them.
+		for _, line := range strings.Split(read("postinst"), "\n") {
+			if (strings.HasPrefix(strings.TrimSpace(line), "chmod") || strings.HasPrefix(strings.TrimSpace(line), "chown")) && strings.Contains(line, "server.yaml") {
+				t.Errorf("postinst resets the conffile: %q", line)
+			}
+		}
+		// Users are made with systemd-sysusers or useradd (Depends:
+		// systemd-sysusers | passwd), never adduser.
+		for _, sc := range []string{"preinst", "postinst"} {
+			if strings.Contains(read(sc), "adduser") {
+				t.Errorf("%s uses adduser, which the package does not depend on", sc)
+			}
 		}
 	}
 }
@@ -263,6 +312,21 @@ func TestRPMs(t *testing.T) {
 				want := fmt.Sprintf("%s|%s|1|%s|linux|", pkg, ix.Version, rpmArch(arch))
 				if !strings.HasPrefix(hdr, want) {
 					t.Errorf("header %q, want prefix %q", hdr, want)
+				}
+				if got := run(t, "rpm", "-qp", "--qf", "%{LICENSE}", rpm); got != "LicenseRef-Drover-Proprietary" {
+					t.Errorf("License %q", got)
+				}
+				var reqs []string
+				for _, r := range strings.Split(strings.TrimSpace(run(t, "rpm", "-qpR", rpm)), "\n") {
+					if !strings.HasPrefix(r, "rpmlib(") && r != "" {
+						reqs = append(reqs, r)
+					}
+				}
+				if got, want := strings.Join(reqs, " "), rpmRequires[pkg]; got != want {
+					t.Errorf("Requires %q, want %q", got, want)
+				}
+				if log := run(t, "rpm", "-qp", "--changelog", rpm); !strings.Contains(log, "Drover developers <drover@drover.invalid> - "+ix.Version+"-1\n") {
+					t.Errorf("%%changelog lacks this version's entry:\n%s", log)
 				}
 				info := run(t, "rpm", "-qpi", rpm)
 				if !strings.Contains(info, "Description :") {

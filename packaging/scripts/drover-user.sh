@@ -2,8 +2,8 @@
 # inlined at build time) ---
 # drover_create_user creates the system user and group `drover` (home
 # /var/lib/drover-server, no login) unless they exist: with systemd-sysusers
-# and the package's sysusers.d entry where systemd is installed, else useradd,
-# else adduser. An existing user is left as it is.
+# and the package's sysusers.d entry where systemd is installed, else useradd
+# (the packages depend on one of the two). An existing user is left as it is.
 drover_create_user() {
 	if getent passwd drover >/dev/null 2>&1; then
 		return 0
@@ -16,11 +16,8 @@ drover_create_user() {
 		getent group drover >/dev/null 2>&1 || groupadd --system drover
 		useradd --system --gid drover --home-dir /var/lib/drover-server --no-create-home \
 			--shell /usr/sbin/nologin --comment "Drover control plane" drover
-	elif command -v adduser >/dev/null 2>&1; then
-		adduser --system --group --home /var/lib/drover-server --no-create-home \
-			--shell /usr/sbin/nologin --gecos "Drover control plane" drover
 	else
-		echo "drover-server: cannot create the system user drover: no systemd-sysusers, useradd or adduser" >&2
+		echo "drover-server: cannot create the system user drover: neither systemd-sysusers nor useradd" >&2
 		return 1
 	fi
 	getent passwd drover >/dev/null 2>&1
