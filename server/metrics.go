@@ -113,6 +113,15 @@ func newMetrics(s *Server) *metrics {
 	}
 	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
 		func() float64 { return float64(s.streams.Streams()) })
+	leaderGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_leader",
+		Help: "1 while this server runs the singletons (retention, re-signing, missed-run detection, notifications): always with SQLite, on one replica at a time with PostgreSQL."},
+		func() float64 {
+			if s.leader != nil && s.leader.leading() {
+				return 1
+			}
+			return 0
+		})
+	m.reg.MustRegister(leaderGauge)
 	m.reg.MustRegister(m.runsLost, m.acceptErrors, m.refused, m.throttled, m.identityConflicts, m.pipes)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
