@@ -342,7 +342,7 @@ func (s *Server) loadStoredKeys(ctx context.Context, st store.KeyStore, now time
 
 // keySyncInterval is how often a replica with keys in the store looks for
 // a key list another replica published (a compilation also looks first).
-const keySyncInterval = 5 * time.Second
+const keySyncInterval = 2 * time.Second
 
 // syncKeys loads the key list another replica published, if any.
 func (s *Server) syncKeys(ctx context.Context) error {
