@@ -22,6 +22,7 @@ import (
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/postgres"
 	"github.com/drover/drover/server/store/sqlite"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -293,7 +294,7 @@ func createTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 	if err != nil {
 		return nil, fmt.Errorf("ca.crt: %w", err)
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := openOffline(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -308,6 +309,15 @@ func createTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 	}
 	after := tokenJSON(t, time.Now())
 	return resp, st.AddAudit(ctx, localAudit("enrollment_tokens.create", "enrollment-token/"+resp.ID, after))
+}
+
+// openOffline opens the configured store for a command run beside the
+// server: the data dir's SQLite file, or the PostgreSQL database.
+func openOffline(ctx context.Context, cfg Config) (store.Store, error) {
+	if cfg.Store.Driver == "postgres" {
+		return postgres.Open(ctx, cfg.Store.DSN, postgres.Pool{MaxConns: 2})
+	}
+	return sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
 }
 
 // localAudit is the audit entry of a command run on the server's host.
@@ -325,10 +335,10 @@ func createAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(cfg.DataDir, "server.db")); err != nil {
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, "server.db")); err != nil && !keysInStore(&cfg) {
 		return nil, fmt.Errorf("the data dir has no database (has the server started once?): %w", err)
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := openOffline(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -344,8 +354,13 @@ func createAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 // rotateCommand rotates in the data dir when no server runs on it, and asks
 // the running server otherwise, so that it re-signs every manifest at once.
 func rotateCommand(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
-	resp, err := rotateKeysOffline(cfg)
-	if errors.Is(err, errLocked) {
+	var resp *api.RotateResponse
+	var err error
+	if keysInStore(&cfg) {
+		// The keys are shared in the database: the replica on this host
+		// rotates them and re-signs every manifest; the others sync.
+		resp, err = rotateViaAPI(ctx, cfg)
+	} else if resp, err = rotateKeysOffline(cfg); errors.Is(err, errLocked) {
 		resp, err = rotateViaAPI(ctx, cfg)
 	}
 	if err != nil {

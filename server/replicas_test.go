@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -123,8 +124,19 @@ func TestReplicasShareKeys(t *testing.T) {
 		KeyID          string `json:"key_id"`
 		KeyListVersion uint64 `json:"key_list_version"`
 	}
-	a.adminOK("POST", "/api/v1/keys/rotate", nil, &rot)
+	// drover-server keys rotate on A's host goes through A's API.
+	env := []string{"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn, "DROVER_KEK_FILE=" + kek}
+	var out, errOut bytes.Buffer
+	if code := Main("test", []string{"keys", "rotate", "--data-dir", a.cfg.DataDir, "--http-addr", a.s.HTTPAddr()}, env, &out, &errOut); code != 0 {
+		t.Fatalf("keys rotate: exit %d: %s", code, errOut.String())
+	}
 	rotated := time.Now()
+	if _, err := fmt.Sscanf(out.String(), "manifest key %s now signs manifests (key list version %d)", &rot.KeyID, &rot.KeyListVersion); err != nil {
+		t.Fatalf("keys rotate said %q: %v", out.String(), err)
+	}
+	if s, v := a.s.keys.Signer(); s.KeyID() != rot.KeyID || v != rot.KeyListVersion {
+		t.Fatalf("A signs with %s v%d after keys rotate said %+v", s.KeyID(), v, rot)
+	}
 	for _, r := range []*testServer{b, cc} {
 		testkit.WaitFor(t, 2*keySyncInterval, "the rotation on the other replicas", func() bool {
 			s, v := r.s.keys.Signer()
@@ -132,6 +144,16 @@ func TestReplicasShareKeys(t *testing.T) {
 		})
 	}
 	t.Logf("key rotation on A seen by B and C after %v (sync every %v)", time.Since(rotated).Round(time.Millisecond), keySyncInterval)
+	// drover-server tokens create on C's host writes to the database; an
+	// agent enrolls with it through B.
+	out.Reset()
+	errOut.Reset()
+	if code := Main("test", []string{"tokens", "create", "--data-dir", cc.cfg.DataDir}, env, &out, &errOut); code != 0 {
+		t.Fatalf("tokens create: exit %d: %s", code, errOut.String())
+	}
+	if _, err := enroll(b.base, strings.TrimSpace(out.String()), "host-offline-token"); err != nil {
+		t.Fatalf("enroll through B with a token made on C's host: %v", err)
+	}
 	// A change on B is compiled with the new key and verifies at the agent.
 	b.putScriptPipe("job2", "echo two", map[string]string{"job": "yes"})
 	acc, err = agent.pullManifest()
