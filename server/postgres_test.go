@@ -133,6 +133,18 @@ func TestPostgresConfig(t *testing.T) {
 		}
 	}
 
+	kc, err := LoadConfig("", false, []string{"DROVER_KEK_FILE=/srv/kek"})
+	if err != nil || kc.KEKFile != "/srv/kek" || DefaultConfig().KEKFile != "/etc/drover-server/kek" {
+		t.Fatalf("kek_file from the environment: %q %v", kc.KEKFile, err)
+	}
+	for kek, want := range map[string]string{"kek": `kek_file: "kek" must be an absolute path`, "": "kek_file: required"} {
+		bad := DefaultConfig()
+		bad.KEKFile = kek
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("kek_file %q: %v, want %q", kek, err, want)
+		}
+	}
+
 	cfg = testConfig(t.TempDir())
 	cfg.Store.Driver = "postgres"
 	cfg.Store.DSN = fmt.Sprintf("postgres://drover:s3cretpw@127.0.0.1:%d/drover?connect_timeout=2", 1)

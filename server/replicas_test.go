@@ -405,6 +405,10 @@ func TestReplicasLeaderTakeover(t *testing.T) {
 		if h.Leader {
 			leaderMetric++
 		}
+		m := r.doCT("GET", "/metrics", r.admin, "", nil)
+		if want := fmt.Sprintf("\ndrover_leader %d\n", map[bool]int{false: 0, true: 1}[h.Leader]); m.code != 200 || !strings.Contains(string(m.body), want) {
+			t.Fatalf("/metrics lacks %q", want)
+		}
 	}
 	if leaderMetric != 1 {
 		t.Fatalf("%v replicas report leading", leaderMetric)
