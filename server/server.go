@@ -50,29 +50,30 @@ const maintenanceInterval = time.Minute
 // Server is the control plane: the HTTPS API and the gRPC telemetry stream
 // over one store. Create it with New, then call Run once.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	clock    Clock
-	lock     dataDirLock
-	ca       *pki.CA
-	keys     *pki.Keyring
-	admin    *pki.AdminToken
-	auth     *authenticator
-	sealer   *pki.Sealer
-	store    store.Store
-	compiler manifestCompiler
-	hub      liveStreams
-	ingest   *stream.Ingester
-	monitor  *monitor // missed.go, events.go
-	leader   leader
-	elector  *lockLeader // the leader lock of replicas on PostgreSQL; nil alone
-	kek      *pki.KEK    // with keys in the store
+	cfg        Config
+	log        *slog.Logger
+	clock      Clock
+	lock       dataDirLock
+	ca         *pki.CA
+	keys       *pki.Keyring
+	admin      *pki.AdminToken
+	auth       *authenticator
+	sealer     *pki.Sealer
+	store      store.Store
+	compiler   manifestCompiler
+	hub        liveStreams
+	ingest     *stream.Ingester
+	monitor    *monitor // missed.go, events.go
+	leader     leader
+	notifier   *notify.Deliverer // http_notify.go
+	streams    *stream.Service
+	publicHost string
+
+	elector *lockLeader // the leader lock of replicas on PostgreSQL; nil alone
+	kek     *pki.KEK    // set when the keys live in the store
 	// singletonHook, if set (tests), is told when each singleton starts
 	// and stops running on this replica.
 	singletonHook func(name string, running bool)
-	notifier      *notify.Deliverer // http_notify.go
-	streams       *stream.Service
-	publicHost    string
 
 	metrics        *metrics
 	metricsHandler http.Handler
