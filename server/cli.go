@@ -78,7 +78,7 @@ configuration file; flags override both.`,
 // longFlags are the flags a single dash also names ("-data-dir"), as it
 // did when the command line was parsed by the standard flag package.
 var longFlags = map[string]bool{"config": true, "data-dir": true, "http-addr": true, "grpc-addr": true, "internal-agent": true,
-	"ttl": true, "name": true, "tag": true, "output": true, "role": true, "help": true, "out": true}
+	"ttl": true, "name": true, "tag": true, "output": true, "role": true, "help": true, "out": true, "new": true}
 
 // doubleDash rewrites "-flag" and "-flag=value" of longFlags to "--flag".
 func doubleDash(args []string) []string {

@@ -102,5 +102,63 @@ func newKEKCmd(cf *cliFlags, env []string) *cobra.Command {
 			})
 		}}
 	gen.Flags().StringVar(&out, "out", "", "file to write (default: kek_file, "+DefaultKEKFile+")")
-	return group("kek", "Manage the key-encryption key that seals the keys in PostgreSQL", gen)
+	var newFile string
+	rewrap := &cobra.Command{Use: "rewrap --new PATH", Short: "Seal the keys in PostgreSQL with another KEK (every replica stopped)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if newFile == "" {
+				return command.Usage(errors.New("kek rewrap: --new is required (the new KEK file, from drover-server kek generate --out)"))
+			}
+			return cf.run(cmd, env, func(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
+				return rewrapKEK(ctx, cfg, newFile, stdout)
+			})
+		}}
+	rewrap.Flags().StringVar(&newFile, "new", "", "the new KEK file")
+	return group("kek", "Manage the key-encryption key that seals the keys in PostgreSQL", gen, rewrap)
+}
+
+// rewrapKEK seals every server key in the database with the KEK in
+// newFile instead of kek_file's, in one transaction, while no replica
+// runs (a running one would go on sealing with the old KEK).
+func rewrapKEK(ctx context.Context, cfg Config, newFile string, out io.Writer) error {
+	if !keysInStore(&cfg) {
+		return errors.New("kek rewrap: the keys are sealed with a KEK only with store.driver postgres")
+	}
+	old, err := pki.LoadKEK(cfg.KEKFile)
+	if err != nil {
+		return fmt.Errorf("kek rewrap: the current KEK: %w", err)
+	}
+	next, err := pki.LoadKEK(newFile)
+	if err != nil {
+		return fmt.Errorf("kek rewrap: the new KEK: %w", err)
+	}
+	st, err := postgres.Open(ctx, cfg.Store.DSN, postgres.Pool{MaxConns: 2})
+	if err != nil {
+		return fmt.Errorf("kek rewrap: %w", err)
+	}
+	defer st.Close()
+	if n, err := st.LockSessions(ctx); err != nil {
+		return fmt.Errorf("kek rewrap: %w", err)
+	} else if n > 0 {
+		return fmt.Errorf("kek rewrap: %d drover-server replicas are running on this database; stop every one first", n)
+	}
+	rows, err := st.ServerKeys(ctx)
+	if err != nil {
+		return fmt.Errorf("kek rewrap: %w", err)
+	}
+	kl := rows["keylist.dsse"]
+	if kl == nil {
+		return errors.New("kek rewrap: the database holds no server keys")
+	}
+	keys, err := pki.RewrapKeys(rows, old, next, time.Now())
+	if errors.Is(err, pki.ErrWrongKEK) {
+		return fmt.Errorf("kek rewrap: kek_file %s does not open the stored keys: %w", cfg.KEKFile, err)
+	}
+	if err != nil {
+		return fmt.Errorf("kek rewrap: %w", err)
+	}
+	if err := st.UpdateServerKeys(ctx, "keylist.dsse", kl.Version, keys, nil); err != nil {
+		return fmt.Errorf("kek rewrap: %w", err)
+	}
+	fmt.Fprintf(out, "%d server keys sealed with KEK %s (was %s); install %s as kek_file on every replica, then start them\n", len(keys), next.ID(), old.ID(), newFile)
+	return nil
 }

@@ -456,3 +456,48 @@ func TestReplicasLeaderTakeover(t *testing.T) {
 	}
 	t.Logf("singleton spans: %v", counts)
 }
+
+// drover-server kek rewrap seals the stored keys with a new KEK while no
+// replica runs: afterwards the new KEK opens the same keys and the old one
+// is refused.
+func TestReplicasKEKRewrap(t *testing.T) {
+	c := pgtest.Start(t)
+	dsn := c.NewDatabase(t)
+	oldKEK, newKEK := testKEKFile(t), testKEKFile(t)
+	cfg := replicaConfig(t, dsn, oldKEK)
+	ts := startServer(t, func(c *Config) { *c = cfg })
+	pin := ts.s.ca.Pin()
+	signer, _ := ts.s.keys.Signer()
+	agent := ts.jobAgent()
+	env := []string{"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn, "DROVER_KEK_FILE=" + oldKEK}
+	rewrap := func(env []string) (int, string) {
+		var out, errOut bytes.Buffer
+		code := Main("test", []string{"kek", "rewrap", "--data-dir", t.TempDir(), "--new", newKEK}, env, &out, &errOut)
+		return code, out.String() + errOut.String()
+	}
+	testkit.WaitFor(t, 10*time.Second, "the replica's lock session", func() bool {
+		return ts.s.elector.session.(*postgres.SessionLock).BackendPID() != 0
+	})
+	if code, out := rewrap(env); code != 1 || !strings.Contains(out, "replicas are running on this database") {
+		t.Fatalf("rewrap with a replica running: exit %d: %s", code, out)
+	}
+	ts.stop()
+	if code, out := rewrap([]string{"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn, "DROVER_KEK_FILE=" + testKEKFile(t)}); code != 1 || !strings.Contains(out, "does not open the stored keys") {
+		t.Fatalf("rewrap with a wrong current KEK: exit %d: %s", code, out)
+	}
+	if code, out := rewrap(env); code != 0 || !strings.Contains(out, "server keys sealed with KEK") {
+		t.Fatalf("rewrap: exit %d: %s", code, out)
+	}
+	if _, err := New(replicaConfig(t, dsn, oldKEK), testLogger(t), nil); err == nil || !strings.Contains(err.Error(), "does not open the server keys") {
+		t.Fatalf("the old KEK after rewrap: %v", err)
+	}
+	cfg.KEKFile = newKEK
+	ts = startServer(t, func(c *Config) { *c = cfg })
+	if s, _ := ts.s.keys.Signer(); ts.s.ca.Pin() != pin || s.KeyID() != signer.KeyID() {
+		t.Fatal("the keys changed with the KEK")
+	}
+	agent.base = ts.base
+	if _, err := agent.pullManifest(); err != nil {
+		t.Fatalf("the agent after the rewrap: %v", err)
+	}
+}

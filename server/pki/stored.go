@@ -369,3 +369,17 @@ func WriteLocalCopies(dir string, m *Material) error {
 	}
 	return nil
 }
+
+// RewrapKeys opens every stored key with old and seals it again with next,
+// for replacing the KEK; the keys themselves do not change.
+func RewrapKeys(rows map[string]*store.ServerKey, old, next *KEK, now time.Time) ([]*store.ServerKey, error) {
+	out := make([]*store.ServerKey, 0, len(rows))
+	for id, r := range rows {
+		plain, err := old.Open(id, r.Sealed)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, &store.ServerKey{ID: id, Sealed: next.Seal(id, plain), Version: r.Version, UpdatedAt: now})
+	}
+	return out, nil
+}

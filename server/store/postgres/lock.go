@@ -10,6 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// lockAppName names the lock sessions in pg_stat_activity.
+const lockAppName = "drover-server leader lock"
+
 // LeaderLock is the advisory lock key of the replica that runs the
 // singletons (docs/postgres.md, "Replicas").
 const LeaderLock = 0x64726f6c // "drol"
@@ -21,7 +24,7 @@ const LeaderLock = 0x64726f6c // "drol"
 // idle_session_timeout (PostgreSQL 14 and newer; the holder pings every
 // second). Older servers refuse some settings, which is harmless.
 var sessionSettings = []string{
-	`SET application_name = 'drover-server leader lock'`,
+	`SET application_name = '` + lockAppName + `'`,
 	`SET tcp_keepalives_idle = 5`,
 	`SET tcp_keepalives_interval = 2`,
 	`SET tcp_keepalives_count = 2`,
@@ -117,4 +120,15 @@ func (l *SessionLock) BackendPID() uint32 {
 		return 0
 	}
 	return l.conn.PgConn().PID()
+}
+
+// LockSessions counts the leader-lock sessions open on this database: every
+// running replica keeps one, holder or not.
+func (s *DB) LockSessions(ctx context.Context) (int, error) {
+	var n int
+	err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname=current_database() AND application_name=?`, lockAppName).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count replicas: %w", err)
+	}
+	return n, nil
 }
