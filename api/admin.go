@@ -73,6 +73,9 @@ type APITokenList struct {
 // Health is the answer of GET /healthz.
 type Health struct {
 	Status string `json:"status"`
+	// Leader is true while this server runs the fleet-wide singletons
+	// (always for a server alone; one replica at a time on PostgreSQL).
+	Leader bool `json:"leader"`
 }
 
 // WhoAmI describes the calling token.

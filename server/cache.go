@@ -130,7 +130,7 @@ func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.
 	return c.Store.EnrollAgent(ctx, tokenID, now, a)
 }
 
-func (c *cachedStore) SaveManifests(ctx context.Context, ms []*store.StoredManifest) error {
+func (c *cachedStore) SaveManifests(ctx context.Context, ms []*store.StoredManifest) ([]string, error) {
 	ids := make([]string, len(ms))
 	for i, m := range ms {
 		ids[i] = m.AgentID

@@ -22,6 +22,7 @@ import (
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/postgres"
 	"github.com/drover/drover/server/store/sqlite"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -59,6 +60,7 @@ configuration file; flags override both.`,
 		group("tokens", "Manage enrollment tokens", newTokensCreateCmd(&cf, env)),
 		group("api-tokens", "Manage API tokens", newAPITokensCreateCmd(&cf, env)),
 		newMigrateCmd(&cf, env),
+		newKEKCmd(&cf, env),
 	)
 	ctx, stop := command.SignalContext()
 	defer stop()
@@ -76,7 +78,7 @@ configuration file; flags override both.`,
 // longFlags are the flags a single dash also names ("-data-dir"), as it
 // did when the command line was parsed by the standard flag package.
 var longFlags = map[string]bool{"config": true, "data-dir": true, "http-addr": true, "grpc-addr": true, "internal-agent": true,
-	"ttl": true, "name": true, "tag": true, "output": true, "role": true, "help": true}
+	"ttl": true, "name": true, "tag": true, "output": true, "role": true, "help": true, "out": true, "new": true}
 
 // doubleDash rewrites "-flag" and "-flag=value" of longFlags to "--flag".
 func doubleDash(args []string) []string {
@@ -292,7 +294,7 @@ func createTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 	if err != nil {
 		return nil, fmt.Errorf("ca.crt: %w", err)
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := openOffline(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -307,6 +309,15 @@ func createTokenOffline(ctx context.Context, cfg Config, req api.EnrollmentToken
 	}
 	after := tokenJSON(t, time.Now())
 	return resp, st.AddAudit(ctx, localAudit("enrollment_tokens.create", "enrollment-token/"+resp.ID, after))
+}
+
+// openOffline opens the configured store for a command run beside the
+// server: the data dir's SQLite file, or the PostgreSQL database.
+func openOffline(ctx context.Context, cfg Config) (store.Store, error) {
+	if cfg.Store.Driver == "postgres" {
+		return postgres.Open(ctx, cfg.Store.DSN, postgres.Pool{MaxConns: 2})
+	}
+	return sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
 }
 
 // localAudit is the audit entry of a command run on the server's host.
@@ -324,10 +335,10 @@ func createAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(filepath.Join(cfg.DataDir, "server.db")); err != nil {
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, "server.db")); err != nil && !keysInStore(&cfg) {
 		return nil, fmt.Errorf("the data dir has no database (has the server started once?): %w", err)
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "server.db"), cfg.Store.Synchronous)
+	st, err := openOffline(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -343,8 +354,13 @@ func createAPITokenOffline(ctx context.Context, cfg Config, req api.APITokenRequ
 // rotateCommand rotates in the data dir when no server runs on it, and asks
 // the running server otherwise, so that it re-signs every manifest at once.
 func rotateCommand(ctx context.Context, cfg Config, stdout, _ io.Writer) error {
-	resp, err := rotateKeysOffline(cfg)
-	if errors.Is(err, errLocked) {
+	var resp *api.RotateResponse
+	var err error
+	if keysInStore(&cfg) {
+		// The keys are shared in the database: the replica on this host
+		// rotates them and re-signs every manifest; the others sync.
+		resp, err = rotateViaAPI(ctx, cfg)
+	} else if resp, err = rotateKeysOffline(cfg); errors.Is(err, errLocked) {
 		resp, err = rotateViaAPI(ctx, cfg)
 	}
 	if err != nil {

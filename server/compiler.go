@@ -7,6 +7,7 @@ import (
 	"github.com/drover/drover/server/store"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,6 +31,10 @@ type compiler struct {
 	// the new manifest is committed.
 	published func(agentID string, serial uint64)
 
+	// syncKeys, if set, brings the keyring up to date with the store
+	// before each compilation (keys shared by replicas).
+	syncKeys func(context.Context) error
+
 	mu sync.Mutex // one compilation at a time keeps serials strictly rising
 }
 
@@ -52,17 +57,46 @@ func (c *compiler) resign(ctx context.Context, ids []string) (int, error) {
 	return c.run(ctx, ids, true)
 }
 
+// maxStaleRounds bounds how often one compilation compiles again the
+// agents whose manifests another replica saved meanwhile.
+const maxStaleRounds = 8
+
 // run compiles; workers sign while the calling goroutine commits what they
-// produced, in chunks.
+// produced, in chunks. The compile lock keeps this process's serials
+// rising; across replicas, SaveManifests refuses a manifest compiled over a
+// serial that is no longer the stored one, and those agents are compiled
+// again from fresh inputs (so a serial is never saved twice, and a change
+// read by the losing replica is not lost).
 func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.syncKeys != nil {
+		if err := c.syncKeys(ctx); err != nil {
+			return 0, fmt.Errorf("compile: %w", err)
+		}
+	}
+	changed := 0
+	for round := 1; ; round++ {
+		n, stale, err := c.runOnce(ctx, ids, force)
+		changed += n
+		if err != nil || len(stale) == 0 {
+			return changed, err
+		}
+		if round == maxStaleRounds {
+			return changed, fmt.Errorf("compile: %d manifests kept changing under this compilation (another replica compiling the same agents)", len(stale))
+		}
+		c.log.Debug("manifests saved by another replica meanwhile; compiling them again", "agents", len(stale))
+		ids = stale
+	}
+}
+
+func (c *compiler) runOnce(ctx context.Context, ids []string, force bool) (int, []string, error) {
 	pipes, agents, err := c.store.CompileInputs(ctx, ids)
 	if err != nil {
-		return 0, fmt.Errorf("compile: %w", err)
+		return 0, nil, fmt.Errorf("compile: %w", err)
 	}
 	if len(agents) == 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
 	signer, klv := c.keys.Signer()
 	in := make([]compile.Pipe, len(pipes))
@@ -71,7 +105,7 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 	}
 	comp, err := compile.New(in, klv, c.clock.Now(), c.lifetime)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 
 	wctx, cancel := context.WithCancel(ctx)
@@ -98,40 +132,43 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 	go func() { wg.Wait(); close(results) }()
 
 	changed := 0
+	var stale []string
 	batch := make([]*store.StoredManifest, 0, saveChunk)
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
-		if err := c.store.SaveManifests(ctx, batch); err != nil {
+		lost, err := c.store.SaveManifests(ctx, batch)
+		if err != nil {
 			return fmt.Errorf("compile: %w", err)
 		}
+		stale = append(stale, lost...)
 		for _, m := range batch {
-			if c.published != nil {
+			if c.published != nil && !slices.Contains(lost, m.AgentID) {
 				c.published(m.AgentID, m.Serial)
 			}
 		}
-		changed += len(batch)
+		changed += len(batch) - len(lost)
 		batch = batch[:0]
 		return nil
 	}
 	for r := range results {
 		if r.err != nil {
-			return changed, r.err // cancel stops the workers
+			return changed, nil, r.err // cancel stops the workers
 		}
 		if batch = append(batch, r.m); len(batch) == saveChunk {
 			if err := flush(); err != nil {
-				return changed, err
+				return changed, nil, err
 			}
 		}
 	}
 	if err := flush(); err != nil {
-		return changed, err
+		return changed, nil, err
 	}
 	if changed > 0 {
 		c.log.Debug("manifests published", "changed", changed, "compiled", len(agents))
 	}
-	return changed, nil
+	return changed, stale, nil
 }
 
 // compiled is the outcome of compiling one agent whose manifest changed.
@@ -165,8 +202,12 @@ func sign(comp *compile.Compilation, a compile.Agent, signer *signing.Signer, fo
 	if err != nil {
 		return nil, fmt.Errorf("compile %s: %w", a.ID, err)
 	}
+	var prev uint64
+	if a.Prev != nil {
+		prev = a.Prev.Serial
+	}
 	return &store.StoredManifest{
-		AgentID: a.ID, Serial: m.Serial, ContentHash: m.ContentHash, Digest: manifest.Digest(env), Envelope: env,
+		AgentID: a.ID, Serial: m.Serial, PrevSerial: prev, ContentHash: m.ContentHash, Digest: manifest.Digest(env), Envelope: env,
 		IssuedAt: comp.IssuedAt(), ExpiresAt: comp.ExpiresAt(), KeyListVersion: comp.KeyListVersion(),
 		Payloads: m.Payloads, Secrets: m.Secrets,
 	}, nil

@@ -20,6 +20,7 @@ import (
 const (
 	DefaultConfigFile = "/etc/drover-server/server.yaml"
 	DefaultDataDir    = "/var/lib/drover-server"
+	DefaultKEKFile    = "/etc/drover-server/kek"
 	DefaultHTTPAddr   = ":8443"
 	DefaultGRPCAddr   = ":8444"
 )
@@ -29,6 +30,12 @@ const (
 type Config struct {
 	// DataDir holds keys, certificates and the database (see doc.go).
 	DataDir string `yaml:"data_dir"`
+	// KEKFile is the key-encryption key (32 random bytes as 64 hex digits,
+	// mode 0600 or stricter; drover-server kek generate writes one). With
+	// store.driver postgres the server's keys live in the database sealed
+	// by it, and every replica reads the same file; with sqlite it is not
+	// read (the keys stay files in the data dir). docs/postgres.md.
+	KEKFile string `yaml:"kek_file"`
 	// HTTPAddr and GRPCAddr are the listen addresses.
 	HTTPAddr string `yaml:"http_addr"`
 	GRPCAddr string `yaml:"grpc_addr"`
@@ -221,6 +228,7 @@ type RunsConfig struct {
 func DefaultConfig() Config {
 	return Config{
 		DataDir:   DefaultDataDir,
+		KEKFile:   DefaultKEKFile,
 		HTTPAddr:  DefaultHTTPAddr,
 		GRPCAddr:  DefaultGRPCAddr,
 		LogLevel:  "info",
@@ -388,6 +396,11 @@ func (c *Config) Validate() error {
 	add := ps.Add
 	if c.DataDir == "" {
 		add("data_dir", "required")
+	}
+	if c.KEKFile == "" {
+		add("kek_file", "required")
+	} else if !filepath.IsAbs(c.KEKFile) {
+		add("kek_file", "%q must be an absolute path", c.KEKFile)
 	}
 	for _, a := range []struct{ f, v string }{{"http_addr", c.HTTPAddr}, {"grpc_addr", c.GRPCAddr}} {
 		if _, port, err := net.SplitHostPort(a.v); err != nil {

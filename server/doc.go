@@ -36,6 +36,13 @@
 //	server.db             SQLite in WAL mode (+ -wal, -shm): every other piece of state
 //	server.lock           flock held by the running server
 //
+// With store.driver postgres (docs/postgres.md) the CA key and certificate,
+// root.key, the manifest keys, keylist.dsse, secrets.key and the admin
+// token live in the database instead (table server_keys), each sealed with
+// AES-256-GCM under the key-encryption key of kek_file, and every replica
+// loads the same ones; the data dir keeps this replica's tls.key/tls.crt
+// and copies of ca.crt and admin.token for the tools on the host.
+//
 // Payload bundles live in server.db, content-addressed by sha256 (table
 // payloads), not as files: a pipe version and its bundle commit in one
 // transaction, so a crash can never leave a version without its bundle or an
@@ -279,6 +286,13 @@
 // "lost", written_by "server" (two, so that one heartbeat built while the
 // agent could not read its scheduler settles nothing). A later RunFinished
 // replaces it. Only the live stream settles.
+//
+// Singletons (leader.go): re-signing and key-list refresh, retention,
+// missed-run detection and notification delivery run where the leader seam
+// says: always on a server alone (soleLeader), on the replica whose
+// session holds a PostgreSQL advisory lock otherwise (lockLeader: a taker
+// waits a 5 s grace; a holder whose session stops answering stops them
+// within 3 s).
 //
 // Missed runs (missed.go): a detection pass every 30 s, run by a leader
 // (one server alone always leads), expects of every agent holding an

@@ -71,6 +71,13 @@ func startServer(t testing.TB, configure ...func(*Config)) *testServer {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	return runTestServer(t, s, cfg, clock)
+}
+
+// runTestServer runs a server made by New and stops it when the test ends.
+func runTestServer(t testing.TB, s *Server, cfg Config, clock *testkit.Clock) *testServer {
+	t.Helper()
+	var err error
 	ctx, cancel := context.WithCancel(context.Background())
 	ts := &testServer{t: t, s: s, cfg: cfg, clock: clock, cancel: cancel, done: make(chan error, 1)}
 	go func() { ts.done <- s.Run(ctx) }()

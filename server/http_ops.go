@@ -19,7 +19,7 @@ func (s *Server) handleRotateKeys(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, http.StatusOK, api.Health{Status: "ok"})
+	return writeJSON(w, http.StatusOK, api.Health{Status: "ok", Leader: s.leader.leading()})
 }
 
 func (s *Server) handleWhoAmI(w http.ResponseWriter, r *http.Request) error {

@@ -120,9 +120,17 @@ func newMetrics(s *Server) *metrics {
 			}
 			return 0
 		})
+	leaderGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_leader",
+		Help: "1 while this server runs the singletons (retention, re-signing, missed-run detection, notifications): always with SQLite, on one replica at a time with PostgreSQL."},
+		func() float64 {
+			if s.leader != nil && s.leader.leading() {
+				return 1
+			}
+			return 0
+		})
 	dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_signals_dropped_total", Help: "Signals to the other replicas that could not be sent."},
 		func() float64 { return float64(s.fleet.dropped.Load()) })
-	m.reg.MustRegister(busUp, dropped)
+	m.reg.MustRegister(busUp, dropped, leaderGauge)
 	m.reg.MustRegister(m.runsLost, m.acceptErrors, m.refused, m.throttled, m.identityConflicts, m.pipes)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

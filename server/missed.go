@@ -55,12 +55,16 @@ const (
 // a lock (docs/design.md, "Planned") without changing the loop.
 type leader interface {
 	lead(ctx context.Context, name string, fn func(context.Context))
+	// leading reports whether this server runs the singletons now.
+	leading() bool
 }
 
-// soleLeader is the leader of a server that runs alone.
+// soleLeader is the leader of a server that runs alone; lockLeader
+// (leader.go) that of replicas on PostgreSQL.
 type soleLeader struct{}
 
 func (soleLeader) lead(ctx context.Context, _ string, fn func(context.Context)) { fn(ctx) }
+func (soleLeader) leading() bool                                                { return true }
 
 // monitor detects missed runs and records events.
 type monitor struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,9 +23,11 @@ import (
 func TestPostgresServerFlow(t *testing.T) {
 	c := pgtest.Start(t)
 	dsn := c.NewDatabase(t)
+	kek := testKEKFile(t)
 	ts := startServer(t, func(cfg *Config) {
 		cfg.Store.Driver, cfg.Store.DSN = "postgres", dsn
 		cfg.Store.MaxConns = 4
+		cfg.KEKFile = kek
 	})
 	if _, ok := ts.s.store.(*cachedStore).Store.(*postgres.DB); !ok {
 		t.Fatalf("the server's store is %T, want the PostgreSQL store", ts.s.store.(*cachedStore).Store)
@@ -130,9 +133,26 @@ func TestPostgresConfig(t *testing.T) {
 		}
 	}
 
+	kc, err := LoadConfig("", false, []string{"DROVER_KEK_FILE=/srv/kek"})
+	if err != nil || kc.KEKFile != "/srv/kek" || DefaultConfig().KEKFile != "/etc/drover-server/kek" {
+		t.Fatalf("kek_file from the environment: %q %v", kc.KEKFile, err)
+	}
+	for kek, want := range map[string]string{"kek": `kek_file: "kek" must be an absolute path`, "": "kek_file: required"} {
+		bad := DefaultConfig()
+		bad.KEKFile = kek
+		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("kek_file %q: %v, want %q", kek, err, want)
+		}
+	}
+
 	cfg = testConfig(t.TempDir())
 	cfg.Store.Driver = "postgres"
 	cfg.Store.DSN = fmt.Sprintf("postgres://drover:s3cretpw@127.0.0.1:%d/drover?connect_timeout=2", 1)
+	cfg.KEKFile = filepath.Join(t.TempDir(), "kek")
+	if _, err := New(cfg, testLogger(t), nil); err == nil || !strings.Contains(err.Error(), "kek_file "+cfg.KEKFile+" does not exist") {
+		t.Fatalf("New without a KEK file: %v", err)
+	}
+	cfg.KEKFile = testKEKFile(t)
 	_, err = New(cfg, testLogger(t), nil)
 	if err == nil || strings.Contains(err.Error(), "s3cretpw") || !strings.Contains(err.Error(), "cannot reach PostgreSQL at 127.0.0.1:1") {
 		t.Fatalf("New on an unreachable database: %v", err)
@@ -173,32 +193,69 @@ func TestPostgresMigrateFromSQLite(t *testing.T) {
 		t.Fatalf("audit before: %d entries, %v", len(audit), err)
 	}
 	dir := ts.cfg.DataDir
+	kek := filepath.Join(t.TempDir(), "kek")
+	env := []string{"DROVER_KEK_FILE=" + kek}
 
-	// Refused while the server runs (it holds the data dir).
+	// Refused without the KEK, then while the server runs (it holds the
+	// data dir).
 	var out, errOut bytes.Buffer
-	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, nil, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "stop drover-server first") {
+	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, env, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "kek generate") {
+		t.Fatalf("migrate without a KEK: exit %d: %s", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := Main("test", []string{"kek", "generate"}, env, &out, &errOut); code != 0 || !strings.Contains(out.String(), "wrote a new key-encryption key to "+kek) {
+		t.Fatalf("kek generate: exit %d: %s %s", code, out.String(), errOut.String())
+	}
+	if code := Main("test", []string{"kek", "generate", "--out", kek}, nil, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "exists") {
+		t.Fatalf("kek generate over the file: exit %d: %s", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, env, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "stop drover-server first") {
 		t.Fatalf("migrate while serving: exit %d: %s", code, errOut.String())
 	}
 	ts.stop()
 	out.Reset()
 	errOut.Reset()
-	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, nil, &out, &errOut); code != 0 {
+	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, env, &out, &errOut); code != 0 {
 		t.Fatalf("migrate: exit %d: %s", code, errOut.String())
 	}
-	if !strings.Contains(out.String(), "log_chunks") || !strings.Contains(out.String(), "store.driver: postgres") {
+	if !strings.Contains(out.String(), "log_chunks") || !strings.Contains(out.String(), "store.driver: postgres") || !strings.Contains(out.String(), "keys sealed with the KEK") {
 		t.Fatalf("migrate output: %s", out.String())
 	}
 	// A second copy into the now non-empty database is refused.
 	out.Reset()
 	errOut.Reset()
-	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, nil, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "not empty") {
+	if code := Main("test", []string{"migrate", "--data-dir", dir, "--to", dsn}, env, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "not empty") {
 		t.Fatalf("migrate into a full database: exit %d: %s", code, errOut.String())
 	}
 
+	// The keys are in the database, sealed: nothing private in the clear.
+	pgdb, err := postgres.Open(ctx, dsn, postgres.Pool{MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgdb.ServerKeys(ctx)
+	pgdb.Close()
+	if err != nil || len(keys) < 7 {
+		t.Fatalf("server keys after migrating: %d, %v", len(keys), err)
+	}
+	for id, k := range keys {
+		if bytes.Contains(k.Sealed, []byte("PRIVATE KEY")) {
+			t.Fatalf("server key %s is stored in the clear", id)
+		}
+	}
+	oldSigner, oldVersion := ts.s.keys.Signer()
+	oldPin := ts.s.ca.Pin()
+	// The replica on the migrated host uses a data dir of its own.
 	pg := startServer(t, func(cfg *Config) {
-		cfg.DataDir = dir
 		cfg.Store.Driver, cfg.Store.DSN = "postgres", dsn
+		cfg.KEKFile = kek
 	})
+	if s, v := pg.s.keys.Signer(); pg.s.ca.Pin() != oldPin || s.KeyID() != oldSigner.KeyID() || v < oldVersion {
+		t.Fatalf("keys after migrating: CA %s key %s v%d, before CA %s key %s v%d", pg.s.ca.Pin(), s.KeyID(), v, oldPin, oldSigner.KeyID(), oldVersion)
+	}
 	var runsAfter api.RunList
 	pg.adminOK("GET", "/api/v1/runs", nil, &runsAfter)
 	if len(runsAfter.Runs) != 3 || fmt.Sprint(runsAfter.Runs) != fmt.Sprint(runsBefore.Runs) {

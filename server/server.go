@@ -20,6 +20,7 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/bus"
+	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/postgres"
@@ -69,6 +70,12 @@ type Server struct {
 	notifier   *notify.Deliverer // http_notify.go
 	streams    *stream.Service
 	publicHost string
+
+	elector *lockLeader // the leader lock of replicas on PostgreSQL; nil alone
+	kek     *pki.KEK    // set when the keys live in the store
+	// singletonHook, if set (tests), is told when each singleton starts
+	// and stops running on this replica.
+	singletonHook func(name string, running bool)
 
 	metrics        *metrics
 	metricsHandler http.Handler
@@ -156,14 +163,26 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	}
 	s.lock = lock
 	now := clock.Now()
-	tlsCert, err := s.loadKeys(now)
-	if err != nil {
+	var tlsCert tls.Certificate
+	if keysInStore(&cfg) {
+		// Read the KEK before connecting: a missing or unreadable file is
+		// the first thing to fix.
+		if s.kek, err = pki.LoadKEK(cfg.KEKFile); err != nil {
+			return nil, err
+		}
+	} else if tlsCert, err = s.loadKeys(now); err != nil {
 		return nil, err
 	}
 	ctx := context.Background()
 	st, err := open(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if s.kek != nil {
+		if tlsCert, err = s.loadStoredKeys(ctx, st, now); err != nil {
+			st.Close()
+			return nil, err
+		}
 	}
 	cs := newCachedStore(st)
 	// The signal bus: LISTEN/NOTIFY when replicas share a PostgreSQL
@@ -184,9 +203,19 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err
 	}
-	s.compiler = compilerSeam{&compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}}
+	comp := &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
+	if s.kek != nil {
+		comp.syncKeys = s.syncKeys
+	}
+	s.compiler = compilerSeam{comp}
 	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
+	if ls, ok := st.(interface {
+		SessionLock(key int64) *postgres.SessionLock
+	}); ok {
+		s.elector = newLockLeader(ls.SessionLock(postgres.LeaderLock), logger)
+		s.leader = s.elector
+	}
 	s.notifier = notify.NewDeliverer(s.store, s.sealer.Open, clock.Now, logger, cfg.Notify)
 	s.streams = stream.NewService(stream.Config{MaxStreams: cfg.GRPC.MaxStreams, PendingStreams: cfg.Agents.PendingStreams,
 		HelloTimeout: cfg.Agents.HelloTimeout, MaxChunkBytes: cfg.Runs.MaxChunkBytes, MaxRunningIDs: cfg.Agents.MaxRunningIDs},
@@ -289,6 +318,69 @@ func (s *Server) loadKeys(now time.Time) (tls.Certificate, error) {
 	return tlsCert, nil
 }
 
+// keysInStore tells where the server's keys live: sealed in the store with
+// the KEK for PostgreSQL (every replica shares them), files in the data
+// dir for SQLite.
+func keysInStore(cfg *Config) bool { return cfg.Store.Driver == "postgres" }
+
+// loadStoredKeys loads the keys sealed in the store (initialising them on
+// the first replica's first start), writes the local copies the host's
+// tools read, and returns this replica's own TLS certificate (issued by
+// the shared CA, kept in its data dir).
+func (s *Server) loadStoredKeys(ctx context.Context, st store.KeyStore, now time.Time) (tls.Certificate, error) {
+	cfg := &s.cfg
+	m, created, err := pki.OpenStoredKeys(ctx, st, s.kek, cfg.DataDir, signing.Algorithm(cfg.Signing.Algorithm), now, cfg.Signing.KeyListLifetime)
+	if errors.Is(err, pki.ErrWrongKEK) {
+		return tls.Certificate{}, fmt.Errorf("kek_file %s does not open the server keys stored in the database; every replica must use the KEK file of the replica that first started on this database: %w", cfg.KEKFile, err)
+	}
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("server keys in the database: %w", err)
+	}
+	if created {
+		s.log.Info("server keys stored in the database, sealed with the KEK", "kek_id", s.kek.ID(), "ca_pin", m.CA.Pin())
+	} else {
+		s.log.Info("server keys loaded from the database", "kek_id", s.kek.ID(), "ca_pin", m.CA.Pin())
+	}
+	s.ca, s.keys, s.admin = m.CA, m.Keys, m.Admin
+	if s.sealer, err = pki.NewSealer(m.SecretsKey); err != nil {
+		return tls.Certificate{}, err
+	}
+	if err := pki.WriteLocalCopies(cfg.DataDir, m); err != nil {
+		return tls.Certificate{}, err
+	}
+	if _, err := s.refreshKeyList(ctx, now); err != nil {
+		return tls.Certificate{}, err
+	}
+	return pki.LoadOrCreateServerCert(cfg.DataDir, s.ca, serverSANs(cfg), now)
+}
+
+// keySyncInterval is how often a replica with keys in the store looks for
+// a key list another replica published (a compilation also looks first).
+const keySyncInterval = 2 * time.Second
+
+// syncKeys loads the key list another replica published, if any.
+func (s *Server) syncKeys(ctx context.Context) error {
+	changed, err := s.keys.Sync(ctx)
+	if err != nil {
+		return fmt.Errorf("load the key list from the database: %w", err)
+	}
+	if changed {
+		signer, v := s.keys.Signer()
+		s.log.Info("key list loaded from the database", "key_id", signer.KeyID(), "key_list_version", v)
+	}
+	return nil
+}
+
+// refreshKeyList re-signs the key list past half its lifetime; a replica
+// that did it meanwhile wins, and its list is loaded instead.
+func (s *Server) refreshKeyList(ctx context.Context, now time.Time) (bool, error) {
+	changed, err := s.keys.Refresh(now, s.cfg.Signing.KeyListLifetime)
+	if errors.Is(err, errs.ErrConflict) {
+		return true, s.syncKeys(ctx)
+	}
+	return changed, err
+}
+
 // release closes what New acquired, for a server that will not run.
 func (s *Server) release() {
 	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
@@ -337,7 +429,21 @@ func (s *Server) published(agentID string, serial uint64) {
 // rotateKeys adds a new manifest key through a new root-signed key list and
 // re-signs every manifest with it.
 func (s *Server) rotateKeys(ctx context.Context) (*api.RotateResponse, error) {
-	if err := s.keys.Rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime); err != nil {
+	if s.kek != nil {
+		if err := s.syncKeys(ctx); err != nil {
+			return nil, err
+		}
+	}
+	err := s.keys.Rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime)
+	if errors.Is(err, errs.ErrConflict) {
+		// Another replica changed the key list since the sync: load it
+		// and rotate over it.
+		if err := s.syncKeys(ctx); err != nil {
+			return nil, err
+		}
+		err = s.keys.Rotate(s.clock.Now(), s.cfg.Signing.KeyListLifetime)
+	}
+	if err != nil {
 		return nil, err
 	}
 	signer, v := s.keys.Signer()
@@ -371,15 +477,34 @@ func (s *Server) Run(ctx context.Context) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
 	var bgWG sync.WaitGroup
-	bgWG.Add(2)
-	go func() { defer bgWG.Done(); s.maintain(bg) }()
+	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.watchdog(bg) }()
+	if s.elector != nil {
+		bgWG.Add(1)
+		go func() { defer bgWG.Done(); s.elector.run(bg) }()
+	}
+	if s.kek != nil {
+		bgWG.Add(1)
+		go func() {
+			defer bgWG.Done()
+			onTick(bg, keySyncInterval, func() {
+				if err := s.syncKeys(bg); err != nil && bg.Err() == nil {
+					s.log.Warn("key list sync", "err", err)
+				}
+			})
+		}()
+	}
+	// The singletons: fleet-wide loops that one server runs at a time.
 	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.fleet.run(bg) }()
 	bgWG.Add(1)
-	go func() { defer bgWG.Done(); s.leader.lead(bg, "monitor", s.monitor.run) }()
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "resign", s.singleton("resign", s.resignLoop)) }()
 	bgWG.Add(1)
-	go func() { defer bgWG.Done(); s.leader.lead(bg, "notify", s.notifier.Run) }()
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "retention", s.singleton("retention", s.retentionLoop)) }()
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "monitor", s.singleton("monitor", s.monitor.run)) }()
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "notify", s.singleton("notify", s.notifier.Run)) }()
 	if s.cfg.InternalAgent.Enabled {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()
@@ -430,16 +555,26 @@ func (s *Server) shutdown() {
 	s.log.Info("stopped")
 }
 
-// maintain runs periodic work: key-list refresh, manifest re-signing and
-// run retention.
-func (s *Server) maintain(ctx context.Context) {
+// singleton wraps a singleton's loop so that singletonHook sees it start
+// and stop.
+func (s *Server) singleton(name string, fn func(context.Context)) func(context.Context) {
+	return func(ctx context.Context) {
+		if h := s.singletonHook; h != nil {
+			h(name, true)
+			defer h(name, false)
+		}
+		fn(ctx)
+	}
+}
+
+// resignLoop refreshes the key list and re-signs the manifests due for it,
+// now and every maintenanceInterval.
+func (s *Server) resignLoop(ctx context.Context) {
 	tick := time.NewTicker(maintenanceInterval)
 	defer tick.Stop()
-	lastRetention := time.Time{}
 	for {
-		now := s.clock.Now()
-		changed, err := s.keys.Refresh(now, s.cfg.Signing.KeyListLifetime)
-		if err != nil {
+		changed, err := s.refreshKeyList(ctx, s.clock.Now())
+		if err != nil && ctx.Err() == nil {
 			s.log.Error("refreshing the key list", "err", err)
 		}
 		if changed {
@@ -450,6 +585,22 @@ func (s *Server) maintain(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			s.log.Error("re-signing manifests", "err", err)
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// retentionLoop prunes old runs every runs.retention_interval (checked
+// every maintenanceInterval).
+func (s *Server) retentionLoop(ctx context.Context) {
+	tick := time.NewTicker(maintenanceInterval)
+	defer tick.Stop()
+	lastRetention := time.Time{}
+	for {
+		now := s.clock.Now()
 		if now.Sub(lastRetention) >= s.cfg.Runs.RetentionInterval {
 			if n, err := s.store.PruneRuns(ctx, now.Add(-s.cfg.Runs.RetentionAge), s.cfg.Runs.RetentionPerPipe); err != nil {
 				if ctx.Err() == nil {

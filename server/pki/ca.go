@@ -101,9 +101,22 @@ func LoadOrCreateCA(dir string, now time.Time) (*CA, error) {
 }
 
 func createCA(keyPath, certPath string, now time.Time) (*CA, error) {
+	key, der, cert, err := generateCA(now)
+	if err != nil {
+		return nil, err
+	}
+	_, certPEM, err := writeKeyPair(keyPath, certPath, key, der, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return newCA(cert, key, certPEM), nil
+}
+
+// generateCA makes a new CA key and its self-signed certificate.
+func generateCA(now time.Time) (*ecdsa.PrivateKey, []byte, *x509.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("create CA: %w", err)
+		return nil, nil, nil, fmt.Errorf("create CA: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          randomSerial(),
@@ -117,15 +130,27 @@ func createCA(keyPath, certPath string, now time.Time) (*CA, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, fmt.Errorf("create CA: %w", err)
+		return nil, nil, nil, fmt.Errorf("create CA: %w", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("create CA: %w", err)
+		return nil, nil, nil, fmt.Errorf("create CA: %w", err)
 	}
-	_, certPEM, err := writeKeyPair(keyPath, certPath, key, der, 0o644)
+	return key, der, cert, nil
+}
+
+// parseCA builds the CA from its key and certificate PEMs.
+func parseCA(keyPEM, certPEM []byte) (*CA, error) {
+	key, err := parseECKey(keyPEM)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("load CA key: %w", err)
+	}
+	cert, err := ParseCertPEM(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("load CA certificate: %w", err)
+	}
+	if !cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }).Equal(key.Public()) {
+		return nil, errors.New("load CA: ca.crt does not match ca.key")
 	}
 	return newCA(cert, key, certPEM), nil
 }

@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,8 +19,8 @@ import (
 // manifests; the previous one stays listed for one rotation so that agents
 // holding a manifest it signed are not disturbed.
 type Keyring struct {
-	dir string
-	alg signing.Algorithm
+	alg     signing.Algorithm
+	backend keyringBackend
 
 	mu      sync.RWMutex
 	root    *signing.Signer
@@ -30,12 +31,60 @@ type Keyring struct {
 
 const keyListFile = "keylist.dsse"
 
+// keyringBackend keeps the keyring: files in the data dir (fileKeyring) or
+// sealed keys in the store, shared by replicas (storeKeyring).
+type keyringBackend interface {
+	// save stores a new key list (and added, a new manifest key, if not
+	// nil) over the stored list prev; it fails with errs.ErrConflict when
+	// the stored list is no longer prev (another replica changed it).
+	save(prev, next signing.KeyList, env []byte, added *signing.Signer) error
+	// load returns the stored key list when its version is not have (nil
+	// when it is).
+	load(ctx context.Context, have uint64) (*keyringState, error)
+}
+
+// keyringState is a key list, its envelope and its active (first) key.
+type keyringState struct {
+	list   signing.KeyList
+	env    []byte
+	active *signing.Signer
+}
+
+// fileKeyring is the keyring of a server alone: files in dir.
+type fileKeyring struct{ dir string }
+
+func (f fileKeyring) save(_, next signing.KeyList, env []byte, added *signing.Signer) error {
+	if added != nil {
+		if err := signing.WriteSigner(filepath.Join(f.dir, manifestKeyFile(added.KeyID())), added); err != nil {
+			return fmt.Errorf("rotate keys: %w", err)
+		}
+	}
+	if err := writeFile(filepath.Join(f.dir, keyListFile), env, 0o600); err != nil {
+		return err
+	}
+	// Delete the manifest key files no longer in the key list.
+	listed := map[string]bool{}
+	for _, pk := range next.Keys {
+		listed[manifestKeyFile(pk.ID)] = true
+	}
+	files, _ := filepath.Glob(filepath.Join(f.dir, "manifest-*.key"))
+	for _, file := range files {
+		if !listed[filepath.Base(file)] {
+			os.Remove(file)
+		}
+	}
+	return nil
+}
+
+// load: nobody else writes the files while the server holds the data dir.
+func (fileKeyring) load(context.Context, uint64) (*keyringState, error) { return nil, nil }
+
 func manifestKeyFile(id string) string { return "manifest-" + id + ".key" }
 
 // LoadOrCreateKeyring loads root.key, keylist.dsse and the active manifest
 // key from dir, creating them on first start.
 func LoadOrCreateKeyring(dir string, alg signing.Algorithm, now time.Time, life time.Duration) (*Keyring, error) {
-	k := &Keyring{dir: dir, alg: alg}
+	k := &Keyring{alg: alg, backend: fileKeyring{dir}}
 	rootPath := filepath.Join(dir, "root.key")
 	root, err := signing.LoadSigner(rootPath)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -101,18 +150,14 @@ func (k *Keyring) rotateLocked(now time.Time, life time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("rotate keys: %w", err)
 	}
-	if err := signing.WriteSigner(filepath.Join(k.dir, manifestKeyFile(s.KeyID())), s); err != nil {
-		return fmt.Errorf("rotate keys: %w", err)
-	}
 	keys := []signing.PublicKey{s.Public()}
 	if k.active != nil {
 		keys = append(keys, k.active.Public())
 	}
-	if err := k.publishLocked(keys, now, life); err != nil {
+	if err := k.publishLocked(keys, now, life, s); err != nil {
 		return err
 	}
 	k.active = s
-	k.removeUnlistedKeys()
 	return nil
 }
 
@@ -125,10 +170,10 @@ func (k *Keyring) Refresh(now time.Time, life time.Duration) (bool, error) {
 	if now.Before(issued.Add(life / 2)) {
 		return false, nil
 	}
-	return true, k.publishLocked(k.keyList.Keys, now, life)
+	return true, k.publishLocked(k.keyList.Keys, now, life, nil)
 }
 
-func (k *Keyring) publishLocked(keys []signing.PublicKey, now time.Time, life time.Duration) error {
+func (k *Keyring) publishLocked(keys []signing.PublicKey, now time.Time, life time.Duration, added *signing.Signer) error {
 	kl := signing.KeyList{
 		Version:   k.keyList.Version + 1,
 		ExpiresAt: now.Add(life).UTC().Truncate(time.Second),
@@ -138,25 +183,30 @@ func (k *Keyring) publishLocked(keys []signing.PublicKey, now time.Time, life ti
 	if err != nil {
 		return fmt.Errorf("sign key list: %w", err)
 	}
-	if err := writeFile(filepath.Join(k.dir, keyListFile), env, 0o600); err != nil {
+	if err := k.backend.save(k.keyList, kl, env, added); err != nil {
 		return err
 	}
 	k.keyList, k.env = kl, env
 	return nil
 }
 
-// removeUnlistedKeys deletes manifest key files no longer in the key list.
-func (k *Keyring) removeUnlistedKeys() {
-	listed := map[string]bool{}
-	for _, pk := range k.keyList.Keys {
-		listed[manifestKeyFile(pk.ID)] = true
+// Sync loads the key list stored by another replica, if it changed, and
+// reports whether it did. A keyring of files never changes underneath.
+func (k *Keyring) Sync(ctx context.Context) (bool, error) {
+	k.mu.RLock()
+	have := k.keyList.Version
+	k.mu.RUnlock()
+	st, err := k.backend.load(ctx, have)
+	if err != nil || st == nil {
+		return false, err
 	}
-	files, _ := filepath.Glob(filepath.Join(k.dir, "manifest-*.key"))
-	for _, f := range files {
-		if !listed[filepath.Base(f)] {
-			os.Remove(f)
-		}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if st.list.Version <= k.keyList.Version && k.active != nil {
+		return false, nil // this replica published a newer one meanwhile
 	}
+	k.keyList, k.env, k.active = st.list, st.env, st.active
+	return true, nil
 }
 
 // signer returns the active manifest key and the key-list version it is in.

@@ -30,6 +30,7 @@ type Store interface {
 	NotifyStore
 	PresenceStore
 	SessionStore
+	KeyStore
 	Close() error
 }
 
@@ -96,7 +97,11 @@ type ManifestStore interface {
 	// targeting data of the given agents (all non-revoked agents when ids
 	// is nil), with the metadata of their stored manifests.
 	CompileInputs(ctx context.Context, ids []string) ([]*PipeVersion, []*CompileAgent, error)
-	SaveManifests(ctx context.Context, ms []*StoredManifest) error
+	// SaveManifests stores each manifest whose PrevSerial is still the
+	// agent's stored serial (0: none stored) and whose Serial is higher.
+	// The others are not saved: stale lists their agents, whose manifests
+	// another writer replaced since they were compiled (compile again).
+	SaveManifests(ctx context.Context, ms []*StoredManifest) (stale []string, err error)
 	GetManifest(ctx context.Context, agentID string) (*StoredManifest, error)
 	// ManifestsDue lists agents whose manifests were issued before t.
 	ManifestsDue(ctx context.Context, issuedBefore time.Time) ([]string, error)
@@ -219,4 +224,22 @@ type SessionStore interface {
 	DeleteSession(ctx context.Context, idHash []byte) error
 	// DeleteTokenSessions ends every session of an API token.
 	DeleteTokenSessions(ctx context.Context, tokenID string) error
+}
+
+// KeyStore holds the server's own key material (CA, signing keys, the
+// secrets key, the bootstrap admin token) when it lives in the store
+// rather than in the data dir. Values are sealed by the caller with the
+// key-encryption key; the store never sees them in the clear.
+type KeyStore interface {
+	// ServerKeys returns the stored keys with the given ids, by id (every
+	// key when no id is given).
+	ServerKeys(ctx context.Context, ids ...string) (map[string]*ServerKey, error)
+	// InitServerKeys stores keys unless any server key is stored, in one
+	// transaction, and reports whether it stored them: of several callers
+	// at once exactly one does.
+	InitServerKeys(ctx context.Context, keys []*ServerKey) (bool, error)
+	// UpdateServerKeys writes put and deletes del in one transaction if
+	// the key ifID is stored at version ifVersion; otherwise it changes
+	// nothing and fails with ErrConflict.
+	UpdateServerKeys(ctx context.Context, ifID string, ifVersion uint64, put []*ServerKey, del []string) error
 }

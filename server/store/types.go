@@ -104,8 +104,11 @@ type CompileAgent struct {
 
 // StoredManifest is a signed manifest as published to one agent.
 type StoredManifest struct {
-	AgentID        string
-	Serial         uint64
+	AgentID string
+	Serial  uint64
+	// PrevSerial is the stored serial the manifest was compiled over (0:
+	// none); SaveManifests saves it only if that is still the stored one.
+	PrevSerial     uint64
 	ContentHash    string // sha256 of the content without serial and times
 	Digest         string // sha256 of Envelope: the ETag
 	Envelope       []byte // nil in CompileInputs' metadata
@@ -368,4 +371,12 @@ type ConsoleSession struct {
 type SessionLimits struct {
 	IdleBefore, CreatedBefore time.Time
 	Max                       int
+}
+
+// ServerKey is one sealed item of the server's key material (KeyStore).
+type ServerKey struct {
+	ID        string // what it is, e.g. "ca.key", "manifest/<key id>"
+	Sealed    []byte // AES-256-GCM under the key-encryption key, ID as additional data
+	Version   uint64 // raised by the writer on every change
+	UpdatedAt time.Time
 }

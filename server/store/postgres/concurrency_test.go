@@ -14,7 +14,8 @@ import (
 
 // Writers racing on the same rows (several connections, as several
 // servers would) all succeed: serialization failures are retried, replayed
-// records are stored once, and a manifest serial never goes back.
+// records are stored once, and every manifest serial is saved exactly
+// once (a save compiled over a serial that is no longer stored is refused).
 func TestConcurrentWritersSerialize(t *testing.T) {
 	c := pgtest.Start(t)
 	st, err := postgres.Open(t.Context(), c.NewDatabase(t), postgres.Pool{MaxConns: 8})
@@ -31,7 +32,9 @@ func TestConcurrentWritersSerialize(t *testing.T) {
 	if err := st.EnrollAgent(ctx, "tok", t0, &store.Agent{ID: "agt", CreatedAt: t0, CertSerial: "s"}); err != nil {
 		t.Fatal(err)
 	}
-	const runs, chunks, writers = 5, 4, 8
+	const runs, chunks, writers, saves = 5, 4, 8, 5
+	var mu sync.Mutex
+	won := map[uint64][]string{} // serial -> the manifests saved with it
 	var recs []*store.Record
 	for r := range runs {
 		id := fmt.Sprintf("run-%d", r)
@@ -53,8 +56,29 @@ func TestConcurrentWritersSerialize(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			errc <- st.SaveManifests(ctx, []*store.StoredManifest{{AgentID: "agt", Serial: uint64(w + 1), ContentHash: fmt.Sprint(w), Digest: fmt.Sprint(w),
-				Envelope: []byte(fmt.Sprint(w)), IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), KeyListVersion: 1}})
+			// Each writer saves manifests compiled over what it
+			// read, as a replica's compiler does, and compiles again when
+			// another writer got there first.
+			for done := 0; done < saves; {
+				prev := uint64(0)
+				if m, err := st.GetManifest(ctx, "agt"); err == nil {
+					prev = m.Serial
+				}
+				body := fmt.Sprintf("writer %d serial %d", w, prev+1)
+				stale, err := st.SaveManifests(ctx, []*store.StoredManifest{{AgentID: "agt", PrevSerial: prev, Serial: prev + 1, ContentHash: body, Digest: body,
+					Envelope: []byte(body), IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), KeyListVersion: 1}})
+				if err != nil {
+					errc <- err
+					return
+				}
+				if len(stale) == 0 {
+					mu.Lock()
+					won[prev+1] = append(won[prev+1], body)
+					mu.Unlock()
+					done++
+				}
+			}
+			errc <- nil
 		}()
 	}
 	wg.Wait()
@@ -75,7 +99,12 @@ func TestConcurrentWritersSerialize(t *testing.T) {
 		}
 	}
 	m, err := st.GetManifest(ctx, "agt")
-	if err != nil || m.Serial != writers || string(m.Envelope) != fmt.Sprint(writers-1) {
+	if err != nil || m.Serial != writers*saves || string(m.Envelope) != won[m.Serial][0] {
 		t.Fatalf("manifest after racing saves: %+v %v", m, err)
+	}
+	for serial := uint64(1); serial <= writers*saves; serial++ {
+		if len(won[serial]) != 1 {
+			t.Fatalf("serial %d saved %d times: %q", serial, len(won[serial]), won[serial])
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/drover/drover/server/store"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -17,8 +18,10 @@ const sqliteCursorKey = "\x00cursor"
 // ImportSQLite copies every table of a SQLite store at the same schema
 // version (src is its read handle) into this database, which must be
 // empty, in one transaction: a failed import leaves the database empty.
-// progress, if not nil, is told each table and how many rows it copied.
-func (s *DB) ImportSQLite(ctx context.Context, src *sql.DB, progress func(table string, rows int64)) error {
+// keys, sealed by the caller, are stored as the server keys in the same
+// transaction (a SQLite server keeps its keys in files). progress, if not
+// nil, is told each table and how many rows it copied.
+func (s *DB) ImportSQLite(ctx context.Context, src *sql.DB, keys []*store.ServerKey, progress func(table string, rows int64)) error {
 	var srcVersion int
 	if err := src.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&srcVersion); err != nil {
 		return fmt.Errorf("import: read the SQLite schema version: %w", err)
@@ -61,6 +64,11 @@ func (s *DB) ImportSQLite(ctx context.Context, src *sql.DB, progress func(table 
 		}
 		if progress != nil {
 			progress(t.name, n)
+		}
+	}
+	for _, k := range keys {
+		if _, err := tx.Exec(ctx, `INSERT INTO server_keys(id, sealed, version, updated_at) VALUES($1,$2,$3,$4)`, k.ID, k.Sealed, int64(k.Version), ns(k.UpdatedAt)); err != nil {
+			return fmt.Errorf("import: server key %s: %w", k.ID, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

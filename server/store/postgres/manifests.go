@@ -67,14 +67,16 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 	return pipes, agents, rows.Err()
 }
 
-func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) error {
+func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) ([]string, error) {
+	var stale []string
 	err := withTx(ctx, s.w, func(tx *txn) error {
+		stale = stale[:0]
 		meta, err := tx.PrepareContext(ctx, `INSERT INTO manifests(agent_id, serial, content_hash, digest, issued_at, expires_at, key_list_version, payloads, secrets)
 			VALUES(?,?,?,?,?,?,?,?,?)
 			ON CONFLICT(agent_id) DO UPDATE SET serial=excluded.serial, content_hash=excluded.content_hash, digest=excluded.digest,
 			issued_at=excluded.issued_at, expires_at=excluded.expires_at, key_list_version=excluded.key_list_version,
 			payloads=excluded.payloads, secrets=excluded.secrets
-			WHERE excluded.serial > manifests.serial`)
+			WHERE excluded.serial > manifests.serial AND manifests.serial = ?`)
 		if err != nil {
 			return err
 		}
@@ -87,12 +89,13 @@ func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) erro
 		defer env.Close()
 		for _, m := range ms {
 			res, err := meta.ExecContext(ctx, m.AgentID, m.Serial, m.ContentHash, m.Digest, ns(m.IssuedAt), ns(m.ExpiresAt),
-				m.KeyListVersion, jsonText(nonNil(m.Payloads)), jsonText(nonNil(m.Secrets)))
+				m.KeyListVersion, jsonText(nonNil(m.Payloads)), jsonText(nonNil(m.Secrets)), m.PrevSerial)
 			if err != nil {
 				return err
 			}
 			if n, _ := res.RowsAffected(); n == 0 {
-				continue // a newer serial is already stored
+				stale = append(stale, m.AgentID) // another writer saved since m was compiled
+				continue
 			}
 			if _, err := env.ExecContext(ctx, m.AgentID, m.Envelope); err != nil {
 				return err
@@ -101,9 +104,9 @@ func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) erro
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("save manifests: %w", err)
+		return nil, fmt.Errorf("save manifests: %w", err)
 	}
-	return nil
+	return stale, nil
 }
 
 func (s *DB) GetManifest(ctx context.Context, agentID string) (*store.StoredManifest, error) {

@@ -162,18 +162,22 @@ func (s *DB) migrate(ctx context.Context) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	sort.Strings(files)
-	known := len(files)
+	// Numbers rise; one may be missing (numbers are handed out ahead of
+	// the migrations that take them).
+	nums := make([]int, len(files))
 	for i, f := range files {
 		n, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(f, "migrations/"), "_", 2)[0])
-		if err != nil || n != i+1 {
+		if err != nil || n < 1 || i > 0 && n <= nums[i-1] {
 			return fmt.Errorf("migrate: bad migration name %s", f)
 		}
+		nums[i] = n
 	}
-	step := func(n int, body string) error {
-		return withTx(ctx, s.w, func(tx *txn) error {
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, migrationLock); err != nil {
-				return err
-			}
+	known := 0
+	if len(nums) > 0 {
+		known = nums[len(nums)-1]
+	}
+	step := func(n int, name, body string) error {
+		return lockedTx(ctx, s.w, migrationLock, func(tx *txn) error {
 			if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS drover_schema (version INTEGER NOT NULL)`); err != nil {
 				return err
 			}
@@ -193,13 +197,13 @@ func (s *DB) migrate(ctx context.Context) error {
 				return nil
 			}
 			if _, err := tx.ExecContext(ctx, body); err != nil {
-				return fmt.Errorf("%s: %w", files[n-1], err)
+				return fmt.Errorf("%s: %w", name, err)
 			}
 			_, err = tx.ExecContext(ctx, `UPDATE drover_schema SET version=?`, n)
 			return err
 		})
 	}
-	if err := step(0, ""); err != nil {
+	if err := step(0, "", ""); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	for i, f := range files {
@@ -207,7 +211,7 @@ func (s *DB) migrate(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}
-		if err := step(i+1, string(body)); err != nil {
+		if err := step(nums[i], f, string(body)); err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}
 	}
@@ -309,6 +313,26 @@ func withTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 func tryTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelSerializable})
 	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// lockedTx runs fn in one READ COMMITTED transaction that first takes the
+// advisory lock key: the statements after the lock see what an earlier
+// holder committed (a SERIALIZABLE snapshot would be taken before the
+// wait and miss it).
+func lockedTx(ctx context.Context, c *conn, key int64, fn func(*txn) error) error {
+	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, key); err != nil {
+		tx.Rollback()
 		return err
 	}
 	if err := fn(tx); err != nil {

@@ -37,6 +37,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"NotifyQueue", testNotifyQueue},
 		{"StreamPresence", testStreamPresence},
 		{"ConsoleSessions", testConsoleSessions},
+		{"ServerKeys", testServerKeys},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -255,17 +256,39 @@ func testManifests(t *testing.T, st store.Store) {
 	}
 	m := &store.StoredManifest{AgentID: "agt-a", Serial: 2, ContentHash: "c", Digest: "sha256:d", Envelope: []byte(`{"m":1}`),
 		IssuedAt: t0, ExpiresAt: t0.Add(time.Hour), KeyListVersion: 1, Payloads: []string{"sha256:p"}, Secrets: []string{"db"}}
-	must(t, st.SaveManifests(ctx, []*store.StoredManifest{m}))
+	if stale, err := st.SaveManifests(ctx, []*store.StoredManifest{m}); err != nil || len(stale) != 0 {
+		t.Fatalf("SaveManifests(first): stale %v, %v", stale, err)
+	}
 	old := *m
 	old.Serial, old.Envelope = 1, []byte(`{"old":1}`)
-	must(t, st.SaveManifests(ctx, []*store.StoredManifest{&old}))
+	// Compiled over no manifest, or over serial 1, while serial 2 was
+	// saved: stale, nothing changes.
+	same := *m
+	same.Envelope = []byte(`{"same serial":1}`)
+	racing := *m
+	racing.PrevSerial, racing.Serial, racing.Envelope = 1, 3, []byte(`{"racing":1}`)
+	stale, err := st.SaveManifests(ctx, []*store.StoredManifest{&old, &same, &racing})
+	if err != nil || len(stale) != 3 {
+		t.Fatalf("SaveManifests(stale): stale %v, %v", stale, err)
+	}
 	got, err := st.GetManifest(ctx, "agt-a")
 	if err != nil || got.Serial != 2 || !bytes.Equal(got.Envelope, m.Envelope) || got.Digest != m.Digest {
-		t.Fatalf("GetManifest (an older serial must not replace a newer one): %+v %v", got, err)
+		t.Fatalf("GetManifest (an older serial or a stale compile must not replace the stored one): %+v %v", got, err)
+	}
+	next := *m
+	next.PrevSerial, next.Serial, next.Envelope = 2, 3, []byte(`{"next":1}`)
+	if stale, err := st.SaveManifests(ctx, []*store.StoredManifest{&next}); err != nil || len(stale) != 0 {
+		t.Fatalf("SaveManifests(next): stale %v, %v", stale, err)
+	}
+	if got, err := st.GetManifest(ctx, "agt-a"); err != nil || got.Serial != 3 || !bytes.Equal(got.Envelope, next.Envelope) {
+		t.Fatalf("GetManifest after the next serial: %+v %v", got, err)
+	}
+	if stale, err := st.SaveManifests(ctx, []*store.StoredManifest{m}); err != nil || len(stale) != 1 {
+		t.Fatalf("SaveManifests(back to 2): stale %v, %v", stale, err)
 	}
 	_, err = st.GetManifest(ctx, "agt-b")
 	wantKind(t, "GetManifest(none)", err, errs.ErrNotFound)
-	if _, agents, err := st.CompileInputs(ctx, []string{"agt-a"}); err != nil || len(agents) != 1 || agents[0].Prev == nil || agents[0].Prev.Serial != 2 {
+	if _, agents, err := st.CompileInputs(ctx, []string{"agt-a"}); err != nil || len(agents) != 1 || agents[0].Prev == nil || agents[0].Prev.Serial != 3 {
 		t.Fatalf("CompileInputs(agt-a): %v %v", agents, err)
 	}
 	if due, err := st.ManifestsDue(ctx, t0.Add(time.Second)); err != nil || len(due) != 1 || due[0] != "agt-a" {
@@ -408,5 +431,38 @@ func testEvents(t *testing.T, st store.Store) {
 	must(t, st.SetMonitorState(ctx, map[string]string{"a": ""}, t0))
 	if s, err := st.MonitorState(ctx); err != nil || len(s) != 1 || s["b"] != "2" {
 		t.Fatalf("MonitorState: %v %v", s, err)
+	}
+}
+
+// testServerKeys: the first InitServerKeys stores, later ones find keys
+// and change nothing; UpdateServerKeys is a compare-and-swap on one key's
+// version.
+func testServerKeys(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	if ks, err := st.ServerKeys(ctx); err != nil || len(ks) != 0 {
+		t.Fatalf("ServerKeys(empty): %v %v", ks, err)
+	}
+	first := []*store.ServerKey{{ID: "ca.key", Sealed: []byte{0, 1, 2}, Version: 1, UpdatedAt: t0}, {ID: "keylist", Sealed: []byte("kl1"), Version: 1, UpdatedAt: t0}}
+	if ok, err := st.InitServerKeys(ctx, first); err != nil || !ok {
+		t.Fatalf("InitServerKeys(first): %v %v", ok, err)
+	}
+	if ok, err := st.InitServerKeys(ctx, []*store.ServerKey{{ID: "ca.key", Sealed: []byte("other"), Version: 1}, {ID: "x", Sealed: []byte("x"), Version: 1}}); err != nil || ok {
+		t.Fatalf("InitServerKeys(second): %v %v", ok, err)
+	}
+	ks, err := st.ServerKeys(ctx)
+	if err != nil || len(ks) != 2 || !bytes.Equal(ks["ca.key"].Sealed, []byte{0, 1, 2}) || ks["keylist"].Version != 1 || !ks["ca.key"].UpdatedAt.Equal(t0) {
+		t.Fatalf("ServerKeys after a second init: %v %v", ks, err)
+	}
+	put := []*store.ServerKey{{ID: "keylist", Sealed: []byte("kl2"), Version: 2, UpdatedAt: t0.Add(time.Minute)}, {ID: "manifest/k2", Sealed: []byte("k2"), Version: 1, UpdatedAt: t0}}
+	wantKind(t, "UpdateServerKeys(wrong version)", st.UpdateServerKeys(ctx, "keylist", 2, put, nil), errs.ErrConflict)
+	wantKind(t, "UpdateServerKeys(missing key)", st.UpdateServerKeys(ctx, "nope", 1, put, nil), errs.ErrNotFound)
+	must(t, st.UpdateServerKeys(ctx, "keylist", 1, put, []string{"ca.key"}))
+	wantKind(t, "UpdateServerKeys(replayed)", st.UpdateServerKeys(ctx, "keylist", 1, put, nil), errs.ErrConflict)
+	ks, err = st.ServerKeys(ctx, "keylist", "ca.key")
+	if err != nil || len(ks) != 1 || ks["keylist"].Version != 2 || string(ks["keylist"].Sealed) != "kl2" {
+		t.Fatalf("ServerKeys(keylist, ca.key) after update: %v %v", ks, err)
+	}
+	if ks, err := st.ServerKeys(ctx); err != nil || len(ks) != 2 || ks["manifest/k2"] == nil {
+		t.Fatalf("ServerKeys after update: %v %v", ks, err)
 	}
 }

@@ -1,3 +1,11 @@
--- Placeholder on this branch only: migration 0009 (server keys) belongs to
--- the key-encryption work. At merge, keep that branch's file and drop this one.
-SELECT 1;
+-- The server's key material shared by every replica (docs/postgres.md,
+-- "Keys and the KEK"): each row sealed with AES-256-GCM under the
+-- key-encryption key, its id as additional data. Nothing in it is in the
+-- clear.
+
+CREATE TABLE server_keys (
+	id TEXT COLLATE "C" PRIMARY KEY,
+	sealed BYTEA NOT NULL,
+	version BIGINT NOT NULL,
+	updated_at BIGINT NOT NULL
+);
