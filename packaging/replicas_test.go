@@ -28,7 +28,7 @@ var replicaFields = []string{"kek_file", "public_urls", "grpc_public_addrs"}
 // replicaFieldsLanded, once true, makes a replica field that server.Config
 // does not know a failure instead of a note: set it when the key-encryption
 // key and the public address lists are in the configuration.
-const replicaFieldsLanded = false
+const replicaFieldsLanded = true
 
 // configKeys returns the top-level YAML keys server.Config knows.
 func configKeys() map[string]bool {

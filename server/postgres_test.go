@@ -99,6 +99,28 @@ func TestPostgresServerFlow(t *testing.T) {
 	if want := nRuns * len(expectedLog(id, perRun)); bytesLogged != want {
 		t.Fatalf("log_bytes total %d, want %d: a replayed chunk was counted twice", bytesLogged, want)
 	}
+
+	// The command-line token commands write into the configured store, not
+	// into a SQLite file of the data dir.
+	env := []string{"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn}
+	var out, errOut bytes.Buffer
+	if code := Main("test", []string{"api-tokens", "create", "--data-dir", ts.cfg.DataDir, "--name", "pg-rescue", "--role", "admin"}, env, &out, &errOut); code != 0 {
+		t.Fatalf("api-tokens create on PostgreSQL: %d %s", code, errOut.String())
+	}
+	var who api.WhoAmI
+	ts.as(strings.TrimSpace(out.String()), 200, "GET", "/api/v1/whoami", nil, &who)
+	if who.Name != "pg-rescue" {
+		t.Fatalf("whoami with a CLI token made on PostgreSQL: %+v", who)
+	}
+	out.Reset()
+	if code := Main("test", []string{"tokens", "create", "--data-dir", ts.cfg.DataDir, "--ttl", "10m"}, env, &out, &errOut); code != 0 {
+		t.Fatalf("tokens create on PostgreSQL: %d %s", code, errOut.String())
+	}
+	b, err := enroll(ts.base, strings.TrimSpace(out.String()), "pg-cli-host")
+	if err != nil {
+		t.Fatalf("enroll with a CLI token made on PostgreSQL: %v", err)
+	}
+	b.close()
 }
 
 // The PostgreSQL settings are validated with their field paths, and a

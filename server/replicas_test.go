@@ -3,8 +3,6 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,41 +16,18 @@ import (
 	agentpb "github.com/drover/drover/proto"
 )
 
-// shareKeys gives a replica's data dir a copy of the first replica's keys
-// and certificates (everything but its lock and SQLite files), so that the
-// replicas sign, verify and authenticate alike. This stands in for keys
-// kept in the store under a key-encryption key.
-func shareKeys(t *testing.T, from, to string) {
-	t.Helper()
-	ents, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if e.IsDir() || e.Name() == "server.lock" || strings.HasPrefix(e.Name(), "server.db") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// startReplicas starts n servers on one fresh PostgreSQL database, the
-// first of which made the keys the others copy.
+// startReplicas starts n servers on one fresh PostgreSQL database, each
+// with a data dir of its own and the same KEK: the first stores the keys,
+// the others load them.
 func startReplicas(t *testing.T, c *pgtest.Cluster, n int) []*testServer {
 	t.Helper()
-	dsn := c.NewDatabase(t)
-	pg := func(cfg *Config) { cfg.Store.Driver, cfg.Store.DSN, cfg.Store.MaxConns = "postgres", dsn, 6 }
-	reps := []*testServer{startServer(t, pg)}
-	for range n - 1 {
-		dir := t.TempDir()
-		shareKeys(t, reps[0].cfg.DataDir, dir)
-		reps = append(reps, startServer(t, pg, func(cfg *Config) { cfg.DataDir = dir }))
+	dsn, kek := c.NewDatabase(t), testKEKFile(t)
+	pg := func(cfg *Config) {
+		cfg.Store.Driver, cfg.Store.DSN, cfg.Store.MaxConns, cfg.KEKFile = "postgres", dsn, 6, kek
+	}
+	var reps []*testServer
+	for range n {
+		reps = append(reps, startServer(t, pg))
 	}
 	for _, r := range reps {
 		testkit.WaitFor(t, 10*time.Second, "the signal bus to listen", func() bool { return r.s.fleet.bus.Up() })

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"github.com/drover/drover/server/pki"
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/api"
@@ -69,21 +70,24 @@ func failover(t *testing.T, blackhole bool) {
 		// Three replicas: after A, B dies too, and the agent goes on to C.
 		urls, addrs = append(urls, "https://"+cHTTP), append(addrs, cGRPC)
 	}
+	kek := filepath.Join(t.TempDir(), "kek")
+	if _, err := pki.GenerateKEK(kek); err != nil {
+		t.Fatal(err)
+	}
 	env := []string{
-		"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn,
+		"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn, "DROVER_KEK_FILE=" + kek,
 		"DROVER_PUBLIC_URLS=" + strings.Join(urls, ","),
 		"DROVER_GRPC_PUBLIC_ADDRS=" + strings.Join(addrs, ","),
 	}
-	a := startReplica(t, "A", "", aHTTP, aGRPC, env)
-	b := startReplica(t, "B", a.dataDir, bHTTP, bGRPC, env)
+	a := startReplica(t, "A", aHTTP, aGRPC, env)
+	b := startReplica(t, "B", bHTTP, bGRPC, env)
 	var c *serverProc
 	if !blackhole {
-		c = startReplica(t, "C", a.dataDir, cHTTP, cGRPC, env)
+		c = startReplica(t, "C", cHTTP, cGRPC, env)
 	}
 
 	tags := map[string]string{"e2e": "failover"}
-	// Through the API: `drover-server tokens create` writes to the SQLite
-	// file of the data dir only.
+	// Through the API of A, as an operator would.
 	var tok api.EnrollmentTokenCreated
 	a.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: tags}, &tok)
 	ag, id := enrolledAgent(t, a, agentOpts{name: "agent-failover", backend: "cron", tags: tags, serverURL: "https://" + pubAHTTP,
@@ -225,18 +229,13 @@ func failover(t *testing.T, blackhole bool) {
 	}
 }
 
-// startReplica starts a drover-server replica on fixed addresses. With
-// keysFrom, the replica shares that data dir's keys: its key files are
-// copied into the new data dir before the start. Until the keys live in
-// the store (sealed by a key-encryption key), this is how two replicas on
-// one database share their CA and signing keys in the tests.
-func startReplica(t *testing.T, name, keysFrom, httpAddr, grpcAddr string, env []string) *serverProc {
+// startReplica starts a drover-server replica on fixed addresses, with a
+// data dir of its own; the replicas share their keys through the store,
+// sealed by the KEK file env names.
+func startReplica(t *testing.T, name, httpAddr, grpcAddr string, env []string) *serverProc {
 	t.Helper()
 	dir := t.TempDir()
 	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server-"+name), env: env}
-	if keysFrom != "" {
-		copyKeyFiles(t, keysFrom, s.dataDir)
-	}
 	s.start(httpAddr, grpcAddr)
 	t.Cleanup(func() { s.proc.kill() })
 	caPEM, err := os.ReadFile(filepath.Join(s.dataDir, "ca.crt"))
@@ -250,33 +249,6 @@ func startReplica(t *testing.T, name, keysFrom, httpAddr, grpcAddr string, env [
 	}
 	s.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	return s
-}
-
-// copyKeyFiles copies a server data dir's keys, CA and admin token (not
-// its TLS certificate, lock or database) into dst.
-func copyKeyFiles(t *testing.T, src, dst string) {
-	t.Helper()
-	if err := os.MkdirAll(dst, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		n := e.Name()
-		if !e.Type().IsRegular() || strings.HasPrefix(n, "tls.") || strings.HasPrefix(n, "server.") || strings.HasPrefix(n, ".") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(src, n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fi, _ := e.Info()
-		if err := os.WriteFile(filepath.Join(dst, n), b, fi.Mode().Perm()); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // tcpProxy forwards 127.0.0.1 connections to a target until blackhole:
