@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"github.com/drover/drover/server/pki"
 	"io"
 	"net"
 	"net/http"
@@ -15,7 +16,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"github.com/drover/drover/server/pki"
 
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/api"
