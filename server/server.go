@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"github.com/drover/drover/server/notify"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"log/slog"
 	"net"
 	"net/http"
@@ -96,6 +98,8 @@ type Server struct {
 	grpcLn  net.Listener
 	httpSrv *http.Server
 	grpcSrv *grpc.Server
+	// grpcHealth answers the standard gRPC health check.
+	grpcHealth *health.Server
 
 	stopping atomic.Bool
 	ran      atomic.Bool
@@ -270,6 +274,11 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		grpc.WriteBufferSize(grpcBufferBytes),
 	)
 	agentpb.RegisterAgentServer(s.grpcSrv, s.streams)
+	// The standard gRPC health service, for the agents' liveness probe of
+	// an idle stream and for load balancers that hold an agent certificate:
+	// SERVING until the server begins to stop.
+	s.grpcHealth = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpcSrv, s.grpcHealth)
 
 	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("listen https: %w", err)
@@ -533,6 +542,7 @@ func (s *Server) shutdown() {
 	tctx, cancel := context.WithTimeout(context.Background(), s.cfg.HTTP.ShutdownTimeout)
 	defer cancel()
 	grpcDone := make(chan struct{})
+	s.grpcHealth.Shutdown()
 	go func() { s.grpcSrv.GracefulStop(); close(grpcDone) }()
 	if err := s.httpSrv.Shutdown(tctx); err != nil {
 		s.httpSrv.Close()

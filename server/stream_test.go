@@ -19,6 +19,7 @@ import (
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/stream"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -872,4 +873,28 @@ func TestRenewalClosesRetiredStream(t *testing.T) {
 	}
 	st := a.mustStream(t)
 	sendAll(t, st, 3, finished("r3", "job", agentpb.RunStatus_RUN_STATUS_SUCCEEDED, ""))
+}
+
+// The gRPC port answers the standard health check (the agents' liveness
+// probe of an idle stream) for a client with an agent certificate, and
+// says NOT_SERVING once the server begins to stop.
+func TestGRPCHealth(t *testing.T) {
+	ts := startServer(t)
+	a := ts.jobAgent()
+	conn, err := a.dial("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health check: %v %v", r, err)
+	}
+	ts.s.grpcHealth.Shutdown()
+	if r, err = hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health check while stopping: %v %v", r, err)
+	}
 }
