@@ -28,6 +28,7 @@ type Store interface {
 	AuditStore
 	MonitorStore
 	NotifyStore
+	PlacementStore
 	Close() error
 }
 
@@ -180,4 +181,19 @@ type MonitorStore interface {
 	PruneEvents(ctx context.Context, before time.Time) (int, error)
 	MonitorState(ctx context.Context) (map[string]string, error)
 	SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error
+}
+
+// PlacementStore keeps the holders of placement: one pipes; the compiler
+// is its only writer (under its lock).
+type PlacementStore interface {
+	// Holders lists every pipe's holder state, by pipe name.
+	Holders(ctx context.Context) ([]*Holder, error)
+	// SaveHolders writes the given holder states (replacing those of the
+	// same pipes) and deletes those of the pipes in remove, in one
+	// transaction.
+	SaveHolders(ctx context.Context, hs []*Holder, remove []string) error
+	// LastFiresServed returns, for each of the pipes, the latest fire time
+	// a run record of any agent serves (missed runs do not serve); a pipe
+	// without one is left out.
+	LastFiresServed(ctx context.Context, pipes []string) (map[string]time.Time, error)
 }
