@@ -70,9 +70,9 @@ type goldenPipe struct {
 }
 
 type goldenAgent struct {
-	ID       string            `yaml:"id"`
-	Tags     map[string]string `yaml:"tags"`
-	Revoked  bool              `yaml:"revoked"`
+	ID      string            `yaml:"id"`
+	Tags    map[string]string `yaml:"tags"`
+	Revoked bool              `yaml:"revoked"`
 	// Silent: no live stream and not heard from within the offline grace.
 	Silent bool `yaml:"silent"`
 	// Released: placement: one pipes it confirmed it dropped.
