@@ -178,6 +178,7 @@
 //	GET    /api/v1/pipes/{name}/fires?since=&until=&limit=  viewer (per fire time: expected, runs per status)
 //	POST   /api/v1/pipes/{name}/dry-run                     viewer (stores nothing)
 //	POST   /api/v1/pipes/{name}/run {agent | tags}          operator; pipes.run
+//	POST   /api/v1/pipes/{name}/move {to}                   operator; pipes.move
 //	GET    /api/v1/agents?tag=k=v&status=online|offline|revoked  viewer
 //	GET    /api/v1/agents/{id}                              viewer
 //	PUT    /api/v1/agents/{id}/tags                         admin; agents.tags

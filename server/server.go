@@ -19,6 +19,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/server/compile"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/postgres"
@@ -72,6 +73,7 @@ type Server struct {
 	metricsHandler http.Handler
 	logWatch       logNotifier
 	logStreams     chan struct{} // bounds live log streams
+	placeWake      chan struct{} // wakes the leases loop (placement.go)
 	quit           chan struct{} // closed when the server starts draining
 
 	enrollLimiter  rateLimit
@@ -131,7 +133,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	hub := stream.NewHub()
 	s := &Server{cfg: cfg, log: logger, clock: clock, hub: hub,
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
-		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
+		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}), placeWake: make(chan struct{}, 1),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches)}
 	defer func() {
@@ -171,7 +173,8 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err
 	}
-	s.compiler = compilerSeam{&compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}}
+	s.compiler = compilerSeam{&compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published,
+		leases: compile.Leases{Lease: cfg.Placement.Lease, SkewMargin: cfg.Placement.SkewMargin}, healthy: s.agentHealthy, holdUntil: now.Add(cfg.GRPC.OfflineAfter)}}
 	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	s.notifier = notify.NewDeliverer(s.store, s.sealer.Open, clock.Now, logger, cfg.Notify)
@@ -313,6 +316,7 @@ func (s *Server) afterCommit(recs []*store.Record) {
 	s.metrics.committed(recs, s.clock.Now())
 	s.logWatch.notify(recs)
 	s.monitor.observe(recs)
+	s.statusCommitted(recs)
 	s.notifier.Wake()
 }
 
@@ -365,6 +369,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { defer bgWG.Done(); s.leader.lead(bg, "monitor", s.monitor.run) }()
 	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.leader.lead(bg, "notify", s.notifier.Run) }()
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "leases", s.runLeases) }()
 	if s.cfg.InternalAgent.Enabled {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()
