@@ -255,8 +255,8 @@ func TestApplyBadInput(t *testing.T) {
 	}{
 		{"malformed", map[string]string{"a.yaml": "name: x\n  schedule: '@daily'\nscript: echo\n"},
 			[]string{"bad/a.yaml:2: mapping values are not allowed in this context"}},
-		{"unknown-field", map[string]string{"a.yaml": "name: x\nschedule: '@daily'\nscript: echo\nretries: 3\n"},
-			[]string{"bad/a.yaml:4: retries: unknown field (known: catchup, command, description, enabled, env, files, grace, hardening, interpreter, jitter, limits, max_duration, name, run_as, schedule, script, secrets, targets, timeout, timezone, writable_paths)"}},
+		{"unknown-field", map[string]string{"a.yaml": "name: x\nschedule: '@daily'\nscript: echo\nretry: 3\n"},
+			[]string{"bad/a.yaml:4: retry: unknown field (known: catchup, command, description, enabled, env, files, grace, hardening, interpreter, jitter, limits, max_duration, name, placement, retries, run_as, schedule, script, secrets, targets, timeout, timezone, writable_paths)"}},
 		{"unknown-nested-field", map[string]string{"a.yaml": "name: x\nschedule: '@daily'\nscript: echo\nlimits:\n  memory: 5\n"},
 			[]string{"bad/a.yaml:5: limits.memory: unknown field (known: cpu_percent, memory_mb, tasks)"}},
 		{"payload-over-cap", map[string]string{"a.yaml": "name: x\nschedule: '@daily'\ncommand: [./run]\nfiles: [run, blob]\n", "run*": "#!/bin/sh\n", "blob": string(big)},

@@ -150,6 +150,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	kv := newKV(out)
 	pipeHeadKV(kv, p.Name, p.Version, &s)
 	specKV(kv, &s, p.Payload)
+	placementKV(kv, p.Placement, a.env.Now())
 	kv.add("Created", fmtTimeV(p.CreatedAt))
 	kv.add("Updated", fmtTimeV(p.UpdatedAt))
 	if err := kv.flush(); err != nil {
@@ -190,6 +191,9 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 			if ps.Name == p.Name {
 				running, applyErr = itoa(int(ps.Version)), ps.ApplyError
 			}
+		}
+		if p.Placement != nil && p.Placement.Holder == ag.ID {
+			running += " (holder)"
 		}
 		t.row(ag.ID, ag.Hostname, ag.State(), running, applyErr)
 	}
