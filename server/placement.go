@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server/compile"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
-	"github.com/drover/drover/manifest"
 )
 
 // Placement: one (docs/placement.md). Package compile decides who holds
