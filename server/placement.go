@@ -37,8 +37,17 @@ type compilerStore interface {
 // is made again).
 func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes []compile.Pipe, agents []*store.CompileAgent, cas []compile.Agent,
 	stored []*store.Holder, now time.Time) ([]string, error) {
+	byID := make(map[string]int, len(agents))
+	for i, a := range agents {
+		byID[a.ID] = i
+		cas[i].Healthy = c.healthy == nil || c.healthy(a.ID, a.LastSeenAt, now)
+	}
 	holders := make([]compile.Holder, len(stored))
-	var waiting []string // pipes that may gain a holder: their last fire time served is needed
+	// The pipes that may gain a holder in this plan need their last fire
+	// time served: those nobody holds, or whose holder is gone, silent or
+	// asked to move (a targets change is rare enough to be left out: the
+	// next pass carries it).
+	var waiting []string
 	pending := map[string][]string{}
 	live := map[string]bool{}
 	for _, p := range pipes {
@@ -48,11 +57,15 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 	for i, h := range stored {
 		holders[i] = compileHolder(h)
 		held[h.Pipe] = true
-		if h.Agent == "" && live[h.Pipe] {
+		if !live[h.Pipe] {
+			continue
+		}
+		j, present := byID[h.Agent]
+		if h.Agent == "" || !present || !cas[j].Healthy || h.MoveTo != "" {
 			waiting = append(waiting, h.Pipe)
-			if h.Prev != "" && now.Before(h.PrevLeaseUntil.Add(c.leases.SkewMargin)) {
-				pending[h.Prev] = append(pending[h.Prev], h.Pipe)
-			}
+		}
+		if h.Agent == "" && h.Prev != "" && now.Before(h.PrevLeaseUntil.Add(c.leases.SkewMargin)) {
+			pending[h.Prev] = append(pending[h.Prev], h.Pipe)
 		}
 	}
 	for _, p := range pipes {
@@ -63,11 +76,6 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 	served, err := c.store.LastFiresServed(ctx, waiting)
 	if err != nil {
 		return nil, fmt.Errorf("compile: %w", err)
-	}
-	byID := make(map[string]int, len(agents))
-	for i, a := range agents {
-		byID[a.ID] = i
-		cas[i].Healthy = c.healthy == nil || c.healthy(a.ID, a.LastSeenAt, now)
 	}
 	// A holder that lost a pipe confirms it no longer runs it by applying
 	// a manifest issued at or after its release: serials only rise, and no
