@@ -329,3 +329,87 @@ func TestPlacementOneMove(t *testing.T) {
 		t.Fatalf("holder %s, want %s", h, back)
 	}
 }
+
+// Missed-run detection of a placement: one pipe: a fire time is expected
+// of its holder at that instant alone (the other targeted agents are never
+// reported missing); one that fell while nobody held the pipe is missed
+// with reason "no holder", and the next holder's catch-up run replaces it.
+func TestPlacementOneMissedRuns(t *testing.T) {
+	f := startPlacement(t, 3)
+	ts := f.ts
+	ctx := t.Context()
+	ts.putMonPipe("backup", map[string]string{"role": "db"}, map[string]any{"schedule": "* * * * *", "grace": "1m", "placement": "one"})
+	if _, err := ts.s.monitor.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := f.mustHolder("backup")
+	start := ts.clock.Now()
+	// step moves the clock to at in steps of 5 s, the leases loop running
+	// at each (as it would every 2 s).
+	step := func(at time.Time) {
+		for ts.clock.Now().Before(at) {
+			ts.clock.Advance(min(5*time.Second, at.Sub(ts.clock.Now())+time.Millisecond))
+			f.place()
+		}
+	}
+	// serve sends a holder's runs of the fire times in (from, to].
+	seq := map[string]uint64{}
+	serve := func(id string, from, to time.Time) {
+		var msgs []*agentpb.AgentMessage
+		for x := from.Truncate(time.Minute); !x.After(to); x = x.Add(time.Minute) {
+			if x.After(from) {
+				msgs = append(msgs, scheduledRun(fmt.Sprintf("r-%s-%d", id, x.Unix()), "backup", x, agentpb.RunStatus_RUN_STATUS_SUCCEEDED)...)
+			}
+		}
+		if len(msgs) > 0 {
+			seq[id] = sendAll(t, f.streams[id], seq[id]+1, msgs...) - 1
+		}
+	}
+
+	// Two minutes served by the holder, up to 2 s before a fire time b.
+	b := start.Add(2 * time.Minute).Truncate(time.Minute)
+	step(b.Add(-2 * time.Second))
+	serve(old, start, ts.clock.Now())
+	// A move at b-2s: the holder's lease (renewed within the last 7 s, so
+	// past b) fences the hand-over, and b falls while nobody holds it.
+	to := f.other(old)
+	ts.adminOK("POST", "/api/v1/pipes/backup/move", map[string]string{"to": to}, nil)
+	pl := f.placement("backup")
+	if !pl.NextAfter.After(b) {
+		t.Fatalf("the fence ends at %s, before the fire time %s", pl.NextAfter, b)
+	}
+	step(pl.NextAfter.Add(time.Second))
+	if h, _ := f.mustHolder("backup"); h != to {
+		t.Fatalf("holder %s, want %s", h, to)
+	}
+	since := f.placement("backup").Since
+	// The new holder serves from its start; the grace of b+1m passes.
+	step(b.Add(2*time.Minute + 5*time.Second))
+	serve(to, since, ts.clock.Now())
+	stats, err := ts.s.monitor.pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var missed []api.Run
+	var list api.RunList
+	ts.adminOK("GET", "/api/v1/runs?limit=1000&pipe=backup&status=missed", nil, &list)
+	missed = list.Runs
+	if len(missed) != 1 || missed[0].AgentID != "" || missed[0].Reason != reasonNoHolder || missed[0].ScheduledAt == nil || !missed[0].ScheduledAt.Equal(b) {
+		t.Fatalf("missed runs %+v (stats %+v), want one at %s with no holder", missed, stats, b)
+	}
+	for id := range f.agents {
+		for _, r := range ts.runsOf(id, "backup") {
+			if r.Status == api.StatusMissed {
+				t.Errorf("agent %s reported missing at %v", id, r.ScheduledAt)
+			}
+		}
+	}
+	// The new holder's catch-up run of b replaces the no-holder record.
+	s := started("catchup-b", "backup", since)
+	s.GetRunStarted().ScheduledAt, s.GetRunStarted().Trigger = timestamppb.New(b), agentpb.Trigger_TRIGGER_CATCHUP
+	seq[to] = sendAll(t, f.streams[to], seq[to]+1, s) - 1
+	ts.adminOK("GET", "/api/v1/runs?limit=1000&pipe=backup&status=missed", nil, &list)
+	if len(list.Runs) != 0 {
+		t.Fatalf("missed runs after the catch-up: %+v", list.Runs)
+	}
+}
