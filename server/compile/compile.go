@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/drover/drover/manifest"
@@ -152,6 +153,7 @@ type Compilation struct {
 	byName   map[string]int // entry index by pipe name
 	placed   bool           // some entries are placement: one
 	held     map[int]*held  // placement: one entries, by index: who holds them (Hold)
+	byTags   sync.Map       // tagKey → []int: the entries a tag set selects, computed once per set
 	notes    map[string][]string
 	byAgent  map[string][]int // entries that name an agent id in their targets
 	klv      uint64
@@ -254,11 +256,17 @@ func (c *Compilation) KeyListVersion() uint64 { return c.klv }
 // selected returns the indexes of the entries that target a, by name
 // (manifest.Targets.Selects, with the agent-id targets indexed).
 func (c *Compilation) selected(a *Agent) []int {
+	key := tagKey(a.Tags)
 	var idx []int
-	for i := range c.entries {
-		if c.entries[i].targets.SelectsTags(a.Tags) {
-			idx = append(idx, i)
+	if v, ok := c.byTags.Load(key); ok {
+		idx = slices.Clone(v.([]int))
+	} else {
+		for i := range c.entries {
+			if c.entries[i].targets.SelectsTags(a.Tags) {
+				idx = append(idx, i)
+			}
 		}
+		c.byTags.Store(key, slices.Clone(idx))
 	}
 	for _, i := range c.byAgent[a.ID] {
 		if !slices.Contains(idx, i) {

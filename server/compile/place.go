@@ -112,6 +112,7 @@ func Place(pipes []Pipe, agents []Agent, holders []Holder, served map[string]tim
 	now = now.UTC().Truncate(time.Second)
 	byID := make(map[string]*Agent, len(agents))
 	groups := map[string][]*Agent{} // agents by tag set: selection is decided once per set
+	groupOf := make(map[string]string, len(agents))
 	for i := range agents {
 		a := &agents[i]
 		if a.Revoked {
@@ -119,6 +120,7 @@ func Place(pipes []Pipe, agents []Agent, holders []Holder, served map[string]tim
 		}
 		byID[a.ID] = a
 		k := tagKey(a.Tags)
+		groupOf[a.ID] = k
 		groups[k] = append(groups[k], a)
 	}
 	keys := slices.Sorted(maps.Keys(groups))
@@ -136,20 +138,18 @@ func Place(pipes []Pipe, agents []Agent, holders []Holder, served map[string]tim
 			continue
 		}
 		live[p.Name] = true
-		targeted := map[string]*Agent{}
+		tg := &targeting{byID: byID, groupOf: groupOf, explicit: map[string]*Agent{}, groups: map[string]bool{}}
 		if t := p.Spec.Targets; t != nil {
 			for _, id := range t.Agents {
 				if a := byID[id]; a != nil {
-					targeted[id] = a
+					tg.explicit[id] = a
 				}
 			}
 			if len(t.Tags) > 0 {
 				for _, k := range keys {
-					g := groups[k]
-					if t.SelectsTags(g[0].Tags) {
-						for _, a := range g {
-							targeted[a.ID] = a
-						}
+					if t.SelectsTags(groups[k][0].Tags) {
+						tg.groups[k] = true
+						tg.order = append(tg.order, groups[k])
 					}
 				}
 			}
@@ -158,7 +158,7 @@ func Place(pipes []Pipe, agents []Agent, holders []Holder, served map[string]tim
 		if !ok {
 			h = Holder{Pipe: p.Name}
 		}
-		out = append(out, placeOne(p.Name, h, byID, targeted, served, now, l))
+		out = append(out, placeOne(p.Name, h, byID, tg, served, now, l))
 	}
 	var remove []string
 	for _, h := range holders {
@@ -180,10 +180,10 @@ func Place(pipes []Pipe, agents []Agent, holders []Holder, served map[string]tim
 }
 
 // placeOne plans one pipe from its holder state h.
-func placeOne(pipe string, h Holder, byID, targeted map[string]*Agent, served map[string]time.Time, now time.Time, l Leases) Placement {
+func placeOne(pipe string, h Holder, byID map[string]*Agent, tg *targeting, served map[string]time.Time, now time.Time, l Leases) Placement {
 	in := h
 	pl := Placement{Pipe: pipe}
-	healthy := func(id string) bool { a := targeted[id]; return a != nil && a.Healthy }
+	healthy := func(id string) bool { a := tg.get(id); return a != nil && a.Healthy }
 	release := func(reason string) {
 		pl.Lose = h.Agent
 		pl.Reasons = append(pl.Reasons, reason)
@@ -192,7 +192,7 @@ func placeOne(pipe string, h Holder, byID, targeted map[string]*Agent, served ma
 	}
 	if h.Agent != "" {
 		a, present := byID[h.Agent]
-		_, isTargeted := targeted[h.Agent]
+		isTargeted := tg.get(h.Agent) != nil
 		switch {
 		case !present:
 			release(PlaceGone)
@@ -210,7 +210,7 @@ func placeOne(pipe string, h Holder, byID, targeted map[string]*Agent, served ma
 			}
 		case l.HoldSilent || now.Before(h.LeaseUntil.Add(l.SkewMargin)):
 			pl.Reasons = append(pl.Reasons, PlaceHeld)
-		case chooseHolder(pipe, targeted) == "":
+		case tg.choose(pipe) == "":
 			pl.Reasons = append(pl.Reasons, PlaceKeptSilent)
 		default:
 			release(PlaceSilent)
@@ -220,7 +220,7 @@ func placeOne(pipe string, h Holder, byID, targeted map[string]*Agent, served ma
 		}
 	}
 	if h.Agent == "" {
-		if h.MoveTo != "" && targeted[h.MoveTo] == nil {
+		if h.MoveTo != "" && tg.get(h.MoveTo) == nil {
 			h.MoveTo, h.MoveRequestedAt = "", time.Time{}
 			pl.Reasons = append(pl.Reasons, PlaceMoveDrop)
 		}
@@ -228,7 +228,7 @@ func placeOne(pipe string, h Holder, byID, targeted map[string]*Agent, served ma
 		if healthy(h.MoveTo) {
 			next = h.MoveTo
 		} else {
-			next = chooseHolder(pipe, targeted)
+			next = tg.choose(pipe)
 		}
 		fence := h.PrevLeaseUntil.Add(l.SkewMargin)
 		switch {
@@ -266,17 +266,46 @@ func released(a *Agent, pipe string) bool {
 	return a != nil && slices.Contains(a.Released, pipe)
 }
 
-// chooseHolder returns the healthy targeted agent that rendezvous hashing
+// targeting is the agents one pipe targets: those it names, and the tag
+// groups it selects (kept as groups: a fleet of one tag set is one entry).
+type targeting struct {
+	byID     map[string]*Agent
+	groupOf  map[string]string
+	explicit map[string]*Agent
+	groups   map[string]bool
+	order    [][]*Agent // the selected groups' agents, in key order
+}
+
+// get returns the targeted agent id, nil if it is not targeted.
+func (t *targeting) get(id string) *Agent {
+	if a := t.explicit[id]; a != nil {
+		return a
+	}
+	if a := t.byID[id]; a != nil && t.groups[t.groupOf[id]] {
+		return a
+	}
+	return nil
+}
+
+// choose returns the healthy targeted agent that rendezvous hashing
 // ranks first for pipe, "" for none.
-func chooseHolder(pipe string, targeted map[string]*Agent) string {
+func (t *targeting) choose(pipe string) string {
 	best, bestScore := "", uint64(0)
-	for id, a := range targeted {
+	try := func(a *Agent) {
 		if !a.Healthy {
-			continue
+			return
 		}
-		s := RendezvousScore(pipe, id)
-		if best == "" || s > bestScore || (s == bestScore && id < best) {
-			best, bestScore = id, s
+		s := RendezvousScore(pipe, a.ID)
+		if best == "" || s > bestScore || (s == bestScore && a.ID < best) {
+			best, bestScore = a.ID, s
+		}
+	}
+	for _, a := range t.explicit {
+		try(a)
+	}
+	for _, g := range t.order {
+		for _, a := range g {
+			try(a)
 		}
 	}
 	return best
