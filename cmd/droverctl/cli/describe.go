@@ -193,7 +193,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 			}
 		}
 		if p.Placement != nil && p.Placement.Holder == ag.ID {
-			running += " (holder)"
+			running = strings.TrimSpace(running + " (holder)")
 		}
 		t.row(ag.ID, ag.Hostname, ag.State(), running, applyErr)
 	}
