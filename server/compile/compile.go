@@ -3,7 +3,9 @@
 // the metadata of their stored manifests it decides, per agent, the pipes the
 // agent runs, whether its manifest changes and why, and the exact manifest
 // bytes to sign. The pipe-change preview (dry-run) uses the same code, so the
-// two cannot disagree.
+// two cannot disagree. For placement: one pipes it also plans who holds
+// each (place.go): the pipe goes into its holder's manifest alone, its
+// entry with lease_until and last_fire_served.
 //
 // It is pure: no store, no clock, no signing keys. The server's compiler
 // feeds it, signs the bytes it returns and saves them; any server package
