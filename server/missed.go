@@ -358,8 +358,8 @@ func (m *monitor) plan(pipes []*store.PipeVersion, agents []*store.MonitorAgent,
 					}
 				}
 			}
-			if len(pl.holders) == 0 && len(pl.fires) == 0 {
-				continue
+			if len(pl.holders) == 0 && (len(pl.fires) == 0 || len(targetedAgents(p.Spec.Targets, agents, byID)) == 0) {
+				continue // nobody to expect it of (a pipe that targets no agent expects nothing)
 			}
 		} else if pl.holders = targetedAgents(p.Spec.Targets, agents, byID); len(pl.holders) == 0 {
 			continue
