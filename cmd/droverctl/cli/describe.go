@@ -325,6 +325,12 @@ func printAgentPipes(out io.Writer, pipes []api.PipeStatus) error {
 		if len(p.DropInsRemoved) > 0 {
 			problem = strings.TrimSpace(problem + " drop-ins removed: " + strings.Join(p.DropInsRemoved, ", "))
 		}
+		switch { // placement: one
+		case p.LeaseEnded:
+			next = "lease ended, stopped"
+		case !p.LeaseUntil.IsZero():
+			next = strings.TrimSpace(next + " (lease until " + fmtTimeV(p.LeaseUntil) + ")")
+		}
 		t.row(p.Name, itoa(int(p.Version)), next, problem)
 	}
 	return t.flush()
