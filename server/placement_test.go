@@ -413,3 +413,25 @@ func TestPlacementOneMissedRuns(t *testing.T) {
 		t.Fatalf("missed runs after the catch-up: %+v", list.Runs)
 	}
 }
+
+// The leases loop itself (on the leader, every lease/10) renews a healthy
+// holder's lease before it ends, with no pass run by the test.
+func TestPlacementLeasesLoopRenews(t *testing.T) {
+	ts := startServer(t, func(c *Config) {
+		c.Placement.Lease = 10 * time.Second // the loop runs every second
+		c.Placement.SkewMargin = time.Second
+	})
+	f := &placementFleet{ts: ts, agents: map[string]*testAgent{}, streams: map[string]*testStream{}}
+	a := ts.enrollAgent(map[string]string{"role": "db"})
+	f.agents[a.id], f.streams[a.id] = a, a.mustStream(t)
+	f.putOne("backup")
+	_, e := f.mustHolder("backup")
+	first := e.LeaseUntil
+	testkit.WaitFor(t, 15*time.Second, "the loop to renew the lease", func() bool {
+		_, e := f.holders("backup")
+		return e != nil && e.LeaseUntil.After(first)
+	})
+	if h, e := f.mustHolder("backup"); h != a.id || e.LeaseUntil.Sub(ts.clock.Now()) < 5*time.Second {
+		t.Fatalf("after the renewal: holder %s lease %s", h, e.LeaseUntil)
+	}
+}
