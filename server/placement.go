@@ -43,39 +43,16 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 		cas[i].Healthy = c.healthy == nil || c.healthy(a.ID, a.LastSeenAt, now)
 	}
 	holders := make([]compile.Holder, len(stored))
-	// The pipes that may gain a holder in this plan need their last fire
-	// time served: those nobody holds, or whose holder is gone, silent or
-	// asked to move (a targets change is rare enough to be left out: the
-	// next pass carries it).
-	var waiting []string
 	pending := map[string][]string{}
 	live := map[string]bool{}
 	for _, p := range pipes {
 		live[p.Name] = compile.IsPlacedOne(&p)
 	}
-	held := map[string]bool{}
 	for i, h := range stored {
 		holders[i] = compileHolder(h)
-		held[h.Pipe] = true
-		if !live[h.Pipe] {
-			continue
-		}
-		j, present := byID[h.Agent]
-		if h.Agent == "" || !present || !cas[j].Healthy || h.MoveTo != "" {
-			waiting = append(waiting, h.Pipe)
-		}
-		if h.Agent == "" && h.Prev != "" && now.Before(h.PrevLeaseUntil.Add(c.leases.SkewMargin)) {
+		if live[h.Pipe] && h.Agent == "" && h.Prev != "" && now.Before(h.PrevLeaseUntil.Add(c.leases.SkewMargin)) {
 			pending[h.Prev] = append(pending[h.Prev], h.Pipe)
 		}
-	}
-	for _, p := range pipes {
-		if live[p.Name] && !held[p.Name] {
-			waiting = append(waiting, p.Name)
-		}
-	}
-	served, err := c.store.LastFiresServed(ctx, waiting)
-	if err != nil {
-		return nil, fmt.Errorf("compile: %w", err)
 	}
 	// A holder that lost a pipe confirms it no longer runs it by applying
 	// a manifest issued at or after its release: serials only rise, and no
@@ -102,7 +79,24 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 	}
 	l := c.leases
 	l.HoldSilent = now.Before(c.holdUntil)
-	plans, remove := compile.Place(pipes, cas, holders, served, now, l)
+	plans, remove := compile.Place(pipes, cas, holders, nil, now, l)
+	// The pipes that gain a holder carry the latest fire time served, for
+	// its catch-up: looked up for them alone.
+	var gained []string
+	for _, pl := range plans {
+		if pl.Gain != "" {
+			gained = append(gained, pl.Pipe)
+		}
+	}
+	served, err := c.store.LastFiresServed(ctx, gained)
+	if err != nil {
+		return nil, fmt.Errorf("compile: %w", err)
+	}
+	for i := range plans {
+		if pl := &plans[i]; pl.Gain != "" && !served[pl.Pipe].IsZero() {
+			pl.LastFireServed, pl.State.LastFireServed = served[pl.Pipe], served[pl.Pipe]
+		}
+	}
 	var save []*store.Holder
 	var extra []string
 	for _, pl := range plans {
