@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/drover/drover/api"
@@ -28,6 +30,7 @@ type compilerStore interface {
 	store.ManifestStore
 	store.PlacementStore
 	GetAgent(ctx context.Context, id string) (*store.Agent, error)
+	AddEvents(ctx context.Context, evs []*store.Event) error
 }
 
 // place plans the holders of comp's placement: one pipes, stores the
@@ -117,6 +120,11 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 	}
 	if err := c.store.SaveHolders(ctx, save, remove); err != nil {
 		return nil, fmt.Errorf("compile: %w", err)
+	}
+	if evs := movedEvents(plans, now); len(evs) > 0 {
+		if err := c.store.AddEvents(ctx, evs); err != nil {
+			c.log.Error("recording placement events", "err", err)
+		}
 	}
 	for _, h := range stored {
 		if slices.Contains(remove, h.Pipe) && h.Agent != "" {
@@ -319,4 +327,29 @@ func (s *Server) dryRunPlacing(ctx context.Context, pipe string, now time.Time) 
 		return pl, err
 	}
 	return pl, nil
+}
+
+// movedEvents are the pipe.moved events of a plan: one for each agent
+// that lost a pipe (with when the next holder may start) and each that
+// gained one.
+func movedEvents(plans []compile.Placement, now time.Time) []*store.Event {
+	var evs []*store.Event
+	at := strconv.FormatInt(now.UnixNano(), 10)
+	for _, pl := range plans {
+		why := strings.Join(pl.Reasons, "; ")
+		if pl.Lose != "" {
+			msg := "lost the pipe: " + why
+			if pl.Next != "" {
+				msg += "; " + pl.Next + " gains it after " + pl.NextAt.UTC().Format(time.RFC3339)
+			}
+			evs = append(evs, &store.Event{At: now, Kind: EventPipeMoved, Pipe: pl.Pipe, AgentID: pl.Lose, Message: msg,
+				Dedupe: EventPipeMoved + "/" + pl.Pipe + "/lose/" + pl.Lose + "/" + at})
+		}
+		if pl.Gain != "" {
+			evs = append(evs, &store.Event{At: now, Kind: EventPipeMoved, Pipe: pl.Pipe, AgentID: pl.Gain,
+				Message: "holds the pipe until " + pl.LeaseUntil.UTC().Format(time.RFC3339) + " (renewed while healthy): " + why,
+				Dedupe:  EventPipeMoved + "/" + pl.Pipe + "/gain/" + pl.Gain + "/" + at})
+		}
+	}
+	return evs
 }

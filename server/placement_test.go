@@ -236,6 +236,15 @@ func TestPlacementOneSilentHolder(t *testing.T) {
 	if m := f.manifestOf(holder); m == nil || slices.ContainsFunc(m.Pipes, func(p manifest.Pipe) bool { return p.Name == "backup" }) {
 		t.Fatalf("the silent holder's manifest still carries the pipe")
 	}
+	// The hand-over is in the event log: the first holder gained, lost, the
+	// next one gained.
+	var got []string
+	for _, e := range ts.events("kind=pipe.moved&pipe=backup") {
+		got = append(got, e.Agent+" "+strings.SplitN(e.Message, " ", 2)[0])
+	}
+	if want := []string{next + " holds", holder + " lost", holder + " holds"}; !slices.Equal(got, want) {
+		t.Fatalf("pipe.moved events (newest first) %v, want %v", got, want)
+	}
 }
 
 // Revoked, deleted or untagged: the holder loses the pipe at once, nobody
