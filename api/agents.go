@@ -76,6 +76,10 @@ type PipeStatus struct {
 	// evaluator's; DropInsRemoved: drop-ins found beside the units.
 	ElapseMismatch string   `json:"elapse_mismatch,omitempty"`
 	DropInsRemoved []string `json:"drop_ins_removed,omitempty"`
+	// LeaseUntil is the placement: one lease the agent holds for the pipe;
+	// LeaseEnded says it passed unrenewed and the agent stopped the timer.
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
+	LeaseEnded bool      `json:"lease_ended,omitempty"`
 }
 
 // State is how droverctl and the agent list show an agent: revoked, online

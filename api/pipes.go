@@ -30,6 +30,43 @@ type Pipe struct {
 	CreatedAt time.Time        `json:"created_at"`
 	UpdatedAt time.Time        `json:"updated_at"`
 	Versions  []PipeVersionRef `json:"versions,omitempty"`
+	// Placement is the holder of a placement: one pipe (GET of one pipe).
+	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Placement is who holds a placement: one pipe (docs/placement.md).
+type Placement struct {
+	Policy string `json:"policy"` // "one"
+	// Holder runs the pipe until LeaseUntil (renewed while it is healthy);
+	// it gained it at Since, with LastFireServed for its catch-up. Empty
+	// while nobody holds it.
+	Holder         string    `json:"holder,omitempty"`
+	LeaseUntil     time.Time `json:"lease_until,omitzero"`
+	Since          time.Time `json:"since,omitzero"`
+	LastFireServed time.Time `json:"last_fire_served,omitzero"`
+	// While nobody holds it: the holder before, whose lease ended (or
+	// ends) at PreviousLeaseUntil; nobody gains the pipe before NextAfter
+	// (that plus the skew margin) unless it confirms it dropped the pipe.
+	Previous           string    `json:"previous,omitempty"`
+	PreviousLeaseUntil time.Time `json:"previous_lease_until,omitzero"`
+	NextAfter          time.Time `json:"next_after,omitzero"`
+	// MoveTo is a requested holder not reached yet.
+	MoveTo string `json:"move_to,omitempty"`
+	// Reported is what the holder last reported of its lease.
+	Reported *LeaseReport `json:"reported,omitempty"`
+}
+
+// LeaseReport is a holder's own view of its lease, from its last manifest
+// status.
+type LeaseReport struct {
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
+	LeaseEnded bool      `json:"lease_ended,omitempty"`
+	At         time.Time `json:"at,omitzero"`
+}
+
+// MovePipeRequest is the body of POST /api/v1/pipes/{name}/move.
+type MovePipeRequest struct {
+	To string `json:"to"`
 }
 
 // PipeVersionRef is one entry of a pipe's history.
@@ -106,6 +143,11 @@ type AgentChange struct {
 	Hostname string `json:"hostname,omitempty"`
 	Action   string `json:"action"` // add, update or remove
 	Diff     string `json:"diff,omitempty"`
+	// Reason says why a placement: one pipe moves; After, that the agent
+	// gains it only then (the lease of the holder before plus the skew
+	// margin).
+	Reason string    `json:"reason,omitempty"`
+	After  time.Time `json:"after,omitzero"`
 }
 
 // RunPipeRequest is the body of POST /api/v1/pipes/{name}/run: at most one

@@ -628,6 +628,16 @@ func TestAPIEndpoints(t *testing.T) {
 			t.Fatalf("GET %s: %v %v", p, r, err)
 		}
 	}
+	// move a placement: one pipe: to the agent that holds it already
+	ts.adminOK("PUT", "/api/v1/pipes/solo", map[string]any{"spec": map[string]any{"schedule": "@daily", "script": "true", "placement": "one",
+		"targets": map[string]any{"tags": map[string]string{"role": "web"}}}}, nil)
+	var pl api.Placement
+	ts.as(op, 202, "POST", "/api/v1/pipes/solo/move", map[string]any{"to": web.id}, &pl)
+	if pl.Holder != web.id || pl.MoveTo != "" || pl.LeaseUntil.IsZero() {
+		t.Fatalf("move to the holder: %+v", pl)
+	}
+	audit("pipes.move", "pipe/solo", opID, true, true)
+	ts.adminOK("DELETE", "/api/v1/pipes/solo", nil, nil)
 	// the live log of a finished run: its chunks, then the end
 	sse, events := ts.openSSE(t.Context(), op, "r1", "")
 	var evs []string

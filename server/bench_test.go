@@ -11,6 +11,7 @@ import (
 	"time"
 
 	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/sqlite"
 )
 
@@ -153,5 +154,60 @@ func BenchmarkRecompile10kAgents(b *testing.B) {
 	db.Reader().QueryRow(`SELECT COUNT(*) FROM manifests WHERE serial >= 2`).Scan(&changed)
 	if changed < 10000 {
 		b.Fatalf("only %d manifests were re-signed", changed)
+	}
+}
+
+// BenchmarkPlacementPass10kAgents: 10,000 agents (store seeded directly),
+// 1,000 placement: one pipes targeting all of them, every pipe held; the
+// holder of one pipe goes silent past its lease plus the margin. Each op is
+// one pass of the leases loop as the leader runs it: read the fleet and the
+// holders, plan (compile.Place), store the hand-over, compile the holders
+// and sign the two manifests that change.
+func BenchmarkPlacementPass10kAgents(b *testing.B) {
+	ts := startServer(b)
+	ctx := context.Background()
+	seedAgents(b, ts.db(), 10000)
+	for i := range 1000 {
+		name := fmt.Sprintf("p-%04d", i)
+		spec := `{"schedule": "@hourly", "script": "true", "placement": "one", "targets": {"tags": {"role": "web"}}}`
+		pv, payload, err := ts.s.preparePipe(name, []byte(spec), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := ts.s.store.PutPipe(ctx, pv, payload, ts.clock.Now()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c := ts.s.compiler.(compilerSeam).c
+	c.healthy = func(string, time.Time, time.Time) bool { return true }
+	if _, err := c.compile(ctx, nil); err != nil {
+		b.Fatal(err)
+	}
+	hs, err := ts.s.store.Holders(ctx)
+	if err != nil || len(hs) != 1000 {
+		b.Fatalf("%d holders, %v", len(hs), err)
+	}
+	silent := hs[0].Agent
+	c.healthy = func(id string, _, _ time.Time) bool { return id != silent }
+	c.holdUntil = time.Time{} // no grace after the start: the agents "reconnected"
+	b.ResetTimer()
+	for b.Loop() {
+		b.StopTimer()
+		ts.clock.Advance(time.Second) // a fresh lease each time (leases are to the second)
+		h := *hs[0]
+		h.LeaseUntil = ts.clock.Now().Add(-10 * time.Minute) // its lease and the margin are over
+		if err := ts.s.store.SaveHolders(ctx, []*store.Holder{&h}, nil); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		n, err := ts.s.compiler.Place(ctx)
+		if err != nil || n == 0 {
+			after, _ := ts.s.store.Holders(ctx)
+			b.Fatalf("pass: %d changed, %v; before %+v after %+v", n, err, h, after[0])
+		}
+	}
+	b.StopTimer()
+	if now, _ := ts.s.store.Holders(ctx); now[0].Agent == silent {
+		b.Fatalf("the silent holder kept the pipe")
 	}
 }

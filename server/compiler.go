@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/drover/drover/manifest"
@@ -22,7 +23,7 @@ import (
 // the inputs, signs those bytes and saves them; the exact signed bytes are
 // stored and served as they are.
 type compiler struct {
-	store    store.ManifestStore
+	store    compilerStore
 	keys     *pki.Keyring
 	clock    Clock
 	lifetime time.Duration
@@ -30,6 +31,13 @@ type compiler struct {
 	// published is called for every agent whose manifest changed, after
 	// the new manifest is committed.
 	published func(agentID string, serial uint64)
+	// placement: one (placement.go)
+	leases  compile.Leases
+	healthy func(id string, lastSeen, now time.Time) bool // nil: every agent
+	// holdUntil: silent holders are not moved before it (after a start,
+	// the agents need the time to reconnect).
+	holdUntil time.Time
+	pending   atomic.Pointer[map[string]bool] // agents whose confirmation of a release would hand a pipe over
 
 	// syncKeys, if set, brings the keyring up to date with the store
 	// before each compilation (keys shared by replicas).
@@ -95,17 +103,61 @@ func (c *compiler) runOnce(ctx context.Context, ids []string, force bool) (int, 
 	if err != nil {
 		return 0, nil, fmt.Errorf("compile: %w", err)
 	}
-	if len(agents) == 0 {
-		return 0, nil, nil
+	holders, err := c.store.Holders(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("compile: %w", err)
 	}
-	signer, klv := c.keys.Signer()
 	in := make([]compile.Pipe, len(pipes))
+	placed := len(holders) > 0
 	for i, p := range pipes {
 		in[i] = compilePipe(p)
+		placed = placed || compile.IsPlacedOne(&in[i])
 	}
-	comp, err := compile.New(in, klv, c.clock.Now(), c.lifetime)
+	if placed && ids != nil {
+		// Placement is decided over the whole fleet, whoever is compiled.
+		if pipes, agents, err = c.store.CompileInputs(ctx, nil); err != nil {
+			return 0, nil, fmt.Errorf("compile: %w", err)
+		}
+		in = in[:0]
+		for _, p := range pipes {
+			in = append(in, compilePipe(p))
+		}
+	}
+	now := c.clock.Now()
+	signer, klv := c.keys.Signer()
+	comp, err := compile.New(in, klv, now, c.lifetime)
 	if err != nil {
 		return 0, nil, err
+	}
+	cas := make([]compile.Agent, len(agents))
+	for i, a := range agents {
+		cas[i] = compileAgent(a)
+	}
+	if placed {
+		extra, err := c.place(ctx, comp, in, agents, cas, holders, now)
+		if err != nil {
+			return 0, nil, err
+		}
+		if ids != nil {
+			keep := map[string]bool{}
+			for _, id := range ids {
+				keep[id] = true
+			}
+			for _, id := range extra {
+				keep[id] = true
+			}
+			j := 0
+			for i := range agents {
+				if keep[agents[i].ID] {
+					agents[j], cas[j] = agents[i], cas[i]
+					j++
+				}
+			}
+			agents, cas = agents[:j], cas[:j]
+		}
+	}
+	if len(agents) == 0 {
+		return 0, nil, nil
 	}
 
 	wctx, cancel := context.WithCancel(ctx)
@@ -118,7 +170,7 @@ func (c *compiler) runOnce(ctx context.Context, ids []string, force bool) (int, 
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(agents) && wctx.Err() == nil; i += workers {
-				m, err := sign(comp, compileAgent(agents[i]), signer, force)
+				m, err := sign(comp, cas[i], signer, force)
 				if m != nil || err != nil {
 					select {
 					case results <- compiled{m: m, err: err}:

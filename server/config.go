@@ -85,6 +85,19 @@ type Config struct {
 	Privileged PrivilegedConfig `yaml:"privileged"`
 	// LiveLogs bounds the followers of live logs.
 	LiveLogs LiveLogsConfig `yaml:"live_logs"`
+	// Placement sets the leases of placement: one pipes (docs/placement.md).
+	Placement PlacementConfig `yaml:"placement"`
+}
+
+// PlacementConfig sets the leases of placement: one pipes.
+type PlacementConfig struct {
+	// Lease is how long a holder runs a pipe without a fresh manifest; the
+	// server renews it once less than two thirds is left.
+	Lease time.Duration `yaml:"lease"`
+	// SkewMargin is added to a lease's end before another agent gains the
+	// pipe: the bound on clock differences between hosts that the
+	// at-most-one-holder guarantee assumes.
+	SkewMargin time.Duration `yaml:"skew_margin"`
 }
 
 // PrivilegedConfig is the allow-list of the privileged-spec policy.
@@ -258,6 +271,7 @@ func DefaultConfig() Config {
 			IdleTimeout:    5 * time.Minute,
 			OfflineAfter:   90 * time.Second,
 		},
+		Placement: PlacementConfig{Lease: 5 * time.Minute, SkewMargin: time.Minute},
 		Enrollment: EnrollmentConfig{
 			DefaultTTL:    time.Hour,
 			MaxTTL:        30 * 24 * time.Hour,
@@ -504,6 +518,12 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("runs.retention_interval", c.Runs.RetentionInterval)
+	if l := c.Placement.Lease; l < 10*time.Second || l > 24*time.Hour {
+		add("placement.lease", "%s out of range 10s-24h", l)
+	}
+	if m := c.Placement.SkewMargin; m < time.Second || m > c.Placement.Lease {
+		add("placement.skew_margin", "%s out of range 1s-placement.lease", m)
+	}
 	if c.Enrollment.DefaultTTL > c.Enrollment.MaxTTL {
 		add("enrollment.default_ttl", "longer than enrollment.max_ttl")
 	}

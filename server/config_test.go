@@ -59,11 +59,12 @@ func TestConfigDefaultsFileEnvAndValidation(t *testing.T) {
 	bad.Enrollment.CertLifetime = time.Minute
 	bad.Signing.Algorithm = "rsa"
 	bad.Store.Synchronous = "off"
+	bad.Placement.SkewMargin = 10 * time.Minute // longer than the lease
 	var ve *manifest.ValidationError
-	if err := bad.Validate(); !errors.As(err, &ve) || len(ve.Problems) != 5 {
+	if err := bad.Validate(); !errors.As(err, &ve) || len(ve.Problems) != 6 {
 		t.Fatalf("validation: %v", err)
 	}
-	for _, f := range []string{"http_addr", "log_level", "enrollment.cert_lifetime", "signing.algorithm", "store.synchronous"} {
+	for _, f := range []string{"http_addr", "log_level", "enrollment.cert_lifetime", "signing.algorithm", "store.synchronous", "placement.skew_margin"} {
 		if !strings.Contains(ve.Error(), f+":") {
 			t.Errorf("no problem for %s in %v", f, ve)
 		}

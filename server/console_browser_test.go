@@ -228,6 +228,15 @@ func TestConsoleBrowser(t *testing.T) {
 	b.run(chromedp.WaitVisible(chromedp.CSS(`tr[data-pipe="fresh"]`)), chromedp.WaitVisible(chromedp.CSS(`tr[data-pipe="job"]`)))
 	b.shoot("pipes")
 
+	// A placement: one pipe's page names its holder and lease.
+	ts.adminOK("PUT", "/api/v1/pipes/solo", map[string]any{"spec": map[string]any{"schedule": "@daily", "script": "true", "placement": "one",
+		"targets": map[string]any{"tags": map[string]string{"job": "yes"}}}}, nil)
+	b.show("#/pipe/solo", "pipe")
+	if got := b.text(`#placement`); !strings.Contains(got, "held by "+agent.id) || !strings.Contains(got, "lease until") {
+		t.Fatalf("placement line %q", got)
+	}
+	ts.adminOK("DELETE", "/api/v1/pipes/solo", nil, nil)
+
 	// Run now from the pipe page; the agent gets RunNow.
 	b.show("#/pipe/job", "pipe")
 	if n := b.count(`#run-agent option[value="` + agent.id + `"]`); n != 1 {

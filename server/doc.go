@@ -189,6 +189,7 @@
 //	GET    /api/v1/pipes/{name}/fires?since=&until=&limit=  viewer (per fire time: expected, runs per status)
 //	POST   /api/v1/pipes/{name}/dry-run                     viewer (stores nothing)
 //	POST   /api/v1/pipes/{name}/run {agent | tags}          operator; pipes.run
+//	POST   /api/v1/pipes/{name}/move {to}                   operator; pipes.move
 //	GET    /api/v1/agents?tag=k=v&status=online|offline|revoked  viewer
 //	GET    /api/v1/agents/{id}                              viewer
 //	PUT    /api/v1/agents/{id}/tags                         admin; agents.tags
@@ -304,7 +305,19 @@
 // it in the ingest transaction. Events (events.go) are stored per
 // occurrence, deduplicated by a key, and the states behind run.recovered,
 // agent.offline/online and manifest.rejected/expired are kept in
-// monitor_state so each is announced once per change.
+// monitor_state so each is announced once per change. A placement: one
+// pipe is expected of the agent that held it at each fire time only; one
+// that fell while nobody held it is stored as missed with reason "no
+// holder" and agent "", deleted by any agent's record of that fire time.
+//
+// Placement: one (placement.go, docs/placement.md): pipe_holders keeps,
+// per pipe, its holder, lease_until, since, the last fire time served when
+// it gained it, the holder before with its lease (the fence of a
+// hand-over) and a requested move. The compiler plans it over the whole
+// fleet at every compilation (compile.Place) and stores it before the
+// manifests that carry it; the leases loop, run by the leader every
+// placement.lease/10 (1-30 s) and woken when an agent that lost a pipe
+// reports its manifest status, renews leases and hands pipes over when due.
 //
 // A run's log is capped (runs.max_log_bytes,
 // 1 MiB): the first chunk over the cap is stored as a truncation marker and

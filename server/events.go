@@ -21,12 +21,13 @@ const (
 	EventManifestRejected = "manifest.rejected"
 	EventManifestExpired  = "manifest.expired"
 	EventIdentityConflict = "identity.conflict"
+	EventPipeMoved        = "pipe.moved" // a placement: one pipe lost or gained its holder (placement.go)
 )
 
 // eventKinds lists every event kind.
 var eventKinds = []string{EventRunFailed, EventRunMissed, EventRunLong, EventRunRecovered, EventAgentOffline, EventAgentOnline,
 
-	EventManifestRejected, EventManifestExpired, EventIdentityConflict}
+	EventManifestRejected, EventManifestExpired, EventIdentityConflict, EventPipeMoved}
 
 // Events are recorded per occurrence (every final failed run, every missed
 // fire time, every refused identity) but a state is announced once per

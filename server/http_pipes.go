@@ -266,6 +266,9 @@ func (s *Server) handleGetPipe(w http.ResponseWriter, r *http.Request) error {
 	for _, v := range vs {
 		out.Versions = append(out.Versions, api.PipeVersionRef{Version: v.Version, Digest: v.PayloadDigest, CreatedAt: v.CreatedAt})
 	}
+	if out.Placement, err = s.pipePlacement(r.Context(), &p.PipeVersion); err != nil {
+		return err
+	}
 	return writeJSON(w, http.StatusOK, out)
 }
 
@@ -309,9 +312,22 @@ func (s *Server) handleRunPipe(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	resp := api.RunPipeResponse{RequestID: "req-" + strings.ToLower(b32.EncodeToString(randomBytes(10))), Sent: []string{}, Offline: []string{}}
+	// A placement: one pipe is in its holder's manifest alone: it runs
+	// there (an agent named explicitly must be the holder).
+	holder, one := "", p.Spec.Placement == manifest.PlacementOne
+	if one {
+		pl, err := s.pipePlacement(r.Context(), &p.PipeVersion)
+		if err != nil {
+			return err
+		}
+		holder = pl.Holder
+		if holder == "" {
+			return errs.New(errs.ErrConflict, fmt.Sprintf("pipe %s (placement: one) has no holder at the moment", p.Name))
+		}
+	}
 	var targets []string
 	for _, a := range agents {
-		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !p.Spec.Targets.Selects(a.ID, a.Tags) || !hasTags(a.Tags, req.Tags) {
+		if !a.RevokedAt.IsZero() || (req.Agent != "" && a.ID != req.Agent) || !p.Spec.Targets.Selects(a.ID, a.Tags) || !hasTags(a.Tags, req.Tags) || (one && a.ID != holder) {
 			continue
 		}
 		targets = append(targets, a.ID)
@@ -525,11 +541,16 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	now := s.clock.Now()
 	in := make([]compile.Agent, len(agents))
 	for i, a := range agents {
-		in[i] = compile.Agent{ID: a.ID, Tags: a.Tags, Revoked: !a.RevokedAt.IsZero()}
+		in[i] = compile.Agent{ID: a.ID, Tags: a.Tags, Revoked: !a.RevokedAt.IsZero(), Healthy: s.agentHealthy(a.ID, a.LastSeenAt, now)}
 	}
-	changes, err := compile.DryRun(in, was, will)
+	placing, err := s.dryRunPlacing(r.Context(), name, now)
+	if err != nil {
+		return err
+	}
+	changes, err := compile.DryRunPlaced(in, was, will, placing)
 	if err != nil {
 		return err
 	}
@@ -539,7 +560,7 @@ func (s *Server) handleDryRun(w http.ResponseWriter, r *http.Request) error {
 	}
 	for _, c := range changes {
 		a := byID[c.AgentID]
-		out.Agents = append(out.Agents, api.AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname, Action: c.Action, Diff: c.Diff})
+		out.Agents = append(out.Agents, api.AgentChange{ID: a.ID, Name: a.Name, Hostname: a.Hostname, Action: c.Action, Diff: c.Diff, Reason: c.Reason, After: c.After})
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

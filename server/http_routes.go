@@ -117,6 +117,9 @@ func (s *Server) routeTable() []route {
 		{method: "POST", path: "/api/v1/pipes/{name}/run", role: roleOperator, action: "pipes.run",
 			summary: "Run a pipe now: on every agent it targets, on one agent, or on the targeted agents carrying tags",
 			body:    api.RunPipeRequest{}, status: 202, resp: api.RunPipeResponse{}, h: s.handleRunPipe},
+		{method: "POST", path: "/api/v1/pipes/{name}/move", role: roleOperator, action: "pipes.move",
+			summary: "Hand a placement: one pipe over to another targeted agent: the holder loses it now, the agent gains it once the holder's lease ended plus the skew margin (at once if the holder confirms)",
+			body:    api.MovePipeRequest{}, status: 202, resp: api.Placement{}, h: s.handleMovePipe},
 
 		// Agents, as the operator sees them.
 		{method: "GET", path: "/api/v1/agents", role: roleViewer, summary: "List agents",

@@ -31,6 +31,12 @@ import (
 // force was created or the agent enrolled, or of an offline agent for a
 // pipe with catchup: skip (the host drops those fire times by design).
 //
+// A placement: one pipe (docs/placement.md) is expected of the agent that
+// held it at each fire time only, and served by a run of any agent; a fire
+// time that fell while nobody held it under a valid lease, served by
+// nobody, is missed with reason "no holder" and agent "" (a catch-up run
+// of the next holder replaces it).
+//
 // Each pass looks at the fire times whose deadline fell since the last
 // pass (a watermark kept in the store, so a restart continues where the
 // server stopped, up to maxMissedLookback back).
@@ -46,6 +52,7 @@ const (
 
 	reasonNotReported = "not reported"
 	reasonOffline     = "agent offline"
+	reasonNoHolder    = "no holder"
 
 	stateWatermark = "missed/watermark"
 )
@@ -72,6 +79,7 @@ type monitor struct {
 	store interface {
 		store.MonitorStore
 		GetRun(ctx context.Context, id string) (*store.Run, error)
+		Holders(ctx context.Context) ([]*store.Holder, error)
 	}
 	interval time.Duration
 
@@ -205,7 +213,21 @@ func (m *monitor) pass(ctx context.Context) (passStats, error) {
 		events = m.onlineChange(a, off, now, dirty, events)
 	}
 
-	plans, winLo, winHi := m.plan(pipes, agents, byID, from, now)
+	var holders map[string]*store.Holder
+	for _, p := range pipes {
+		if p.Spec.Placement == manifest.PlacementOne {
+			hs, err := m.store.Holders(ctx)
+			if err != nil {
+				return stats, err
+			}
+			holders = make(map[string]*store.Holder, len(hs))
+			for _, h := range hs {
+				holders[h.Pipe] = h
+			}
+			break
+		}
+	}
+	plans, winLo, winHi := m.plan(pipes, agents, byID, holders, from, now)
 	var missed []*store.Run
 	if len(plans) > 0 {
 		runs, err := m.store.ScheduledRuns(ctx, "", winLo, winHi.Add(time.Second))
@@ -295,13 +317,18 @@ type firePlan struct {
 	lo, hi  time.Time   // the window of fire times: (lo, hi]
 	every   bool
 	holders []*store.MonitorAgent
+	// placement: one: the holder state (nil for none yet); a fire time is
+	// expected of the agent that held the pipe at that instant only.
+	one    bool
+	holder *store.Holder
 }
 
 // plan lists, for every enabled pipe held by an agent, the window of fire
 // times whose runs are due by now (the pass window shifted back by the
 // pipe's jitter and grace) and the agents that hold it; winLo and winHi
 // span every window.
-func (m *monitor) plan(pipes []*store.PipeVersion, agents []*store.MonitorAgent, byID map[string]*store.MonitorAgent, from, now time.Time) (plans []firePlan, winLo, winHi time.Time) {
+func (m *monitor) plan(pipes []*store.PipeVersion, agents []*store.MonitorAgent, byID map[string]*store.MonitorAgent, holders map[string]*store.Holder,
+	from, now time.Time) (plans []firePlan, winLo, winHi time.Time) {
 	for _, p := range pipes {
 		if !p.Spec.IsEnabled() {
 			continue
@@ -325,8 +352,20 @@ func (m *monitor) plan(pipes []*store.PipeVersion, agents []*store.MonitorAgent,
 				pl.fires = append(pl.fires, f)
 			}
 		}
-		pl.holders = holders(p.Spec.Targets, agents, byID)
-		if len(pl.holders) == 0 {
+		if pl.one = p.Spec.Placement == manifest.PlacementOne; pl.one {
+			pl.holder = holders[p.Name]
+			pl.holders = nil
+			if h := pl.holder; h != nil {
+				for _, id := range []string{h.Agent, h.Prev} {
+					if a := byID[id]; a != nil && id != "" {
+						pl.holders = append(pl.holders, a)
+					}
+				}
+			}
+			if len(pl.holders) == 0 && (len(pl.fires) == 0 || len(targetedAgents(p.Spec.Targets, agents, byID)) == 0) {
+				continue // nobody to expect it of (a pipe that targets no agent expects nothing)
+			}
+		} else if pl.holders = targetedAgents(p.Spec.Targets, agents, byID); len(pl.holders) == 0 {
 			continue
 		}
 		if winLo.IsZero() || pl.lo.Before(winLo) {
@@ -340,9 +379,9 @@ func (m *monitor) plan(pipes []*store.PipeVersion, agents []*store.MonitorAgent,
 	return plans, winLo, winHi
 }
 
-// holders lists the agents a pipe's targets select: those named, then
-// those whose tags match.
-func holders(t *manifest.Targets, agents []*store.MonitorAgent, byID map[string]*store.MonitorAgent) []*store.MonitorAgent {
+// targetedAgents lists the agents a pipe's targets select: those named,
+// then those whose tags match.
+func targetedAgents(t *manifest.Targets, agents []*store.MonitorAgent, byID map[string]*store.MonitorAgent) []*store.MonitorAgent {
 	if t == nil {
 		return nil
 	}
@@ -370,11 +409,15 @@ func (m *monitor) findMissed(plans []firePlan, runs []store.ScheduledRun, offlin
 	have := make(map[fireKey]struct{}, len(runs))
 	for _, r := range runs {
 		have[fireKey{r.Agent, r.Pipe, r.ScheduledAt}] = struct{}{}
+		have[fireKey{"", r.Pipe, r.ScheduledAt}] = struct{}{} // served by someone (placement: one)
 	}
 	var missed []*store.Run
 	var exp []time.Time
 	for _, pl := range plans {
 		p := pl.p
+		if pl.one {
+			missed = m.noHolder(missed, &pl, have, now, stats)
+		}
 		for _, a := range pl.holders {
 			stats.Pairs++
 			off := offline[a.ID]
@@ -390,8 +433,15 @@ func (m *monitor) findMissed(plans []firePlan, runs []store.ScheduledRun, offlin
 				if !f.After(floor) {
 					continue
 				}
+				key := fireKey{a.ID, p.Name, f.Unix()}
+				if pl.one {
+					if h, known := holderAt(pl.holder, f); !known || h != a.ID {
+						continue // another holder's, or nobody's (noHolder)
+					}
+					key.agent = "" // whoever served it
+				}
 				stats.Expected++
-				if _, ok := have[fireKey{a.ID, p.Name, f.Unix()}]; ok {
+				if _, ok := have[key]; ok {
 					continue
 				}
 				reason := reasonNotReported
@@ -405,6 +455,53 @@ func (m *monitor) findMissed(plans []firePlan, runs []store.ScheduledRun, offlin
 		}
 	}
 	return missed
+}
+
+// noHolder appends a missed run (agent "", reason no holder) for every
+// evaluator fire time of a placement: one pipe in its window that fell
+// while nobody held it and that nobody served.
+func (m *monitor) noHolder(missed []*store.Run, pl *firePlan, have map[fireKey]struct{}, now time.Time, stats *passStats) []*store.Run {
+	p := pl.p
+	for _, f := range pl.fires {
+		if !f.After(p.CreatedAt) {
+			continue
+		}
+		if h, known := holderAt(pl.holder, f); !known || h != "" {
+			continue
+		}
+		stats.Expected++
+		if _, ok := have[fireKey{"", p.Name, f.Unix()}]; ok {
+			continue
+		}
+		missed = append(missed, &store.Run{ID: store.MissedRunID("", p.Name, f), AgentID: "", Pipe: p.Name, PipeVersion: p.Version,
+			Trigger: api.TriggerSchedule, Status: api.StatusMissed, Reason: reasonNoHolder, WrittenBy: "server", ScheduledAt: f, CreatedAt: now,
+			Error: "no agent held this placement: one pipe at its fire time (a hand-over waits for the lease of the holder before to end)"})
+	}
+	return missed
+}
+
+// holderAt returns the agent that held a placement: one pipe at fire time
+// f under a valid lease ("" for nobody), and whether the stored state
+// knows (it keeps the current holder and the one before).
+func holderAt(h *store.Holder, f time.Time) (string, bool) {
+	if h == nil || (h.Agent == "" && h.Prev == "") {
+		return "", true // never held
+	}
+	switch {
+	case h.Agent != "" && !f.Before(h.Since):
+		if f.After(h.LeaseUntil) {
+			return "", true // its lease ended unrenewed
+		}
+		return h.Agent, true
+	case h.Prev != "" && !f.Before(h.PrevSince) && f.Before(h.ReleasedAt):
+		if f.After(h.PrevLeaseUntil) {
+			return "", true
+		}
+		return h.Prev, true
+	case h.Prev != "" && !f.Before(h.ReleasedAt):
+		return "", true // between the release and the next holder
+	}
+	return "", false // before what the state remembers
 }
 
 // expected appends to dst the fire times in (lo, hi] that agent a was

@@ -22,6 +22,7 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/server/bus"
+	"github.com/drover/drover/server/compile"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store"
@@ -83,6 +84,7 @@ type Server struct {
 	metricsHandler http.Handler
 	logWatch       logNotifier
 	logStreams     chan struct{} // bounds live log streams
+	placeWake      chan struct{} // wakes the leases loop (placement.go)
 	quit           chan struct{} // closed when the server starts draining
 
 	enrollLimiter  rateLimit
@@ -145,7 +147,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	logs := newLogWatchers()
 	s := &Server{cfg: cfg, log: logger, clock: clock,
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
-		logWatch:      logs, logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
+		logWatch:      logs, logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}), placeWake: make(chan struct{}, 1),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches)}
 	defer func() {
@@ -207,7 +209,8 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err
 	}
-	comp := &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}
+	comp := &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published,
+		leases: compile.Leases{Lease: cfg.Placement.Lease, SkewMargin: cfg.Placement.SkewMargin}, healthy: s.agentHealthy, holdUntil: now.Add(cfg.GRPC.OfflineAfter)}
 	if s.kek != nil {
 		comp.syncKeys = s.syncKeys
 	}
@@ -427,6 +430,7 @@ func (s *Server) afterCommit(recs []*store.Record) {
 	s.metrics.committed(recs, s.clock.Now())
 	s.logWatch.notify(recs)
 	s.monitor.observe(recs)
+	s.statusCommitted(recs)
 	s.notifier.Wake()
 }
 
@@ -514,6 +518,8 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { defer bgWG.Done(); s.leader.lead(bg, "monitor", s.singleton("monitor", s.monitor.run)) }()
 	bgWG.Add(1)
 	go func() { defer bgWG.Done(); s.leader.lead(bg, "notify", s.singleton("notify", s.notifier.Run)) }()
+	bgWG.Add(1)
+	go func() { defer bgWG.Done(); s.leader.lead(bg, "leases", s.singleton("leases", s.runLeases)) }()
 	if s.cfg.InternalAgent.Enabled {
 		bgWG.Add(1)
 		go func() { defer bgWG.Done(); s.superviseInternalAgent(bg) }()

@@ -75,6 +75,12 @@ type manifestCompiler interface {
 	ResignDue(ctx context.Context) (resigned int, err error)
 	// SecretChanged re-signs the manifests of the agents using a secret.
 	SecretChanged(ctx context.Context, name string) error
+	// Place renews leases and hands placement: one pipes over when due
+	// (placement.go); RequestMove asks for a pipe to move to an agent;
+	// AwaitsRelease says an agent's next status may hand a pipe over.
+	Place(ctx context.Context) (changed int, err error)
+	RequestMove(ctx context.Context, pipe, to string) error
+	AwaitsRelease(agentID string) bool
 }
 
 type compilerSeam struct{ c *compiler }
@@ -86,3 +92,8 @@ func (s compilerSeam) ResignDue(ctx context.Context) (int, error) { return s.c.r
 func (s compilerSeam) SecretChanged(ctx context.Context, name string) error {
 	return s.c.secretChanged(ctx, name)
 }
+func (s compilerSeam) Place(ctx context.Context) (int, error) { return s.c.run(ctx, []string{}, false) }
+func (s compilerSeam) RequestMove(ctx context.Context, pipe, to string) error {
+	return s.c.requestMove(ctx, pipe, to)
+}
+func (s compilerSeam) AwaitsRelease(id string) bool { return s.c.awaitsRelease(id) }

@@ -22,6 +22,21 @@ type Change struct {
 	// Diff compares the pipe's manifest entries field by field (the spec's
 	// fields flattened to spec.<field>): "- field: old" and "+ field: new".
 	Diff string
+	// Reason says why a placement: one pipe is added or removed; After,
+	// when set, says the agent gains it only then (once the lease of the
+	// holder before has ended plus the skew margin), not at once.
+	Reason string
+	After  time.Time
+}
+
+// Placing is what a dry-run of a placement: one pipe needs: the stored
+// holders, the latest fire times served, the time and the lease settings
+// (the agents carry their health).
+type Placing struct {
+	Holders []Holder
+	Served  map[string]time.Time
+	Now     time.Time
+	Leases  Leases
 }
 
 // DryRun says which agents' manifests gain, lose or update a pipe when its
@@ -29,24 +44,51 @@ type Change struct {
 // it), with the selection and the entries a compilation would use. Revoked
 // agents are skipped; changes come in the order of agents.
 func DryRun(agents []Agent, cur, next *Pipe) ([]Change, error) {
+	return DryRunPlaced(agents, cur, next, Placing{})
+}
+
+// DryRunPlaced is DryRun knowing the placement: a placement: one pipe is
+// in its holder's manifest alone, so a change of its targets (or of its
+// placement) says which agent gains it, when, and which loses it.
+func DryRunPlaced(agents []Agent, cur, next *Pipe, pl Placing) ([]Change, error) {
 	var was, will *Compilation
 	var oldEntry, newEntry []byte
-	prepare := func(p *Pipe) (*Compilation, []byte, error) {
+	var wasPl, willPl Placement
+	prepare := func(p *Pipe, out *Placement) (*Compilation, []byte, error) {
 		if p == nil {
 			return &Compilation{}, nil, nil
 		}
-		c, err := New([]Pipe{*p}, 0, time.Time{}, 0)
+		c, err := New([]Pipe{*p}, 0, pl.Now, 0)
 		if err != nil {
 			return nil, nil, err
+		}
+		if c.placed {
+			ps, _ := Place([]Pipe{*p}, agents, pl.Holders, pl.Served, pl.Now, pl.Leases)
+			*out = ps[0]
+			// The entries compare without the lease: a renewal is no change.
+			hold := ps[0]
+			hold.LeaseUntil, hold.LastFireServed = c.now.Add(time.Hour), time.Time{}
+			if err := c.Hold([]Placement{hold}); err != nil {
+				return nil, nil, err
+			}
+			if h := c.held[0]; h != nil {
+				h.json = c.entries[0].json
+			}
 		}
 		return c, c.entries[0].json, nil
 	}
 	var err error
-	if was, oldEntry, err = prepare(cur); err != nil {
+	if was, oldEntry, err = prepare(cur, &wasPl); err != nil {
 		return nil, err
 	}
-	if will, newEntry, err = prepare(next); err != nil {
+	if will, newEntry, err = prepare(next, &willPl); err != nil {
 		return nil, err
+	}
+	reason := func(p *Placement) string {
+		if p.Pipe == "" {
+			return ""
+		}
+		return strings.Join(p.Reasons, ", ")
 	}
 	var out []Change
 	for i := range agents {
@@ -58,9 +100,11 @@ func DryRun(agents []Agent, cur, next *Pipe) ([]Change, error) {
 		c := Change{AgentID: a.ID}
 		switch {
 		case w && !n:
-			c.Action, c.Diff = ActionRemove, entryDiff(oldEntry, nil)
+			c.Action, c.Diff, c.Reason = ActionRemove, entryDiff(oldEntry, nil), reason(&willPl)
 		case !w && n:
-			c.Action, c.Diff = ActionAdd, entryDiff(nil, newEntry)
+			c.Action, c.Diff, c.Reason = ActionAdd, entryDiff(nil, newEntry), reason(&willPl)
+		case !n && willPl.Next == a.ID:
+			c.Action, c.Diff, c.Reason, c.After = ActionAdd, entryDiff(nil, newEntry), reason(&willPl), willPl.NextAt
 		case w && n && string(oldEntry) != string(newEntry):
 			c.Action, c.Diff = ActionUpdate, entryDiff(oldEntry, newEntry)
 		default:

@@ -41,6 +41,26 @@ type goldenInput struct {
 	Secrets map[string]string `yaml:"secrets"`
 	Pipes   []goldenPipe      `yaml:"pipes"`
 	Agents  []goldenAgent     `yaml:"agents"`
+	// Placement: one: the stored holders, the latest fire times served,
+	// the lease and skew margin (defaults 5m and 1m).
+	Holders    []goldenHolder       `yaml:"holders"`
+	Served     map[string]time.Time `yaml:"served"`
+	Lease      manifest.Duration    `yaml:"lease"`
+	SkewMargin manifest.Duration    `yaml:"skew_margin"`
+	HoldSilent bool                 `yaml:"hold_silent"`
+}
+
+type goldenHolder struct {
+	Pipe           string    `yaml:"pipe"`
+	Agent          string    `yaml:"agent"`
+	LeaseUntil     time.Time `yaml:"lease_until"`
+	Since          time.Time `yaml:"since"`
+	LastFireServed time.Time `yaml:"last_fire_served"`
+	Prev           string    `yaml:"prev"`
+	PrevSince      time.Time `yaml:"prev_since"`
+	PrevLeaseUntil time.Time `yaml:"prev_lease_until"`
+	ReleasedAt     time.Time `yaml:"released_at"`
+	MoveTo         string    `yaml:"move_to"`
 }
 
 type goldenPipe struct {
@@ -50,9 +70,13 @@ type goldenPipe struct {
 }
 
 type goldenAgent struct {
-	ID       string            `yaml:"id"`
-	Tags     map[string]string `yaml:"tags"`
-	Revoked  bool              `yaml:"revoked"`
+	ID      string            `yaml:"id"`
+	Tags    map[string]string `yaml:"tags"`
+	Revoked bool              `yaml:"revoked"`
+	// Silent: no live stream and not heard from within the offline grace.
+	Silent bool `yaml:"silent"`
+	// Released: placement: one pipes it confirmed it dropped.
+	Released []string `yaml:"released"`
 	Previous *struct {
 		Serial         uint64    `yaml:"serial"`
 		IssuedAt       time.Time `yaml:"issued_at"`
@@ -81,19 +105,39 @@ func (p *goldenPipe) pipe() Pipe {
 }
 
 func (g *goldenInput) input() Input {
-	in := Input{KeyListVersion: g.KeyListVersion, Now: g.Now, Lifetime: g.Lifetime.D(), Force: g.Force}
+	in := Input{KeyListVersion: g.KeyListVersion, Now: g.Now, Lifetime: g.Lifetime.D(), Force: g.Force, Served: g.Served,
+		Leases: Leases{Lease: g.Lease.D(), SkewMargin: g.SkewMargin.D(), HoldSilent: g.HoldSilent}}
 	if in.Lifetime == 0 {
 		in.Lifetime = manifest.DefaultLifetime
+	}
+	if in.Leases.Lease == 0 {
+		in.Leases.Lease = 5 * time.Minute
+	}
+	if in.Leases.SkewMargin == 0 {
+		in.Leases.SkewMargin = time.Minute
+	}
+	for _, h := range g.Holders {
+		in.Holders = append(in.Holders, Holder{Pipe: h.Pipe, Agent: h.Agent, LeaseUntil: h.LeaseUntil, Since: h.Since, LastFireServed: h.LastFireServed,
+			Prev: h.Prev, PrevSince: h.PrevSince, PrevLeaseUntil: h.PrevLeaseUntil, ReleasedAt: h.ReleasedAt, MoveTo: h.MoveTo})
 	}
 	for i := range g.Pipes {
 		in.Pipes = append(in.Pipes, g.Pipes[i].pipe())
 	}
 	for _, a := range g.Agents {
-		ca := Agent{ID: a.ID, Tags: a.Tags, Revoked: a.Revoked}
+		ca := Agent{ID: a.ID, Tags: a.Tags, Revoked: a.Revoked, Healthy: !a.Silent, Released: a.Released}
 		if p := a.Previous; p != nil {
 			ca.Prev = &Previous{Serial: p.Serial, IssuedAt: p.IssuedAt, KeyListVersion: p.KeyListVersion, Pipes: p.Pipes, ContentHash: p.ContentHash}
 			if ca.Prev.ContentHash == "" {
-				ca.Prev.ContentHash = contentHash(a.ID, p.KeyListVersion, p.Pipes)
+				// A held pipe's reference hashes with the stored lease.
+				lines := slices.Clone(p.Pipes)
+				for j, r := range lines {
+					for _, h := range in.Holders {
+						if h.Agent == a.ID && strings.HasPrefix(r, h.Pipe+"@") {
+							lines[j] += leaseHash(h.LeaseUntil, h.LastFireServed)
+						}
+					}
+				}
+				ca.Prev.ContentHash = contentHash(a.ID, p.KeyListVersion, lines)
 			}
 		}
 		in.Agents = append(in.Agents, ca)
@@ -144,7 +188,46 @@ func formatPlan(p *Plan) []byte {
 			fmt.Fprintf(&b, "  secrets: %s\n", list(m.Secrets))
 		}
 	}
+	for _, pl := range p.Placements {
+		fmt.Fprintf(&b, "\nplacement %s: holder %s\n", pl.Pipe, orDash(pl.Holder))
+		if pl.Holder != "" {
+			fmt.Fprintf(&b, "  lease_until: %s\n", stamp(pl.LeaseUntil))
+			fmt.Fprintf(&b, "  last_fire_served: %s\n", stamp(pl.LastFireServed))
+		}
+		if pl.Gain != "" || pl.Lose != "" {
+			fmt.Fprintf(&b, "  gain: %s\n  lose: %s\n", orDash(pl.Gain), orDash(pl.Lose))
+		}
+		if pl.Renewed {
+			b.WriteString("  renewed\n")
+		}
+		if pl.Next != "" {
+			fmt.Fprintf(&b, "  next: %s at %s\n", pl.Next, stamp(pl.NextAt))
+		}
+		fmt.Fprintf(&b, "  reasons: %s\n", strings.Join(pl.Reasons, "; "))
+		if pl.Changed {
+			h := pl.State
+			fmt.Fprintf(&b, "  state: agent=%s since=%s prev=%s prev_lease_until=%s released_at=%s move_to=%s\n", orDash(h.Agent), stamp(h.Since),
+				orDash(h.Prev), stamp(h.PrevLeaseUntil), stamp(h.ReleasedAt), orDash(h.MoveTo))
+		}
+	}
+	if len(p.RemoveHolders) > 0 {
+		fmt.Fprintf(&b, "\nremove holders: %s\n", list(p.RemoveHolders))
+	}
 	return b.Bytes()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 func formatChanges(cs []Change) []byte {
@@ -154,6 +237,12 @@ func formatChanges(cs []Change) []byte {
 	}
 	for _, c := range cs {
 		fmt.Fprintf(&b, "agent %s: %s\n", c.AgentID, c.Action)
+		if c.Reason != "" {
+			fmt.Fprintf(&b, "  (%s)\n", c.Reason)
+		}
+		if !c.After.IsZero() {
+			fmt.Fprintf(&b, "  (after %s)\n", stamp(c.After))
+		}
 		for _, l := range strings.SplitAfter(strings.TrimSuffix(c.Diff, "\n"), "\n") {
 			fmt.Fprintf(&b, "  %s", strings.TrimSuffix(l, "\n")+"\n")
 		}
@@ -241,12 +330,36 @@ func checkPlan(t *testing.T, in Input, plan *Plan) {
 		var refs []string
 		for _, p := range dec.Pipes {
 			refs = append(refs, Ref(p.Name, p.Version))
+			if p.Spec.Placement != "" {
+				t.Errorf("%s: pipe %s carries its placement", m.AgentID, p.Name)
+			}
+			if pl := placementOf(plan, p.Name); pl != nil {
+				if pl.Holder != m.AgentID || !p.LeaseUntil.Equal(pl.LeaseUntil) || !p.LastFireServed.Equal(pl.LastFireServed) {
+					t.Errorf("%s: held pipe %s with lease %s, the plan says holder %s lease %s", m.AgentID, p.Name, p.LeaseUntil, pl.Holder, pl.LeaseUntil)
+				}
+			} else if p.Held() {
+				t.Errorf("%s: placement: all pipe %s carries a lease", m.AgentID, p.Name)
+			}
 			if p.Spec.Targets != nil || p.Spec.Grace != 0 {
 				t.Errorf("%s: pipe %s carries targets or grace", m.AgentID, p.Name)
 			}
 		}
 		if !slices.Equal(refs, m.Pipes) {
 			t.Errorf("%s: body has pipes %v, plan %v", m.AgentID, refs, m.Pipes)
+		}
+	}
+	// At most one holder: a placement: one pipe is in one agent's pipes.
+	for _, pl := range plan.Placements {
+		var in []string
+		for _, m := range plan.Agents {
+			for _, r := range m.Pipes {
+				if strings.HasPrefix(r, pl.Pipe+"@") {
+					in = append(in, m.AgentID)
+				}
+			}
+		}
+		if len(in) > 1 || (len(in) == 1 && in[0] != pl.Holder) {
+			t.Errorf("placement: one pipe %s is in the manifests of %v, the holder is %q", pl.Pipe, in, pl.Holder)
 		}
 	}
 	for _, a := range in.Agents {
@@ -256,6 +369,15 @@ func checkPlan(t *testing.T, in Input, plan *Plan) {
 			}
 		}
 	}
+}
+
+func placementOf(p *Plan, pipe string) *Placement {
+	for i := range p.Placements {
+		if p.Placements[i].Pipe == pipe {
+			return &p.Placements[i]
+		}
+	}
+	return nil
 }
 
 // checkDryRun runs a case's dry-run and checks it against the plans
@@ -280,7 +402,7 @@ func checkDryRun(t *testing.T, in Input, d goldenDryRun) []Change {
 		next = &p
 		after.Pipes = append(after.Pipes, p)
 	}
-	changes, err := DryRun(in.Agents, cur, next)
+	changes, err := DryRunPlaced(in.Agents, cur, next, Placing{Holders: in.Holders, Served: in.Served, Now: in.Now, Leases: in.Leases})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +441,9 @@ func checkDryRun(t *testing.T, in Input, d goldenDryRun) []Change {
 	}
 	var got []string
 	for _, c := range changes {
-		got = append(got, c.AgentID+" "+c.Action)
+		if c.After.IsZero() { // a later gain is in neither plan
+			got = append(got, c.AgentID+" "+c.Action)
+		}
 	}
 	slices.Sort(got)
 	if !slices.Equal(got, want) {

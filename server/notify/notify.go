@@ -20,7 +20,7 @@ import (
 
 // Event kinds a rule may name (docs/monitoring.md, "Events").
 var Kinds = []string{"run.failed", "run.missed", "run.long", "run.recovered", "agent.offline", "agent.online",
-	"manifest.rejected", "manifest.expired", "identity.conflict"}
+	"manifest.rejected", "manifest.expired", "identity.conflict", "pipe.moved"}
 
 // Bounds of the configuration.
 const (

@@ -13,7 +13,7 @@ import (
 // An alerting subject is what a state belongs to: an agent's pipe (failing
 // or healthy) or an agent (offline or online). The opening kinds start an
 // alert for the subject unless one is open; the closing kind resolves it.
-// Other kinds (manifest.*, identity.conflict, run.long) are announced once
+// Other kinds (manifest.*, identity.conflict, run.long, pipe.moved) are announced once
 // per occurrence by the event log already and are not resolvable.
 var (
 	opens  = map[string]string{"run.failed": "run.recovered", "run.missed": "run.recovered", "agent.offline": "agent.online"}
@@ -25,6 +25,7 @@ var alertNames = map[string]string{
 	"run.failed": "DroverRunFailed", "run.missed": "DroverRunMissed", "run.long": "DroverRunLong",
 	"agent.offline": "DroverAgentOffline", "manifest.rejected": "DroverManifestRejected",
 	"manifest.expired": "DroverManifestExpired", "identity.conflict": "DroverIdentityConflict",
+	"pipe.moved": "DroverPipeMoved",
 }
 
 func subject(e *store.Event) string {

@@ -31,6 +31,7 @@ type Store interface {
 	PresenceStore
 	SessionStore
 	KeyStore
+	PlacementStore
 	Close() error
 }
 
@@ -242,4 +243,19 @@ type KeyStore interface {
 	// the key ifID is stored at version ifVersion; otherwise it changes
 	// nothing and fails with ErrConflict.
 	UpdateServerKeys(ctx context.Context, ifID string, ifVersion uint64, put []*ServerKey, del []string) error
+}
+
+// PlacementStore keeps the holders of placement: one pipes; the compiler
+// is its only writer (under its lock).
+type PlacementStore interface {
+	// Holders lists every pipe's holder state, by pipe name.
+	Holders(ctx context.Context) ([]*Holder, error)
+	// SaveHolders writes the given holder states (replacing those of the
+	// same pipes) and deletes those of the pipes in remove, in one
+	// transaction.
+	SaveHolders(ctx context.Context, hs []*Holder, remove []string) error
+	// LastFiresServed returns, for each of the pipes, the latest fire time
+	// a run record of any agent serves (missed runs do not serve); a pipe
+	// without one is left out.
+	LastFiresServed(ctx context.Context, pipes []string) (map[string]time.Time, error)
 }

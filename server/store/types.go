@@ -98,6 +98,8 @@ type Pipe struct {
 type CompileAgent struct {
 	ID   string
 	Tags map[string]string
+	// LastSeenAt is when the agent was last heard from (placement health).
+	LastSeenAt time.Time
 	// Prev is the stored manifest's metadata, nil for none.
 	Prev *StoredManifest
 }
@@ -379,4 +381,31 @@ type ServerKey struct {
 	Sealed    []byte // AES-256-GCM under the key-encryption key, ID as additional data
 	Version   uint64 // raised by the writer on every change
 	UpdatedAt time.Time
+}
+
+// Holder is the placement state of one placement: one pipe (docs/design.md,
+// "Fleet semantics"): which agent holds it under which lease, and while a
+// hand-over waits, the lease of the holder before, which fences it.
+type Holder struct {
+	Pipe string
+	// Agent holds the pipe until LeaseUntil; "" while nobody does.
+	Agent      string
+	LeaseUntil time.Time
+	Since      time.Time // when Agent gained the pipe
+	// LastFireServed is the latest fire time served when Agent gained the
+	// pipe; its manifest entry carries it (catch-up from there).
+	LastFireServed time.Time
+	// Prev is the holder before Agent, or the last one while nobody holds
+	// the pipe: it held it from PrevSince until ReleasedAt, when a manifest
+	// without the pipe was published to it, under a lease ending at
+	// PrevLeaseUntil. Nobody gains the pipe before PrevLeaseUntil plus the
+	// skew margin unless Prev confirmed the manifest without it.
+	Prev           string
+	PrevSince      time.Time
+	PrevLeaseUntil time.Time
+	ReleasedAt     time.Time
+	// MoveTo is a requested holder ("" for none), by the same lease rules.
+	MoveTo          string
+	MoveRequestedAt time.Time
+	UpdatedAt       time.Time
 }

@@ -237,7 +237,7 @@ func toRecord(agentID string, msg *agentpb.AgentMessage, now time.Time, rules re
 				continue // only the manifest's pipes are shown: bounded by it
 			}
 			ps := api.PipeStatus{Name: p.GetName(), Version: p.GetVersion(), ApplyError: CleanText(p.GetApplyError(), maxPipeError, true), DriftRestored: p.GetDriftRestored(),
-				ElapseMismatch: CleanText(p.GetElapseMismatch(), MaxReasonLen, false)}
+				ElapseMismatch: CleanText(p.GetElapseMismatch(), MaxReasonLen, false), LeaseEnded: p.GetLeaseEnded(), LeaseUntil: ts(p.GetLeaseUntil())}
 			for i, t := range p.GetNextFireTimes() {
 				if i == maxFireTimes {
 					break

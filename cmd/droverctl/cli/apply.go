@@ -471,7 +471,11 @@ func (a *app) printPlan(res *applyResult) error {
 			if sign == "" {
 				sign = ac.Action + ":"
 			}
-			r.changes = append(r.changes, sign+ch.Name)
+			c := sign + ch.Name
+			if !ac.After.IsZero() { // placement: one: gained once the lease before ended
+				c += " (after " + fmtTimeV(ac.After) + ")"
+			}
+			r.changes = append(r.changes, c)
 			// Added and removed entries are whole; show what an update changes.
 			if ac.Diff != "" && ac.Action == api.AgentUpdate {
 				r.diffs = append(r.diffs, fmt.Sprintf("--- agent %s (%s): %s\n%s", ac.ID, sanitizeLine(ac.Hostname), ch.Name,

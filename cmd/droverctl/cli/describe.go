@@ -150,6 +150,7 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 	kv := newKV(out)
 	pipeHeadKV(kv, p.Name, p.Version, &s)
 	specKV(kv, &s, p.Payload)
+	placementKV(kv, p.Placement, a.env.Now())
 	kv.add("Created", fmtTimeV(p.CreatedAt))
 	kv.add("Updated", fmtTimeV(p.UpdatedAt))
 	if err := kv.flush(); err != nil {
@@ -190,6 +191,9 @@ func (a *app) describePipe(ctx context.Context, c *client, name string) error {
 			if ps.Name == p.Name {
 				running, applyErr = itoa(int(ps.Version)), ps.ApplyError
 			}
+		}
+		if p.Placement != nil && p.Placement.Holder == ag.ID {
+			running = strings.TrimSpace(running + " (holder)")
 		}
 		t.row(ag.ID, ag.Hostname, ag.State(), running, applyErr)
 	}
@@ -320,6 +324,12 @@ func printAgentPipes(out io.Writer, pipes []api.PipeStatus) error {
 		}
 		if len(p.DropInsRemoved) > 0 {
 			problem = strings.TrimSpace(problem + " drop-ins removed: " + strings.Join(p.DropInsRemoved, ", "))
+		}
+		switch { // placement: one
+		case p.LeaseEnded:
+			next = "lease ended, stopped"
+		case !p.LeaseUntil.IsZero():
+			next = strings.TrimSpace(next + " (lease until " + fmtTimeV(p.LeaseUntil) + ")")
 		}
 		t.row(p.Name, itoa(int(p.Version)), next, problem)
 	}

@@ -87,7 +87,7 @@ func (a *app) getFires(ctx context.Context, c *client, names []string, o listOpt
 
 // eventKinds are the kinds get events --kind accepts.
 var eventKinds = []string{"run.failed", "run.missed", "run.long", "run.recovered", "agent.offline", "agent.online",
-	"manifest.rejected", "manifest.expired", "identity.conflict"}
+	"manifest.rejected", "manifest.expired", "identity.conflict", "pipe.moved"}
 
 func (a *app) getEvents(ctx context.Context, c *client, names []string, o listOpts) error {
 	if len(names) > 0 {

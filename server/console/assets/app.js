@@ -324,6 +324,21 @@
     view.append(el('h1', {}, 'Pipe ', el('span', { id: 'pipe-name', text: p.name }), ' ', el('span', { class: 'muted', text: 'v' + p.version })));
     if (p.spec.description) view.append(msg(p.spec.description));
     view.append(el('p', {}, el('strong', { text: scheduleWords(p.spec.schedule) }), ' ', el('code', { text: p.spec.schedule }), ' in ', p.spec.timezone || 'UTC'));
+    if (p.placement) {
+      // placement: one: who holds it, under which lease (docs/placement.md).
+      const pl = p.placement;
+      const line = el('p', { id: 'placement' }, el('strong', { text: 'Placement: one' }), ' — ');
+      if (pl.holder) {
+        line.append('held by ', link('#/agent/' + enc(pl.holder), pl.holder), ', lease until ' + fmtTime(pl.lease_until, viewerZone));
+        if (pl.reported && pl.reported.lease_ended) line.append(el('span', { class: 'muted', text: ' (the holder reports its lease ended)' }));
+      } else if (pl.previous) {
+        line.append('handing over from ' + pl.previous + '; the next holder starts after ' + fmtTime(pl.next_after, viewerZone));
+      } else {
+        line.append('no holder (no healthy targeted agent)');
+      }
+      if (pl.move_to) line.append(el('span', { class: 'muted', text: ' — move to ' + pl.move_to + ' requested' }));
+      view.append(line);
+    }
     view.append(table(['Next fire (' + (sched.timezone || 'UTC') + ')', 'Your time (' + viewerZone + ')'],
       (sched.fire_times || []).map((t) => row(fmtTime(t, sched.timezone), fmtTime(t, viewerZone)))));
     const holders = agentsPage.agents.filter((a) => !a.revoked && (!(tg.agents || []).length || tg.agents.includes(a.id) || tg.agents.includes(a.name)));

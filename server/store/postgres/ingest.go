@@ -183,7 +183,8 @@ func (t *ingestTx) apply(recs []*store.Record, lim store.IngestLimits) error {
 }
 
 // dropMissed removes the missed run that the server recorded for the fire
-// time a real record serves: the truth replaces it.
+// time a real record serves, and the one it recorded for that fire time
+// with no holder (agent "", placement: one): the truth replaces it.
 func (t *ingestTx) dropMissed(agentID string, x *store.Run) error {
 	if x.ScheduledAt.IsZero() || x.Pipe == "" {
 		return nil
@@ -192,7 +193,7 @@ func (t *ingestTx) dropMissed(agentID string, x *store.Run) error {
 	if id == x.ID {
 		return nil
 	}
-	_, err := t.exec(`DELETE FROM runs WHERE id=? AND agent_id=? AND status='missed'`, id, agentID)
+	_, err := t.exec(`DELETE FROM runs WHERE status='missed' AND ((id=? AND agent_id=?) OR (id=? AND agent_id=''))`, id, agentID, store.MissedRunID("", x.Pipe, x.ScheduledAt))
 	return err
 }
 

@@ -34,7 +34,7 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 		return nil, nil, fmt.Errorf("compile inputs: %w", err)
 	}
 
-	q := `SELECT a.id, a.tags, m.serial, m.content_hash, m.digest, m.issued_at, m.expires_at, m.key_list_version
+	q := `SELECT a.id, a.tags, a.last_seen_at, m.serial, m.content_hash, m.digest, m.issued_at, m.expires_at, m.key_list_version
 		FROM agents a LEFT JOIN manifests m ON m.agent_id=a.id WHERE a.revoked_at=0`
 	var args []any
 	if ids != nil {
@@ -50,11 +50,13 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 	for rows.Next() {
 		var a store.CompileAgent
 		var tags string
+		var seen int64
 		var serial, issued, expires, klv sql.NullInt64
 		var hash, digest sql.NullString
-		if err := rows.Scan(&a.ID, &tags, &serial, &hash, &digest, &issued, &expires, &klv); err != nil {
+		if err := rows.Scan(&a.ID, &tags, &seen, &serial, &hash, &digest, &issued, &expires, &klv); err != nil {
 			return nil, nil, fmt.Errorf("compile inputs: %w", err)
 		}
+		a.LastSeenAt = fromNS(seen)
 		if err := json.Unmarshal([]byte(tags), &a.Tags); err != nil {
 			return nil, nil, fmt.Errorf("compile inputs: %w", err)
 		}

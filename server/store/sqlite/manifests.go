@@ -11,7 +11,7 @@ import (
 )
 
 func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVersion, []*store.CompileAgent, error) {
-	q := `SELECT a.id, a.tags, m.serial, m.content_hash, m.digest, m.issued_at, m.expires_at, m.key_list_version
+	q := `SELECT a.id, a.tags, a.last_seen_at, m.serial, m.content_hash, m.digest, m.issued_at, m.expires_at, m.key_list_version
 		FROM agents a LEFT JOIN manifests m ON m.agent_id=a.id WHERE a.revoked_at=0`
 	var args []any
 	if ids != nil {
@@ -21,11 +21,13 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 	return pipesAndAgents(ctx, s, "compile inputs", func(row rowScanner) (*store.CompileAgent, error) {
 		var a store.CompileAgent
 		var tags string
+		var seen int64
 		var serial, issued, expires, klv sql.NullInt64
 		var hash, digest sql.NullString
-		if err := row.Scan(&a.ID, &tags, &serial, &hash, &digest, &issued, &expires, &klv); err != nil {
+		if err := row.Scan(&a.ID, &tags, &seen, &serial, &hash, &digest, &issued, &expires, &klv); err != nil {
 			return nil, err
 		}
+		a.LastSeenAt = fromNS(seen)
 		if err := json.Unmarshal([]byte(tags), &a.Tags); err != nil {
 			return nil, err
 		}

@@ -38,6 +38,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"StreamPresence", testStreamPresence},
 		{"ConsoleSessions", testConsoleSessions},
 		{"ServerKeys", testServerKeys},
+		{"Holders", testHolders},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
