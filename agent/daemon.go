@@ -47,6 +47,7 @@ type Agent struct {
 	reconnectCh chan struct{}
 	spoolCh     chan struct{} // collect spools now (buffered 1)
 	accountCh   chan struct{} // settle ended invocations now (buffered 1)
+	leaseCh     chan struct{} // the manifest in force changed: look at its leases (buffered 1)
 	accountMu   sync.Mutex    // one accounting pass at a time
 	collectMu   sync.Mutex    // one spool pass at a time
 	loadAvg     string        // host load file (default /proc/loadavg)
@@ -66,6 +67,8 @@ type Agent struct {
 	lastReject    string // digest of the last envelope reported as rejected
 	// reportedExpired: the last ManifestStatus said manifest_expired.
 	reportedExpired bool
+	// reportedLeases: the lease state (leaseState) the last ManifestStatus said.
+	reportedLeases string
 	results         []PipeResult
 	lastRuns        map[string]RunSummary
 	lastSync        time.Time
@@ -123,6 +126,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		outboxCh:    make(chan struct{}, 1),
 		spoolCh:     make(chan struct{}, 1),
 		accountCh:   make(chan struct{}, 1),
+		leaseCh:     make(chan struct{}, 1),
 		reconnectCh: make(chan struct{}, 1),
 		lastRuns:    map[string]RunSummary{},
 		runPipes:    map[string]string{},
@@ -184,6 +188,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.sdNotify("STATUS=enrolled as " + a.identity().AgentID)
 	a.applyStored(ctx)
+	wg.Go(func() { a.leaseLoop(ctx) })
 	wg.Go(func() { a.accountLoop(ctx) })
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.streamLoop(ctx) })

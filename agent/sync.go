@@ -424,6 +424,11 @@ type PipeResult struct {
 	// ElapseMismatch: the scheduler's next elapse disagrees with the
 	// evaluator (apply.ElapseMismatch).
 	ElapseMismatch string
+	// LeaseUntil is the end of this agent's lease on a held pipe
+	// (placement: one; zero otherwise); LeaseEnded says it passed
+	// unrenewed and the pipe is stopped here.
+	LeaseUntil time.Time
+	LeaseEnded bool
 }
 
 // applyInput builds the backend's input: payloads from the verified set,
@@ -484,7 +489,13 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	if !check || err == nil {
 		a.results = results
 	}
+	leases := leaseState(results)
+	leaseChanged := leases != a.reportedLeases
+	if err == nil {
+		a.reportedLeases = leases
+	}
 	a.mu.Unlock()
+	a.kickLeases()
 
 	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(time.Now()), Pipes: pipeStatuses(results)}
 	expired := !m.ExpiresAt.IsZero() && !time.Now().Before(m.ExpiresAt)
@@ -520,7 +531,7 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	for _, s := range drift {
 		a.log.Warn("restored drift", "step", s.String())
 	}
-	if report || !wasOK || len(drift) > 0 || expiryChanged || hasDropIns(results) {
+	if report || !wasOK || len(drift) > 0 || expiryChanged || leaseChanged || hasDropIns(results) {
 		a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
 	}
 	if report {
@@ -563,6 +574,7 @@ func (a *Agent) pipeResults(ctx context.Context, m *manifest.Manifest, errs map[
 		}
 		out = append(out, r)
 	}
+	setLeases(out, m, now)
 	return out
 }
 
@@ -640,6 +652,9 @@ func (a *Agent) applyStored(ctx context.Context) {
 		a.mu.Lock()
 		a.current, a.currentEnv, a.currentDigest, a.payloads, a.applyOK = acc.Manifest, ms.Envelope, acc.Digest, payloads, false
 		a.mu.Unlock()
+		// The units in place are the last apply's; the lease loop still
+		// stops the held pipes whose lease this manifest says ended.
+		a.kickLeases()
 		return
 	}
 	a.apply(ctx, acc.Manifest, ms.Envelope, acc.Digest, payloads, map[string]string{}, !applied, false)
@@ -678,7 +693,10 @@ func pipeStatuses(rs []PipeResult) []*agentpb.PipeStatus {
 	out := make([]*agentpb.PipeStatus, 0, len(rs))
 	for _, r := range rs {
 		ps := &agentpb.PipeStatus{Name: r.Name, Version: r.Version, ApplyError: r.Error, DriftRestored: r.DriftRestored,
-			ElapseMismatch: r.ElapseMismatch, DropInsRemoved: r.DropInsRemoved}
+			ElapseMismatch: r.ElapseMismatch, DropInsRemoved: r.DropInsRemoved, LeaseEnded: r.LeaseEnded}
+		if !r.LeaseUntil.IsZero() {
+			ps.LeaseUntil = timestamppb.New(r.LeaseUntil)
+		}
 		for _, t := range r.NextFireTimes {
 			ps.NextFireTimes = append(ps.NextFireTimes, timestamppb.New(t))
 		}
