@@ -69,15 +69,15 @@ type Agent struct {
 	reportedExpired bool
 	// reportedLeases: the lease state (leaseState) the last ManifestStatus said.
 	reportedLeases string
-	results         []PipeResult
-	lastRuns        map[string]RunSummary
-	lastSync        time.Time
-	lastSyncErr     string
-	streamUp        bool
-	enrollErr       string
-	authLost        string            // why the server refuses the identity (reenroll.go); "" when it does not
-	runPipes        map[string]string // run id -> pipe, from RunStarted records
-	spoolRoots      []string
+	results        []PipeResult
+	lastRuns       map[string]RunSummary
+	lastSync       time.Time
+	lastSyncErr    string
+	streamUp       bool
+	enrollErr      string
+	authLost       string            // why the server refuses the identity (reenroll.go); "" when it does not
+	runPipes       map[string]string // run id -> pipe, from RunStarted records
+	spoolRoots     []string
 }
 
 // Option configures an Agent.
