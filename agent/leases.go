@@ -83,7 +83,13 @@ func (a *Agent) fenceDue(ctx context.Context, fenced map[string]time.Time, now t
 		if f, ok := a.backend.(apply.Fencer); ok {
 			steps, err := f.Fence(ctx, due)
 			if err != nil {
+				// Tried again in a few seconds; the runner refuses meanwhile.
 				a.log.Error("stop pipes at the end of their lease", "pipes", strings.Join(due, ","), "err", err)
+				a.reportLeases(now)
+				if retry := now.Add(5 * time.Second); next.IsZero() || retry.Before(next) {
+					next = retry
+				}
+				return next
 			}
 			for _, s := range steps {
 				a.log.Warn("lease ended unrenewed: pipe stopped on this host", "pipe", s.Pipe, "step", s.String())
@@ -176,7 +182,6 @@ func (a *Agent) reportLeases(now time.Time) {
 	a.results = results
 	key := leaseState(results)
 	changed := key != a.reportedLeases
-	a.reportedLeases = key
 	a.mu.Unlock()
 	if !changed {
 		return
@@ -185,6 +190,9 @@ func (a *Agent) reportLeases(now time.Time) {
 	if err != nil || ms.AppliedSerial != m.Serial {
 		return // the next apply reports it
 	}
+	a.mu.Lock()
+	a.reportedLeases = key
+	a.mu.Unlock()
 	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(now), Pipes: pipeStatuses(results),
 		State: agentpb.ManifestStatus_STATE_APPLIED, AppliedSerial: m.Serial}
 	if !m.ExpiresAt.IsZero() {
