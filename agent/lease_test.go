@@ -305,3 +305,40 @@ func TestCronLeaseFencing(t *testing.T) {
 	rig.disabled = func(pipe string) bool { on, _ := rig.scheduled(pipe); return !on }
 	runLeaseScenario(t, rig, false)
 }
+
+// TestSystemdLeaseEndsAfterRestartWithExpiredManifest: the agent restarts
+// while the server is away and the stored manifest has expired (so it is
+// not applied again); the held pipe's timer still stops at the end of its
+// lease, read from that manifest.
+func TestSystemdLeaseEndsAfterRestartWithExpiredManifest(t *testing.T) {
+	t.Parallel()
+	r := newAccountRig(t)
+	r.srv.mu.Lock()
+	r.srv.manifestLifetime = 6 * time.Second
+	r.srv.mu.Unlock()
+	until := time.Now().Add(20 * time.Second).UTC().Truncate(time.Second)
+	p, b := heldPipe(t, "lease-frozen", manifest.CatchupOnce, until, time.Time{})
+	p.Spec.Schedule = "17 3 * * *"
+	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
+	tm := units.TimerName("lease-frozen")
+	testkit.WaitFor(t, 20*time.Second, "the timer", func() bool { return sdtest.Show(t, tm, "ActiveState") == "active" })
+	r.srv.setIntercept(func(w http.ResponseWriter, req *http.Request, _ string) bool {
+		writeErr(w, 503, "unavailable", "down for the test")
+		return true
+	})
+	r.stop()
+	time.Sleep(7 * time.Second) // the manifest expires
+	r.start()
+	testkit.WaitFor(t, 10*time.Second, "the stored manifest in force", func() bool { return r.ta.a.pipeVersion("lease-frozen") == 1 })
+	if time.Now().Before(lease.End(&p)) && sdtest.Show(t, tm, "ActiveState") != "active" {
+		t.Fatal("the timer stopped before the lease ended")
+	}
+	testkit.WaitFor(t, time.Until(until)+10*time.Second, "the fence", func() bool { return sdtest.Show(t, tm, "ActiveState") == "inactive" })
+	if now := time.Now(); now.Before(lease.End(&p)) || now.After(until.Add(5*time.Second)) {
+		t.Fatalf("stopped at %s, lease until %s", now.Format(time.StampMilli), until.Format(time.StampMilli))
+	}
+	st := r.ta.a.Status(t.Context())
+	if len(st.Pipes) != 1 || !st.Pipes[0].LeaseEnded || !st.ManifestExpired {
+		t.Fatalf("status %+v", st)
+	}
+}

@@ -631,9 +631,11 @@ func (a *Agent) applyStored(ctx context.Context) {
 		return
 	}
 	id := a.identity()
-	acc, err := signing.AcceptManifest(ms.Envelope, tr, signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}, time.Now(), a.cfg.MaxManifestBytes)
+	st := signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}
+	acc, err := signing.AcceptManifest(ms.Envelope, tr, st, time.Now(), a.cfg.MaxManifestBytes)
 	if err != nil {
 		a.log.Warn("the stored manifest no longer verifies; waiting for the server", "serial", ms.Serial, "err", err)
+		a.fenceExpiredStored(ms, tr, st, err)
 		return
 	}
 	payloads := map[string][]byte{}
@@ -658,6 +660,38 @@ func (a *Agent) applyStored(ctx context.Context) {
 		return
 	}
 	a.apply(ctx, acc.Manifest, ms.Envelope, acc.Digest, payloads, map[string]string{}, !applied, false)
+}
+
+// fenceExpiredStored: the stored manifest did not verify at start because
+// it expired (a frozen server) while the host kept running it. It is not
+// applied, but its leases still end: when it verifies as of just before
+// its expiry, it becomes the manifest in force for the lease loop (and for
+// status), so that a held pipe's timer stops at the end of its lease even
+// after a restart with the server away.
+func (a *Agent) fenceExpiredStored(ms ManifestState, tr *signing.TrustRoot, st signing.State, err error) {
+	if !errors.Is(err, signing.ErrExpired) {
+		return
+	}
+	var env struct {
+		Payload []byte `json:"payload"`
+	}
+	if json.Unmarshal(ms.Envelope, &env) != nil {
+		return
+	}
+	m, derr := manifest.DecodeManifest(env.Payload)
+	if derr != nil || m.ExpiresAt.IsZero() {
+		return
+	}
+	acc, err := signing.AcceptManifest(ms.Envelope, tr, st, m.ExpiresAt.Add(-time.Second), a.cfg.MaxManifestBytes)
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	if a.current == nil {
+		a.current, a.currentEnv, a.currentDigest, a.applyOK = acc.Manifest, ms.Envelope, acc.Digest, false
+	}
+	a.mu.Unlock()
+	a.kickLeases()
 }
 
 func hasSecrets(m *manifest.Manifest) bool {
