@@ -80,8 +80,13 @@ func (a *Agent) fenceDue(ctx context.Context, fenced map[string]time.Time, now t
 		}
 	}
 	if len(due) > 0 {
+		leases := map[string]time.Time{}
+		for _, name := range due {
+			i := slices.IndexFunc(m.Pipes, func(p manifest.Pipe) bool { return p.Name == name })
+			leases[name] = m.Pipes[i].LeaseUntil
+		}
 		if f, ok := a.backend.(apply.Fencer); ok {
-			steps, err := f.Fence(ctx, due)
+			steps, err := f.Fence(ctx, leases)
 			if err != nil {
 				// Tried again in a few seconds; the runner refuses meanwhile.
 				a.log.Error("stop pipes at the end of their lease", "pipes", strings.Join(due, ","), "err", err)
@@ -97,9 +102,8 @@ func (a *Agent) fenceDue(ctx context.Context, fenced map[string]time.Time, now t
 		} else {
 			a.log.Warn("the backend cannot fence; the next apply stops the pipes", "pipes", strings.Join(due, ","))
 		}
-		for _, name := range due {
-			i := slices.IndexFunc(m.Pipes, func(p manifest.Pipe) bool { return p.Name == name })
-			fenced[name] = m.Pipes[i].LeaseUntil
+		for name, until := range leases {
+			fenced[name] = until
 		}
 	}
 	a.reportLeases(now)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/drover/drover/agent/lease"
 	"github.com/drover/drover/manifest"
@@ -20,11 +21,13 @@ import (
 // the full plan would agree with it, so a later Apply or Check never
 // starts the timer again while the lease stays ended.
 
-// Fencer is implemented by the backends: Fence stops the schedules of the
-// named pipes (held pipes whose lease has just ended) and returns the steps
-// it took. A run in progress is not stopped: it started within the lease.
+// Fencer is implemented by the backends: Fence stops the schedules of held
+// pipes whose lease has just ended, given by name with the lease_until the
+// caller saw end, and returns the steps it took. A pipe whose last applied
+// entry has another lease_until (a renewal applied meanwhile) is left
+// alone. A run in progress is not stopped: it started within the lease.
 type Fencer interface {
-	Fence(ctx context.Context, pipes []string) ([]Step, error)
+	Fence(ctx context.Context, leases map[string]time.Time) ([]Step, error)
 }
 
 var (
@@ -35,14 +38,23 @@ var (
 // Fence implements Fencer: a stop job for each timer, then its
 // timers.target.wants link removed, so that neither a reboot nor a
 // restart of timers.target starts it again. No daemon-reload is needed.
-func (b *Systemd) Fence(ctx context.Context, pipes []string) ([]Step, error) {
+func (b *Systemd) Fence(ctx context.Context, leases map[string]time.Time) ([]Step, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	applied := map[string]time.Time{}
+	if m := b.lastManifest(); m != nil {
+		for _, p := range m.Pipes {
+			applied[p.Name] = p.LeaseUntil
+		}
+	}
 	var timers []string
 	var steps []Step
-	for _, p := range pipes {
+	for p, until := range leases {
 		if !manifest.ValidName(p) || !b.managed(p) {
 			continue
+		}
+		if got, ok := applied[p]; ok && !got.Equal(until) {
+			continue // renewed (or no longer held) since
 		}
 		tm := units.TimerName(p)
 		timers = append(timers, tm)
@@ -60,14 +72,14 @@ func (b *Systemd) Fence(ctx context.Context, pipes []string) ([]Step, error) {
 
 // Fence implements Fencer: the pipes' cron entries are removed (fire
 // checks the lease too, for a fire that races the fence).
-func (b *Cron) Fence(ctx context.Context, pipes []string) ([]Step, error) {
+func (b *Cron) Fence(ctx context.Context, leases map[string]time.Time) ([]Step, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.cfg.Now()
 	var steps []Step
-	for _, name := range pipes {
+	for name, until := range leases {
 		p := b.pipes[name]
-		if p == nil || p.entry == 0 || !lease.Ended(&p.pipe, now) {
+		if p == nil || p.entry == 0 || !p.pipe.LeaseUntil.Equal(until) || !lease.Ended(&p.pipe, now) {
 			continue
 		}
 		b.sched.Remove(p.entry)

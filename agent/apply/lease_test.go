@@ -1,10 +1,13 @@
 package apply
 
 import (
+	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/drover/drover/agent/lease"
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
 )
@@ -86,5 +89,60 @@ func TestPrepareLeases(t *testing.T) {
 	jobs = sortSteps(steps, nil, map[string]bool{"drover-pipe-held.timer": true}, map[string]time.Time{"drover-pipe-held.timer": served})
 	if len(jobs.catchup) != 0 || len(jobs.guarded) != 1 {
 		t.Fatalf("schedule change: steps %v jobs %+v", steps, jobs)
+	}
+}
+
+// TestCronFence: the cron backend's fast fence removes the entry of a held
+// pipe whose lease ended (clock moved with a fake: the scheduler itself is
+// not asked to fire), leaves alone one whose lease the caller saw is not
+// the applied one (a renewal won the race), and a later apply keeps the
+// ended pipe stopped until a renewal schedules it again.
+func TestCronFence(t *testing.T) {
+	clock := &testkit.Clock{}
+	cfg := userConfig(t, t.TempDir())
+	cfg.RuntimeDir = filepath.Join(t.TempDir(), "drover")
+	cfg.Now = clock.Now
+	cb, err := NewCron(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cb.Close(); cb.Wait() })
+	in := input(t, spec("held", "17 3 * * *"), spec("free", "17 3 * * *"))
+	until := clock.Now().Add(time.Minute).Truncate(time.Second)
+	in.Manifest.Pipes[0].LeaseUntil = until
+	mustApply(t, cb, in)
+	scheduled := func(name string) bool {
+		st, _ := cb.Status(context.Background())
+		for _, s := range st {
+			if s.Name == name {
+				return s.Scheduled
+			}
+		}
+		return false
+	}
+	if !scheduled("held") || !scheduled("free") {
+		t.Fatal("not scheduled")
+	}
+	if steps, _ := cb.Fence(context.Background(), map[string]time.Time{"held": until}); len(steps) != 0 {
+		t.Fatalf("fenced inside the lease: %v", steps)
+	}
+	clock.Advance(time.Minute)
+	if steps, _ := cb.Fence(context.Background(), map[string]time.Time{"held": until.Add(time.Hour)}); len(steps) != 0 {
+		t.Fatalf("fenced for a lease that is not the applied one: %v", steps)
+	}
+	steps, err := cb.Fence(context.Background(), map[string]time.Time{"held": until, "free": {}})
+	if err != nil || len(steps) != 1 || steps[0].Pipe != "held" || steps[0].Reason != ReasonLeaseEnded {
+		t.Fatalf("fence: %v %v", steps, err)
+	}
+	if scheduled("held") || !scheduled("free") {
+		t.Fatal("fence stopped the wrong pipe")
+	}
+	if changes, err := cb.Check(context.Background()); err != nil || len(changes) != 0 || scheduled("held") {
+		t.Fatalf("check after the fence: %v %v", changes, err)
+	}
+	in.Manifest.Pipes[0].LeaseUntil = clock.Now().Add(time.Hour)
+	res := mustApply(t, cb, in)
+	if !scheduled("held") {
+		t.Fatalf("the renewal did not schedule it: %v", res.Steps)
 	}
 }
