@@ -84,14 +84,15 @@ func (r *leaseRig) leaseReported(pipe string, until time.Time, ended bool) bool 
 //     up at once: catchup once with one run for the latest fire time,
 //     catchup all with a run for each, oldest first;
 //  2. a held pipe runs at the fire time inside its lease; its lease passes
-//     unrenewed (the server is down): its timer is stopped and disabled
+//     unrenewed (serverDown: the server is down; else it answers 304, the
+//     manifest has not changed): its timer is stopped and disabled
 //     at lease_until minus lease.Lead, the end is reported
 //     (ManifestStatus, status), and a restart of the agent keeps it
 //     stopped; the next fire time does not run;
 //  3. a renewal starts it again; whether the fire time of the gap runs
 //     depends on last_fire_served (renewedServed: "another holder served
 //     it", no run; else a catch-up run for it).
-func runLeaseScenario(t *testing.T, r *leaseRig, renewedServed bool) {
+func runLeaseScenario(t *testing.T, r *leaseRig, serverDown, renewedServed bool) {
 	// Fire times: P the latest before now, F1 the first one at least 20 s
 	// ahead (the hand-over catch-ups finish before it).
 	now := time.Now().UTC().Round(0)
@@ -132,14 +133,15 @@ func runLeaseScenario(t *testing.T, r *leaseRig, renewedServed bool) {
 	if f := r.runs("lease-held", F1, F1)[0]; f.GetStatus() != agentpb.RunStatus_RUN_STATUS_SUCCEEDED {
 		t.Fatalf("run inside the lease: %v", f)
 	}
-	// The server goes down.
-	r.srv.setIntercept(func(w http.ResponseWriter, req *http.Request, _ string) bool {
-		if req.URL.Path == pathManifest {
-			writeErr(w, 503, "unavailable", "down for the test")
-			return true
-		}
-		return false
-	})
+	if serverDown {
+		r.srv.setIntercept(func(w http.ResponseWriter, req *http.Request, _ string) bool {
+			if req.URL.Path == pathManifest {
+				writeErr(w, 503, "unavailable", "down for the test")
+				return true
+			}
+			return false
+		})
+	}
 	end := lease.End(&held)
 	testkit.WaitFor(t, time.Until(end)+10*time.Second, "the fence", func() bool {
 		on, _ := r.scheduled("lease-held")
@@ -160,8 +162,11 @@ func runLeaseScenario(t *testing.T, r *leaseRig, renewedServed bool) {
 		!st.Pipes[i].LeaseEnded || !st.Pipes[i].LeaseUntil.Equal(until) || !st.Pipes[i].NextRun.IsZero() {
 		t.Fatalf("status of the fenced pipe: %+v", st.Pipes)
 	}
-	if res := r.agent().syncNow(); res.Outcome != OutcomeError {
-		t.Fatalf("sync with the server down: %+v", res)
+	if res := r.agent().syncNow(); serverDown && res.Outcome != OutcomeError || !serverDown && !res.NotModified {
+		t.Fatalf("sync (server down %v): %+v", serverDown, res)
+	}
+	if on, _ := r.scheduled("lease-held"); on {
+		t.Fatal("a sync started the fenced timer again")
 	}
 	// A restart of the agent (the manifest in force says the lease ended).
 	r.restart()
@@ -220,8 +225,8 @@ func runLeaseScenario(t *testing.T, r *leaseRig, renewedServed bool) {
 }
 
 // TestSystemdLeaseFencing: the lease scenario on a real user manager with
-// the real runner; a renewal whose last_fire_served covers the gap runs
-// nothing for it.
+// the real runner, the server down while the lease ends; a renewal whose
+// last_fire_served covers the gap runs nothing for it.
 func TestSystemdLeaseFencing(t *testing.T) {
 	t.Parallel() // with the cron one: both wait for the minute
 	r := newAccountRig(t)
@@ -246,12 +251,13 @@ func TestSystemdLeaseFencing(t *testing.T) {
 			return os.IsNotExist(err)
 		},
 	}
-	runLeaseScenario(t, rig, true)
+	runLeaseScenario(t, rig, true, true)
 }
 
 // TestCronLeaseFencing: the lease scenario on the cron backend with the
-// real runner; a renewal whose last_fire_served is older than the gap
-// catches the gap's fire time up.
+// real runner, the server answering 304 while the lease ends; a renewal
+// whose last_fire_served is older than the gap catches the gap's fire time
+// up.
 func TestCronLeaseFencing(t *testing.T) {
 	t.Parallel()
 	srv := newFakeServer(t)
@@ -303,7 +309,7 @@ func TestCronLeaseFencing(t *testing.T) {
 	}
 	// Nothing of a cron entry outlives the agent's process.
 	rig.disabled = func(pipe string) bool { on, _ := rig.scheduled(pipe); return !on }
-	runLeaseScenario(t, rig, false)
+	runLeaseScenario(t, rig, false, false)
 }
 
 // TestSystemdLeaseEndsAfterRestartWithExpiredManifest: the agent restarts
