@@ -348,3 +348,46 @@ func TestSystemdLeaseEndsAfterRestartWithExpiredManifest(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 }
+
+// TestSystemdRunnerRefusesAfterLeaseWhileAgentIsDown: the agent is down
+// when a held pipe's lease ends (a crash, or a SIGSTOP), so systemd still
+// fires the timer: the real runner refuses the run and records it skipped
+// with reason lease_ended and its fire time (every start accounted for,
+// exit 0: no failure); once the agent is back it stops the timer.
+func TestSystemdRunnerRefusesAfterLeaseWhileAgentIsDown(t *testing.T) {
+	t.Parallel()
+	r := newAccountRig(t)
+	r.useRunner()
+	now := time.Now().UTC()
+	F1 := now.Truncate(time.Minute).Add(time.Minute)
+	if F1.Sub(now) < 25*time.Second {
+		F1 = F1.Add(time.Minute)
+	}
+	until := F1.Add(-5 * time.Second)
+	p, b := heldPipe(t, "lease-down", manifest.CatchupOnce, until, time.Time{})
+	r.srv.publish(r.agentID, []manifest.Pipe{p}, b)
+	tm := units.TimerName("lease-down")
+	testkit.WaitFor(t, 20*time.Second, "the timer", func() bool { return sdtest.Show(t, tm, "ActiveState") == "active" })
+	r.stop() // before the lease ends: nothing stops the timer
+	time.Sleep(time.Until(F1.Add(3 * time.Second)))
+	svc := units.ServiceName("lease-down")
+	if res := sdtest.Show(t, svc, "Result"); res != "success" {
+		t.Fatalf("the refused start left the service %q", res)
+	}
+	r.start()
+	r.waitStream()
+	f := r.finishedOnce("the refused run", func(f *agentpb.RunFinished) bool {
+		return f.GetPipe() == "lease-down" && f.GetScheduledAt().AsTime().Equal(F1)
+	})
+	if f.GetStatus() != agentpb.RunStatus_RUN_STATUS_SKIPPED || f.GetReason() != "lease_ended" ||
+		f.GetWrittenBy() != "runner" || f.GetTrigger() != agentpb.Trigger_TRIGGER_SCHEDULE {
+		t.Fatalf("refused run: %v", f)
+	}
+	testkit.WaitFor(t, 10*time.Second, "the fence", func() bool { return sdtest.Show(t, tm, "ActiveState") == "inactive" })
+	// Fire times inside the lease ran (F1 may not be the first one).
+	for _, f := range r.srv.finishedWhere(func(f *agentpb.RunFinished) bool { return f.GetPipe() == "lease-down" }) {
+		if at := f.GetScheduledAt().AsTime(); at.Before(until) != (f.GetStatus() == agentpb.RunStatus_RUN_STATUS_SUCCEEDED) {
+			t.Fatalf("run %v (lease until %s)", f, until)
+		}
+	}
+}
