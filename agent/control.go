@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/drover/drover/agent/lease"
 )
 
 // The control socket: `drover-agent status`, `sync` and `enroll` talk to
@@ -84,6 +86,12 @@ type PipeInfo struct {
 	// ElapseMismatch: after the last apply, the scheduler's next elapse
 	// disagreed with the schedule.
 	ElapseMismatch string `json:"elapse_mismatch,omitempty"`
+
+	// LeaseUntil is the end of this agent's lease on a held pipe
+	// (placement: one); LeaseEnded says it passed unrenewed and the pipe
+	// does not run here until a fresh manifest renews it.
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
+	LeaseEnded bool      `json:"lease_ended,omitempty"`
 }
 
 // listenControl creates the control socket: its directory 0700, the socket
@@ -276,10 +284,14 @@ func (a *Agent) Status(ctx context.Context) Status {
 		pipes[name] = p
 		return p
 	}
+	now := time.Now()
 	if cur != nil {
 		for _, p := range cur.Pipes {
 			pi := get(p.Name)
 			pi.Version, pi.Enabled = p.Version, p.Spec.IsEnabled()
+			if p.Held() {
+				pi.LeaseUntil, pi.LeaseEnded = p.LeaseUntil, lease.Ended(&p, now)
+			}
 		}
 	}
 	for _, r := range results {
@@ -296,7 +308,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 	if states, err := a.backend.Status(sctx); err == nil {
 		for _, s := range states {
 			pi := get(s.Name)
-			if !s.Next.IsZero() {
+			if !s.Next.IsZero() && !pi.LeaseEnded && (pi.LeaseUntil.IsZero() || s.Next.Before(pi.LeaseUntil.Add(-lease.Lead))) {
 				pi.NextRun = s.Next
 			}
 			pi.Running, pi.RunID, pi.LastResult = s.Running, s.RunID, s.LastResult

@@ -48,6 +48,7 @@ type Agent struct {
 	reconnectCh chan struct{}
 	spoolCh     chan struct{} // collect spools now (buffered 1)
 	accountCh   chan struct{} // settle ended invocations now (buffered 1)
+	leaseCh     chan struct{} // the manifest in force changed: look at its leases (buffered 1)
 	accountMu   sync.Mutex    // one accounting pass at a time
 	collectMu   sync.Mutex    // one spool pass at a time
 	loadAvg     string        // host load file (default /proc/loadavg)
@@ -68,15 +69,17 @@ type Agent struct {
 	lastReject    string // digest of the last envelope reported as rejected
 	// reportedExpired: the last ManifestStatus said manifest_expired.
 	reportedExpired bool
-	results         []PipeResult
-	lastRuns        map[string]RunSummary
-	lastSync        time.Time
-	lastSyncErr     string
-	streamUp        bool
-	enrollErr       string
-	authLost        string            // why the server refuses the identity (reenroll.go); "" when it does not
-	runPipes        map[string]string // run id -> pipe, from RunStarted records
-	spoolRoots      []string
+	// reportedLeases: the lease state (leaseState) the last ManifestStatus said.
+	reportedLeases string
+	results        []PipeResult
+	lastRuns       map[string]RunSummary
+	lastSync       time.Time
+	lastSyncErr    string
+	streamUp       bool
+	enrollErr      string
+	authLost       string            // why the server refuses the identity (reenroll.go); "" when it does not
+	runPipes       map[string]string // run id -> pipe, from RunStarted records
+	spoolRoots     []string
 }
 
 // Option configures an Agent.
@@ -125,6 +128,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		outboxCh:    make(chan struct{}, 1),
 		spoolCh:     make(chan struct{}, 1),
 		accountCh:   make(chan struct{}, 1),
+		leaseCh:     make(chan struct{}, 1),
 		reconnectCh: make(chan struct{}, 1),
 		lastRuns:    map[string]RunSummary{},
 		runPipes:    map[string]string{},
@@ -186,6 +190,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.sdNotify("STATUS=enrolled as " + a.identity().AgentID)
 	a.applyStored(ctx)
+	wg.Go(func() { a.leaseLoop(ctx) })
 	wg.Go(func() { a.accountLoop(ctx) })
 	wg.Go(func() { a.renewLoop(ctx) })
 	wg.Go(func() { a.streamLoop(ctx) })

@@ -424,6 +424,11 @@ type PipeResult struct {
 	// ElapseMismatch: the scheduler's next elapse disagrees with the
 	// evaluator (apply.ElapseMismatch).
 	ElapseMismatch string
+	// LeaseUntil is the end of this agent's lease on a held pipe
+	// (placement: one; zero otherwise); LeaseEnded says it passed
+	// unrenewed and the pipe is stopped here.
+	LeaseUntil time.Time
+	LeaseEnded bool
 }
 
 // applyInput builds the backend's input: payloads from the verified set,
@@ -484,7 +489,13 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	if !check || err == nil {
 		a.results = results
 	}
+	leases := leaseState(results)
+	leaseChanged := leases != a.reportedLeases
+	if err == nil {
+		a.reportedLeases = leases
+	}
 	a.mu.Unlock()
+	a.kickLeases()
 
 	st := &agentpb.ManifestStatus{Serial: m.Serial, Digest: digest, At: timestamppb.New(time.Now()), Pipes: pipeStatuses(results)}
 	expired := !m.ExpiresAt.IsZero() && !time.Now().Before(m.ExpiresAt)
@@ -520,7 +531,7 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 	for _, s := range drift {
 		a.log.Warn("restored drift", "step", s.String())
 	}
-	if report || !wasOK || len(drift) > 0 || expiryChanged || hasDropIns(results) {
+	if report || !wasOK || len(drift) > 0 || expiryChanged || leaseChanged || hasDropIns(results) {
 		a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
 	}
 	if report {
@@ -563,6 +574,7 @@ func (a *Agent) pipeResults(ctx context.Context, m *manifest.Manifest, errs map[
 		}
 		out = append(out, r)
 	}
+	setLeases(out, m, now)
 	return out
 }
 
@@ -619,9 +631,11 @@ func (a *Agent) applyStored(ctx context.Context) {
 		return
 	}
 	id := a.identity()
-	acc, err := signing.AcceptManifest(ms.Envelope, tr, signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}, time.Now(), a.cfg.MaxManifestBytes)
+	st := signing.State{AgentID: id.AgentID, Serial: ms.Serial, Digest: ms.Digest}
+	acc, err := signing.AcceptManifest(ms.Envelope, tr, st, time.Now(), a.cfg.MaxManifestBytes)
 	if err != nil {
 		a.log.Warn("the stored manifest no longer verifies; waiting for the server", "serial", ms.Serial, "err", err)
+		a.fenceExpiredStored(ms, tr, st, err)
 		return
 	}
 	payloads := map[string][]byte{}
@@ -640,9 +654,44 @@ func (a *Agent) applyStored(ctx context.Context) {
 		a.mu.Lock()
 		a.current, a.currentEnv, a.currentDigest, a.payloads, a.applyOK = acc.Manifest, ms.Envelope, acc.Digest, payloads, false
 		a.mu.Unlock()
+		// The units in place are the last apply's; the lease loop still
+		// stops the held pipes whose lease this manifest says ended.
+		a.kickLeases()
 		return
 	}
 	a.apply(ctx, acc.Manifest, ms.Envelope, acc.Digest, payloads, map[string]string{}, !applied, false)
+}
+
+// fenceExpiredStored: the stored manifest did not verify at start because
+// it expired (a frozen server) while the host kept running it. It is not
+// applied, but its leases still end: when it verifies as of just before
+// its expiry, it becomes the manifest in force for the lease loop (and for
+// status), so that a held pipe's timer stops at the end of its lease even
+// after a restart with the server away.
+func (a *Agent) fenceExpiredStored(ms ManifestState, tr *signing.TrustRoot, st signing.State, err error) {
+	if !errors.Is(err, signing.ErrExpired) {
+		return
+	}
+	var env struct {
+		Payload []byte `json:"payload"`
+	}
+	if json.Unmarshal(ms.Envelope, &env) != nil {
+		return
+	}
+	m, derr := manifest.DecodeManifest(env.Payload)
+	if derr != nil || m.ExpiresAt.IsZero() {
+		return
+	}
+	acc, err := signing.AcceptManifest(ms.Envelope, tr, st, m.ExpiresAt.Add(-time.Second), a.cfg.MaxManifestBytes)
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	if a.current == nil {
+		a.current, a.currentEnv, a.currentDigest, a.applyOK = acc.Manifest, ms.Envelope, acc.Digest, false
+	}
+	a.mu.Unlock()
+	a.kickLeases()
 }
 
 func hasSecrets(m *manifest.Manifest) bool {
@@ -678,7 +727,10 @@ func pipeStatuses(rs []PipeResult) []*agentpb.PipeStatus {
 	out := make([]*agentpb.PipeStatus, 0, len(rs))
 	for _, r := range rs {
 		ps := &agentpb.PipeStatus{Name: r.Name, Version: r.Version, ApplyError: r.Error, DriftRestored: r.DriftRestored,
-			ElapseMismatch: r.ElapseMismatch, DropInsRemoved: r.DropInsRemoved}
+			ElapseMismatch: r.ElapseMismatch, DropInsRemoved: r.DropInsRemoved, LeaseEnded: r.LeaseEnded}
+		if !r.LeaseUntil.IsZero() {
+			ps.LeaseUntil = timestamppb.New(r.LeaseUntil)
+		}
 		for _, t := range r.NextFireTimes {
 			ps.NextFireTimes = append(ps.NextFireTimes, timestamppb.New(t))
 		}

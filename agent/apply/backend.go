@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/drover/drover/agent/lease"
 	"github.com/drover/drover/internal/atomicfile"
 	"github.com/drover/drover/internal/paths"
 	"github.com/drover/drover/manifest"
@@ -197,8 +198,10 @@ type prepared struct {
 }
 
 // prepare renders every pipe of m (withUnits: for systemd) and computes its
-// generation digest. A pipe that fails has Desired.Err set.
-func prepare(m *manifest.Manifest, opts units.Options, withUnits bool) ([]prepared, error) {
+// generation digest. A pipe that fails has Desired.Err set. Leases are
+// judged at now; prev is the manifest applied before (nil: none known),
+// which tells a re-enabled pipe (no catch-up) from one that becomes held.
+func prepare(m *manifest.Manifest, opts units.Options, withUnits bool, now time.Time, prev *manifest.Manifest) ([]prepared, error) {
 	if m == nil {
 		return nil, errors.New("apply: nil manifest")
 	}
@@ -217,6 +220,13 @@ func prepare(m *manifest.Manifest, opts units.Options, withUnits bool) ([]prepar
 		spec := p.Spec.Clone()
 		spec.Normalize()
 		pr.desired.Enabled = spec.IsEnabled()
+		if lease.Ended(&p, now) {
+			pr.desired.Enabled, pr.desired.LeaseEnded = false, spec.IsEnabled()
+		} else if pr.desired.Enabled && !wasDisabled(prev, p.Name) {
+			pc := p
+			pc.Spec.Catchup = spec.Catchup // normalised: "" is once
+			pr.desired.CatchupFrom = lease.CatchupFrom(&pc, now)
+		}
 		if spec.Name != p.Name {
 			pr.desired.Err = fmt.Errorf("spec name %q differs from pipe name", spec.Name)
 			out = append(out, pr)
@@ -249,6 +259,19 @@ func prepare(m *manifest.Manifest, opts units.Options, withUnits bool) ([]prepar
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].pipe.Name < out[j].pipe.Name })
 	return out, nil
+}
+
+// wasDisabled reports whether prev has pipe name, disabled.
+func wasDisabled(prev *manifest.Manifest, name string) bool {
+	if prev == nil {
+		return false
+	}
+	for i := range prev.Pipes {
+		if prev.Pipes[i].Name == name {
+			return !prev.Pipes[i].Spec.IsEnabled()
+		}
+	}
+	return false
 }
 
 // parallel runs f(0..n-1) on a few goroutines.

@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/robfig/cron/v3"
 
+	"github.com/drover/drover/agent/lease"
 	"github.com/drover/drover/agent/runreq"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/units"
@@ -48,6 +49,7 @@ type Cron struct {
 type cronPipe struct {
 	pipe     manifest.Pipe
 	key      string // what the entry was built from; a change re-adds it
+	stateKey string // cronKey of the spec: the key of its cron-state.json entry
 	enabled  bool
 	timeout  time.Duration
 	schedule evalSchedule
@@ -152,6 +154,16 @@ func cronKey(spec *manifest.Spec) string {
 	return fmt.Sprintf("%s|%s|%s|%v", spec.Schedule, spec.Timezone, spec.Jitter, spec.IsEnabled())
 }
 
+// entryKey is what a pipe's entry is built from: the spec's cronKey and,
+// for a held pipe, whether its lease is active (an end or a renewal of the
+// lease re-plans the entry).
+func entryKey(specKey string, p *manifest.Pipe, active bool) string {
+	if !p.Held() {
+		return specKey
+	}
+	return fmt.Sprintf("%s|lease %v", specKey, active)
+}
+
 // jitterOffset is a stable per-host, per-pipe offset in [0, jitter).
 func (b *Cron) jitterOffset(pipe string, jitter time.Duration) time.Duration {
 	if jitter <= 0 {
@@ -225,7 +237,11 @@ func (b *Cron) Check(ctx context.Context) ([]Step, error) {
 func (b *Cron) applyLocked(in Input) (*Result, error) {
 	t0 := time.Now()
 	res := &Result{}
-	preps, err := prepare(in.Manifest, b.cfg.renderOptions(), false)
+	var prev *manifest.Manifest
+	if b.last != nil {
+		prev = b.last.Manifest
+	}
+	preps, err := prepare(in.Manifest, b.cfg.renderOptions(), false, b.cfg.Now(), prev)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +261,7 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 		if pr.desired.Err != nil || failed[name] {
 			continue
 		}
-		step, changed, err := b.schedulePipe(pr.pipe, now)
+		step, changed, err := b.schedulePipe(pr.pipe, now, pr.desired.CatchupFrom)
 		if err != nil {
 			res.fail(name, err)
 			continue
@@ -276,21 +292,30 @@ func (b *Cron) applyLocked(in Input) (*Result, error) {
 // is enabled but not scheduled yet, and returns the step it took (changed
 // false: nothing to do). On the first apply after the agent started, it
 // catches up the fire times missed while the agent was down under the same
-// schedule; a new, edited or re-enabled pipe counts from now.
-func (b *Cron) schedulePipe(pipe manifest.Pipe, now time.Time) (step Step, changed bool, err error) {
+// schedule; a new, edited or re-enabled pipe counts from now. A held pipe
+// (placement: one) is scheduled only while its lease is active; when it
+// becomes held here (new, or its lease had ended) with catchupFrom set (the
+// last fire time any holder served), the fire times after that one (or
+// after the last this host dealt with, if later) are caught up.
+func (b *Cron) schedulePipe(pipe manifest.Pipe, now, catchupFrom time.Time) (step Step, changed bool, err error) {
 	name := pipe.Name
 	spec := pipe.Spec.Clone()
 	spec.Normalize()
-	key := cronKey(spec)
+	specKey := cronKey(spec)
+	active := lease.Active(&pipe, now)
+	key := entryKey(specKey, &pipe, active)
 	p := b.pipes[name]
+	existed := p != nil
 	if p == nil {
 		p = &cronPipe{procs: map[string]*cronProc{}}
 		b.pipes[name] = p
 	}
 	// The runner times out each attempt itself; like systemd's
 	// TimeoutStartSec=, this deadline is a backstop for all its attempts.
-	p.pipe, p.timeout, p.enabled = pipe, units.StartTimeout(spec), spec.IsEnabled()
-	if p.key == key && (p.entry != 0 || !p.enabled) {
+	wasScheduled, wasEnabled := p.entry != 0, p.enabled
+	p.pipe, p.timeout, p.enabled, p.stateKey = pipe, units.StartTimeout(spec), spec.IsEnabled(), specKey
+	run := p.enabled && active
+	if p.key == key && (p.entry != 0 || !run) {
 		return Step{}, false, nil
 	}
 	s, err := manifest.ParseSchedule(spec.Schedule)
@@ -312,17 +337,33 @@ func (b *Cron) schedulePipe(pipe manifest.Pipe, now time.Time) (step Step, chang
 	}
 	p.key, p.schedule = key, es
 	saved, had := b.state.Pipes[name]
-	if p.enabled {
+	sameSchedule := had && saved.Key == specKey
+	switch {
+	case run:
 		p.entry = b.sched.Schedule(es, cron.FuncJob(func() { b.fire(name) }))
-		if !b.started && had && saved.Key == key {
+		switch {
+		case pipe.Held() && !wasScheduled && (!existed || wasEnabled):
+			from := catchupFrom
+			if (!from.IsZero() || !b.started) && sameSchedule && saved.LastFire.After(from) {
+				from = saved.LastFire
+			}
+			b.catchUp(p, es.missed(from, now, manifest.MaxCatchup), spec.Catchup)
+			if existed {
+				action, reason = ActionStart, "lease renewed"
+			}
+		case !b.started && sameSchedule:
 			b.catchUp(p, es.missed(saved.LastFire, now, manifest.MaxCatchup), spec.Catchup)
 			action, reason = ActionStart, "scheduled (agent started)"
 		}
-	} else {
+	case p.enabled:
+		// The lease ended: the fire times from here on are not this
+		// host's; its state keeps the last one it dealt with.
+		return Step{Action: ActionStop, Pipe: name, File: "cron:" + name, Reason: ReasonLeaseEnded}, true, nil
+	default:
 		action, reason = ActionStop, "pipe disabled"
 	}
-	b.state.Pipes[name] = cronPipeState{Key: key, LastFire: now}
-	if had && saved.Key == key && saved.LastFire.After(now) {
+	b.state.Pipes[name] = cronPipeState{Key: specKey, LastFire: now}
+	if sameSchedule && saved.LastFire.After(now) {
 		b.state.Pipes[name] = saved
 	}
 	return Step{Action: action, Pipe: name, File: "cron:" + name, Reason: reason}, true, nil
@@ -365,6 +406,12 @@ func (b *Cron) catchUp(p *cronPipe, missed []time.Time, policy string) {
 	go func() {
 		defer b.wg.Done()
 		for _, at := range missed {
+			b.mu.Lock()
+			live := b.pipes[name] == p && !b.closed && lease.Active(&p.pipe, b.cfg.Now())
+			b.mu.Unlock()
+			if !live {
+				return // removed, or its lease ended: the rest is the next holder's
+			}
 			proc, err := b.spawn(name, triggerCatchup, at, "", true)
 			if err != nil {
 				b.cfg.Logger.Error("catch-up run", "pipe", name, "err", err)
@@ -380,12 +427,15 @@ func (b *Cron) fire(name string) {
 	now := b.cfg.Now()
 	b.mu.Lock()
 	p := b.pipes[name]
-	if p == nil || !p.enabled || b.closed {
+	if p == nil || !p.enabled || b.closed || lease.Ended(&p.pipe, now) {
+		// A held pipe whose lease ended is skipped: the fire time is
+		// not this host's (Fence removes the entry; this covers a fire
+		// that races it).
 		b.mu.Unlock()
 		return
 	}
 	at := p.schedule.prev(now)
-	b.state.Pipes[name] = cronPipeState{Key: p.key, LastFire: at}
+	b.state.Pipes[name] = cronPipeState{Key: p.stateKey, LastFire: at}
 	if err := b.saveStateLocked(); err != nil {
 		b.cfg.Logger.Warn("cron state", "err", err)
 	}

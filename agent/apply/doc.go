@@ -93,5 +93,15 @@
 // start, so systemd computes its next elapse from now; systemd's own timer
 // starts (at boot, or by hand) still catch up from the real stamp.
 //
+// # Leases (placement: one)
+//
+// See fence.go: a held pipe whose lease ended is planned like a disabled
+// one; a start of a held pipe's timer arms the guard with the last fire
+// time served instead of now, so that systemd's Persistent= catch-up covers
+// the fire times nobody ran. pipe.json carries lease_until and
+// last_fire_served (the runner's own lease check reads them there), so a
+// renewal makes a new generation of the pipe directory; the units, and so
+// the timers, do not change.
+//
 // Imported by the daemon (agent) and agent/cli, which picks the backend.
 package apply

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/drover/drover/units"
 )
@@ -65,7 +66,15 @@ type Desired struct {
 	Units   []UnitFile // rendered units (none on the cron backend)
 	Digest  string     // the pipe directory's content digest, hex; its first 12 digits name the generation
 	Enabled bool
-	Err     error // preparing the pipe failed: Plan leaves everything of it as it is
+	// LeaseEnded: the pipe is held (placement: one) and its lease ended
+	// unrenewed; Enabled is then false, and its timer is stopped and
+	// disabled like a disabled pipe's.
+	LeaseEnded bool
+	// CatchupFrom is set when the pipe is held with a known last fire time
+	// served: a start of its timer (new, or stopped) catches up the fire
+	// times after it (the backend's business; Plan ignores it).
+	CatchupFrom time.Time
+	Err         error // preparing the pipe failed: Plan leaves everything of it as it is
 }
 
 // Gen is the generation name of d's pipe directory.
@@ -277,12 +286,19 @@ func timerStep(d Desired, timers map[string]TimerState, timer string, timerNew, 
 		act, reason = ActionStart, "timer not enabled"
 	case !d.Enabled && (known && (ts.Active || ts.Enabled) || !known && timerSchedule):
 		act, reason = ActionStop, "pipe disabled"
+		if d.LeaseEnded {
+			reason = ReasonLeaseEnded
+		}
 	}
 	if act == "" {
 		return Step{}, false
 	}
 	return Step{Action: act, Pipe: d.Pipe, File: timer, Reason: reason}, true
 }
+
+// ReasonLeaseEnded is the reason of the stop step of a held pipe whose
+// lease ended unrenewed.
+const ReasonLeaseEnded = "lease ended"
 
 // timingKeys are the [Timer] settings that decide elapse times; a change to
 // any of them makes the timer restart under the guard.

@@ -189,7 +189,8 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	t0 := time.Now()
 	lap := phaseTimer(b.cfg.Logger, "apply")
 	res := &Result{}
-	preps, err := prepare(in.Manifest, b.cfg.renderOptions(), true)
+	now := b.cfg.Now()
+	preps, err := prepare(in.Manifest, b.cfg.renderOptions(), true, now, b.lastManifest())
 	if err != nil {
 		return nil, err
 	}
@@ -215,8 +216,7 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	failed := materialise(b.cfg.DataDir, preps, steps, in, res)
 	lap("pipe dirs and secrets")
 
-	now := b.cfg.Now()
-	jobs := sortSteps(steps, failed, loaded)
+	jobs := sortSteps(steps, failed, loaded, catchupFrom(preps))
 	writes := b.writeTempUnits(preps, &jobs, res)
 	lap("write temp units")
 	// Before the reload: stop what must not run on the new files.
@@ -231,12 +231,20 @@ func (b *Systemd) apply(ctx context.Context, in Input) (*Result, error) {
 	lap("write units")
 	b.removeUnits(jobs.removes, res)
 	for _, tm := range jobs.start {
-		if !loaded[tm] {
+		if _, ok := jobs.catchup[tm]; !loaded[tm] && !ok {
 			_ = removeStamp(b.cfg.StampDir, tm)
 		}
 	}
 	for _, tm := range jobs.guarded {
-		if err := armGuard(b.runtimeUnitDir, b.cfg.StampDir, tm, now); err != nil {
+		// A timer of a pipe that becomes held starts from the last fire
+		// time served: systemd's Persistent= catch-up then fires it at
+		// once when fire times passed since, and the runner makes the
+		// catch-up runs the pipe's policy asks for (guard.go).
+		from, ok := jobs.catchup[tm]
+		if !ok {
+			from = now
+		}
+		if err := armGuard(b.runtimeUnitDir, b.cfg.StampDir, tm, from); err != nil {
 			return res, fmt.Errorf("guard %s: %w", tm, err)
 		}
 	}
@@ -269,13 +277,38 @@ type unitJobs struct {
 	removes                      []string // unit files to delete
 	guarded                      []string // loaded timers started again: guarded against an unplanned run
 	toWrite                      []Step   // unit files to create, update or restore
+	// catchup holds the timers (also in guarded) whose start catches up
+	// from a last fire time served rather than from now.
+	catchup map[string]time.Time
+}
+
+// catchupFrom maps the timers of preps to their Desired.CatchupFrom.
+func catchupFrom(preps []prepared) map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, p := range preps {
+		if !p.desired.CatchupFrom.IsZero() {
+			out[units.TimerName(p.pipe.Name)] = p.desired.CatchupFrom
+		}
+	}
+	return out
+}
+
+// lastManifest is the manifest of the last apply (nil before the first).
+func (b *Systemd) lastManifest() *manifest.Manifest {
+	if b.last == nil {
+		return nil
+	}
+	return b.last.Manifest
 }
 
 // sortSteps sorts the plan's steps into unit jobs, leaving out the pipes
 // that failed (except their removals). Pipe directories ("pipes/...") are
-// materialise's and gcPipeDirs' business.
-func sortSteps(steps []Step, failed, loaded map[string]bool) unitJobs {
-	var j unitJobs
+// materialise's and gcPipeDirs' business. catchup maps timers to the fire
+// time their start catches up from; it applies to starts only (a new or a
+// stopped timer), not to a restart for a schedule change, which counts
+// from now like any other.
+func sortSteps(steps []Step, failed, loaded map[string]bool, catchup map[string]time.Time) unitJobs {
+	j := unitJobs{catchup: map[string]time.Time{}}
 	for _, s := range steps {
 		if failed[s.Pipe] && s.Action != ActionRemove {
 			continue
@@ -300,7 +333,12 @@ func sortSteps(steps []Step, failed, loaded map[string]bool) unitJobs {
 		case s.Action == ActionStart:
 			j.start = append(j.start, s.File)
 			j.enable = append(j.enable, s.File)
-			if loaded[s.File] {
+			from, ok := catchup[s.File]
+			ok = ok && s.Action == ActionStart && (s.Reason == "new timer" || s.Reason == "timer inactive")
+			if ok {
+				j.catchup[s.File] = from
+			}
+			if loaded[s.File] || ok {
 				j.guarded = append(j.guarded, s.File)
 			}
 		case s.Action == ActionStop:

@@ -349,6 +349,8 @@ func printPipes(w io.Writer, pipes []agent.PipeInfo) {
 		}
 		if !p.Enabled && p.Version > 0 {
 			next = "disabled"
+		} else if p.LeaseEnded {
+			next = "lease ended"
 		}
 		lastRun := "-"
 		if p.LastRun != nil {
@@ -363,6 +365,12 @@ func printPipes(w io.Writer, pipes []agent.PipeInfo) {
 			lastRun = p.LastResult
 		}
 		var notes []string
+		switch {
+		case p.LeaseEnded:
+			notes = append(notes, "lease ended "+p.LeaseUntil.Local().Format("2006-01-02 15:04:05")+": not run here until renewed")
+		case !p.LeaseUntil.IsZero():
+			notes = append(notes, "lease active until "+p.LeaseUntil.Local().Format("2006-01-02 15:04:05"))
+		}
 		if p.Running {
 			notes = append(notes, "running "+p.RunID)
 		}

@@ -337,12 +337,13 @@ func (r *runner) run(ctx context.Context) Result {
 		if i > 0 && ctx.Err() != nil {
 			break // canceled between catch-up runs
 		}
+		r.fence(p)
 		rr := r.execute(ctx, p)
 		res.Runs = append(res.Runs, rr)
 		if code := exitCodeOf(rr); code != 0 {
 			res.ExitCode = code
 		}
-		if locked && r.spec != nil {
+		if locked && r.spec != nil && p.skipReason != ReasonLeaseEnded {
 			changed := false
 			if !p.scheduledAt.IsZero() && (p.trigger == agentpb.Trigger_TRIGGER_SCHEDULE || p.trigger == agentpb.Trigger_TRIGGER_CATCHUP) &&
 				p.scheduledAt.After(st.lastFireFor(r.spec)) {
@@ -476,7 +477,7 @@ func (r *runner) fireRuns(st state, p plannedRun, elapse time.Time) []plannedRun
 	if late || p.trigger == agentpb.Trigger_TRIGGER_CATCHUP {
 		p.trigger = agentpb.Trigger_TRIGGER_CATCHUP
 	}
-	last := st.lastFireFor(r.spec)
+	last := r.lastServed(st)
 	if !last.IsZero() && !prev.After(last) {
 		p.skip, p.skipReason = fmt.Sprintf("fire time %s already ran", prev.UTC().Format(time.RFC3339)), "already ran"
 		return []plannedRun{p}
