@@ -72,3 +72,9 @@ type CancelResponse struct {
 	AgentID string `json:"agent_id"`
 	Sent    bool   `json:"sent"`
 }
+
+// ReasonLeaseEnded is the reason of the skipped record of a scheduled or
+// catch-up run an agent refused because the pipe is held (placement: one)
+// and its lease had ended when the run was to start. Such a record does
+// not serve its fire time: the next holder's catch-up covers it.
+const ReasonLeaseEnded = "lease_ended"

@@ -2,17 +2,16 @@ package runner
 
 import (
 	"fmt"
+	"github.com/drover/drover/api"
 	"time"
 
 	"github.com/drover/drover/agent/lease"
 	agentpb "github.com/drover/drover/proto"
 )
 
-// ReasonLeaseEnded is the reason of the skipped record of a scheduled or
-// catch-up run the runner refused because the pipe is held (placement:
-// one) and its lease had ended when the run was to start. Such a record
-// does not serve its fire time: the next holder's catch-up covers it.
-const ReasonLeaseEnded = "lease_ended"
+// ReasonLeaseEnded is the reason of the skipped record of a run the
+// runner refused because the pipe's lease had ended.
+const ReasonLeaseEnded = api.ReasonLeaseEnded
 
 // fence turns a scheduled or catch-up run of a held pipe whose lease has
 // ended into a skipped one (defence in depth: the agent stops the timer

@@ -409,3 +409,10 @@ type Holder struct {
 	MoveRequestedAt time.Time
 	UpdatedAt       time.Time
 }
+
+// ServesFire reports whether a run record serves its fire time: every
+// record with one does, except a start its agent refused because its lease
+// had ended (placement: one), which the next holder owes.
+func ServesFire(r *Run) bool {
+	return !r.ScheduledAt.IsZero() && !(r.Status == api.StatusSkipped && r.Reason == api.ReasonLeaseEnded)
+}

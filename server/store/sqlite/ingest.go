@@ -193,6 +193,12 @@ func (t *ingestTx) dropMissed(agentID string, x *store.Run) error {
 	if id == x.ID {
 		return nil
 	}
+	if !store.ServesFire(x) {
+		// A refused start replaces this agent's own missed run (it is the
+		// truth about that agent), not the fire time nobody served.
+		_, err := t.exec(`DELETE FROM runs WHERE status='missed' AND id=? AND agent_id=?`, id, agentID)
+		return err
+	}
 	_, err := t.exec(`DELETE FROM runs WHERE status='missed' AND ((id=? AND agent_id=?) OR (id=? AND agent_id=''))`, id, agentID, store.MissedRunID("", x.Pipe, x.ScheduledAt))
 	return err
 }

@@ -71,6 +71,7 @@ func (s *DB) LastFiresServed(ctx context.Context, pipes []string) (map[string]ti
 		// Newest first along runs_pipe_scheduled: the first served one wins.
 		var at int64
 		err := s.r.QueryRowContext(ctx, `SELECT scheduled_at FROM runs WHERE pipe=? AND scheduled_at<>0 AND status<>'missed'
+			AND NOT (status='skipped' AND reason='lease_ended')
 			ORDER BY scheduled_at DESC LIMIT 1`, p).Scan(&at)
 		switch {
 		case err == sql.ErrNoRows:

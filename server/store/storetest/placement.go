@@ -35,7 +35,8 @@ func testHolders(t *testing.T, st store.Store) {
 	}
 
 	// The latest fire time served, per pipe, by any agent; missed runs do
-	// not serve, runs without a fire time neither.
+	// not serve, runs without a fire time neither, nor a start an agent
+	// refused because its lease had ended (the next holder owes that one).
 	enroll(t, st, "agt-a", map[string]string{"role": "db"})
 	enroll(t, st, "agt-b", nil)
 	recv := t0.Add(time.Hour)
@@ -44,6 +45,7 @@ func testHolders(t *testing.T, st store.Store) {
 		{AgentID: "agt-a", Received: recv, Seq: 1, RunFinished: &store.Run{ID: "s1", Pipe: "backup", Status: api.StatusSucceeded, ScheduledAt: f1, StartedAt: f1, FinishedAt: f1}},
 		{AgentID: "agt-b", Received: recv, Seq: 1, RunFinished: &store.Run{ID: "s2", Pipe: "backup", Status: api.StatusFailed, ScheduledAt: f2, StartedAt: f2, FinishedAt: f2}},
 		{AgentID: "agt-b", Received: recv, Seq: 2, RunStarted: &store.Run{ID: "s3", Pipe: "report", StartedAt: f3}},
+		{AgentID: "agt-a", Received: recv, Seq: 2, RunFinished: &store.Run{ID: "s-fenced", Pipe: "backup", Status: api.StatusSkipped, Reason: "lease_ended", ScheduledAt: f3, StartedAt: f3, FinishedAt: f3}},
 	}, store.IngestLimits{}))
 	_, err = st.InsertMissed(ctx, []*store.Run{{ID: store.MissedRunID("agt-a", "backup", f3), AgentID: "agt-a", Pipe: "backup", PipeVersion: 1,
 		Trigger: api.TriggerSchedule, Status: api.StatusMissed, Reason: "agent offline", WrittenBy: "server", ScheduledAt: f3, CreatedAt: recv}})
@@ -67,6 +69,18 @@ func testHolders(t *testing.T, st store.Store) {
 	}, store.IngestLimits{}))
 	if _, err := st.GetRun(ctx, store.MissedRunID("", "backup", f4)); err == nil {
 		t.Fatalf("the no-holder missed run survived a real record for its fire time")
+	}
+	// ... but not by a start an agent refused because its lease had ended.
+	f5 := t0.Add(50 * time.Minute)
+	_, err = st.InsertMissed(ctx, []*store.Run{{ID: store.MissedRunID("", "backup", f5), AgentID: "", Pipe: "backup", PipeVersion: 1,
+		Trigger: api.TriggerSchedule, Status: api.StatusMissed, Reason: "no holder", WrittenBy: "server", ScheduledAt: f5, CreatedAt: recv}})
+	must(t, err)
+	must(t, st.ApplyRecords(ctx, []*store.Record{
+		{AgentID: "agt-a", Received: recv, Seq: 3, RunFinished: &store.Run{ID: "s-fenced-2", Pipe: "backup", Trigger: api.TriggerSchedule, Status: api.StatusSkipped,
+			Reason: api.ReasonLeaseEnded, ScheduledAt: f5, StartedAt: f5, FinishedAt: f5}},
+	}, store.IngestLimits{}))
+	if _, err := st.GetRun(ctx, store.MissedRunID("", "backup", f5)); err != nil {
+		t.Fatalf("a refused start (lease ended) replaced the no-holder missed run: %v", err)
 	}
 
 	_, agents, err := st.CompileInputs(ctx, nil)
