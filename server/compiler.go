@@ -3,9 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
-	"github.com/drover/drover/server/pki"
-	"github.com/drover/drover/server/store"
 	"log/slog"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server/compile"
+	"github.com/drover/drover/server/pki"
+	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/signing"
 )
 
@@ -37,7 +38,10 @@ type compiler struct {
 	// holdUntil: silent holders are not moved before it (after a start,
 	// the agents need the time to reconnect).
 	holdUntil time.Time
-	pending   atomic.Pointer[map[string]bool] // agents whose confirmation of a release would hand a pipe over
+	// leading reports whether this replica decides placement (nil: it
+	// does, as a server alone always does).
+	leading func() bool
+	pending atomic.Pointer[map[string]bool] // agents whose confirmation of a release would hand a pipe over
 
 	// syncKeys, if set, brings the keyring up to date with the store
 	// before each compilation (keys shared by replicas).
@@ -67,7 +71,7 @@ func (c *compiler) resign(ctx context.Context, ids []string) (int, error) {
 
 // maxStaleRounds bounds how often one compilation compiles again the
 // agents whose manifests another replica saved meanwhile.
-const maxStaleRounds = 8
+const maxStaleRounds = 16
 
 // run compiles; workers sign while the calling goroutine commits what they
 // produced, in chunks. The compile lock keeps this process's serials
@@ -95,6 +99,13 @@ func (c *compiler) run(ctx context.Context, ids []string, force bool) (int, erro
 		}
 		c.log.Debug("manifests saved by another replica meanwhile; compiling them again", "agents", len(stale))
 		ids = stale
+		// A jittered pause that grows with the rounds, so that two replicas
+		// compiling the same agents in step fall out of step.
+		select {
+		case <-ctx.Done():
+			return changed, ctx.Err()
+		case <-time.After(time.Duration(rand.Int64N(int64(round) * int64(5*time.Millisecond)))):
+		}
 	}
 }
 

@@ -40,6 +40,9 @@ type compilerStore interface {
 // is made again).
 func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes []compile.Pipe, agents []*store.CompileAgent, cas []compile.Agent,
 	stored []*store.Holder, now time.Time) ([]string, error) {
+	if c.leading != nil && !c.leading() {
+		return c.follow(comp, pipes, stored)
+	}
 	byID := make(map[string]int, len(agents))
 	for i, a := range agents {
 		byID[a.ID] = i
@@ -132,6 +135,34 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 		}
 	}
 	c.pending.Store(&next)
+	if err := comp.Hold(plans); err != nil {
+		return nil, err
+	}
+	slices.Sort(extra)
+	return slices.Compact(extra), nil
+}
+
+// follow is place on a replica that does not lead: with several replicas
+// on one database only the leader decides who holds what (two replicas
+// judging the agents' health each their own way could otherwise choose two
+// holders), so the others carry the stored holders and leases as they are.
+// A change they make (a new placement: one pipe, new targets) is placed by
+// the leader's leases loop within one of its passes.
+func (c *compiler) follow(comp *compile.Compilation, pipes []compile.Pipe, stored []*store.Holder) ([]string, error) {
+	live := map[string]bool{}
+	for _, p := range pipes {
+		live[p.Name] = compile.IsPlacedOne(&p)
+	}
+	var plans []compile.Placement
+	var extra []string
+	for _, h := range stored {
+		if h.Agent == "" || !live[h.Pipe] {
+			continue
+		}
+		plans = append(plans, compile.Placement{Pipe: h.Pipe, Holder: h.Agent, LeaseUntil: h.LeaseUntil, LastFireServed: h.LastFireServed,
+			Reasons: []string{compile.PlaceHeld}, State: compileHolder(h)})
+		extra = append(extra, h.Agent)
+	}
 	if err := comp.Hold(plans); err != nil {
 		return nil, err
 	}

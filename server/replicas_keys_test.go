@@ -501,3 +501,58 @@ func TestReplicasKEKRewrap(t *testing.T) {
 		t.Fatalf("the agent after the rewrap: %v", err)
 	}
 }
+
+// With several replicas only the leader decides placement: a placement:
+// one pipe put through a replica that does not lead gets no holder from
+// that replica's compile, the leader's leases loop chooses one, and from
+// then on every compile on either replica keeps exactly that holder.
+func TestReplicasPlacementOnLeader(t *testing.T) {
+	c := pgtest.Start(t)
+	dsn, kek := c.NewDatabase(t), testKEKFile(t)
+	var rs []*testServer
+	for range 2 {
+		cfg := replicaConfig(t, dsn, kek)
+		cfg.Placement.Lease, cfg.Placement.SkewMargin = 20*time.Second, 5*time.Second
+		s, err := New(cfg, testLogger(t), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, runTestServer(t, s, cfg, &testkit.Clock{}))
+	}
+	testkit.WaitFor(t, 30*time.Second, "a leader", func() bool { return rs[0].s.leader.leading() || rs[1].s.leader.leading() })
+	lead, follow := rs[0], rs[1]
+	if !lead.s.leader.leading() {
+		lead, follow = follow, lead
+	}
+	f := &placementFleet{ts: follow, agents: map[string]*testAgent{}, streams: map[string]*testStream{}}
+	for range 3 {
+		a := follow.enrollAgent(map[string]string{"role": "db"})
+		f.agents[a.id] = a
+		f.streams[a.id] = a.mustStream(t)
+	}
+	f.putOne("nightly")
+	if hs, _ := f.holders("nightly"); len(hs) != 0 {
+		t.Fatalf("the replica that does not lead placed the pipe itself: held by %v", hs)
+	}
+	var holder string
+	testkit.WaitFor(t, 30*time.Second, "the leader to choose a holder", func() bool {
+		hs, _ := f.holders("nightly")
+		if len(hs) > 1 {
+			t.Fatalf("two holders: %v", hs)
+		}
+		if len(hs) == 1 {
+			holder = hs[0]
+		}
+		return holder != ""
+	})
+	// Changes through either replica keep the one holder.
+	for i := range 6 {
+		via := []*testServer{follow, lead}[i%2]
+		spec := map[string]any{"schedule": "*/5 * * * *", "script": fmt.Sprintf("echo %d\n", i), "placement": "one",
+			"targets": map[string]any{"tags": map[string]string{"role": "db"}}}
+		via.adminOK("PUT", "/api/v1/pipes/nightly", map[string]any{"spec": spec}, nil)
+		if hs, _ := f.holders("nightly"); len(hs) != 1 || hs[0] != holder {
+			t.Fatalf("after change %d through replica %d: held by %v, want only %s", i, i%2, hs, holder)
+		}
+	}
+}

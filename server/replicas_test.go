@@ -341,7 +341,7 @@ func TestReplicasBusReconnects(t *testing.T) {
 	})
 	var m api.Agent
 	a.adminOK("GET", "/api/v1/agents/"+ag.id, nil, &m)
-	st.waitSync(t, before, m.Manifest.Serial, 5*time.Second)
+	st.waitSync(t, before, m.Manifest.Serial, 15*time.Second) // the bus may still be reconnecting (backoff up to 5 s)
 	acc, err := ag.pullManifest()
 	if err != nil || acc.Manifest.Serial != m.Manifest.Serial {
 		t.Fatalf("manifest from B after the restart: %v (want serial %d)", err, m.Manifest.Serial)

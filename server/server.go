@@ -210,7 +210,8 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		return nil, err
 	}
 	comp := &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published,
-		leases: compile.Leases{Lease: cfg.Placement.Lease, SkewMargin: cfg.Placement.SkewMargin}, healthy: s.agentHealthy, holdUntil: now.Add(cfg.GRPC.OfflineAfter)}
+		leases: compile.Leases{Lease: cfg.Placement.Lease, SkewMargin: cfg.Placement.SkewMargin}, healthy: s.agentHealthy, holdUntil: now.Add(cfg.GRPC.OfflineAfter),
+		leading: func() bool { return s.leader.leading() }}
 	if s.kek != nil {
 		comp.syncKeys = s.syncKeys
 	}
