@@ -9,82 +9,107 @@ import (
 	"github.com/drover/drover/server/store"
 )
 
-// maxCached bounds the cache; past it the cache starts over.
+// maxCached bounds each of the cache's maps; past it that map starts over.
 const maxCached = 200000
 
 // cachedStore keeps what every agent request reads — the certificate state
 // and the published manifest — in memory, so that the hot path (a manifest
 // poll answered 304) does not touch the database. It is correct for one
-// server process: every write that changes a cached value goes through it
-// and invalidates after the write committed. A generation counter stops a
-// read that raced with a write from caching the old value. (Several servers
-// on PostgreSQL will need an invalidation channel or no cache.)
+// server process: every write that changes a cached value goes through it.
+// The two kinds are kept apart: a certificate write evicts the agent's
+// certificate entry, a manifest save puts the saved manifests in place of
+// the old entries (the compiler's result is what the database now holds,
+// so the fetches a change sets off never read it back). Each kind has a
+// generation counter that stops a read that raced with a write of that
+// kind from caching the old value. (Several servers on PostgreSQL will need
+// an invalidation channel or no cache.)
 type cachedStore struct {
 	store.Store
 
 	mu        sync.RWMutex
-	gen       atomic.Uint64
-	certs     map[string]*store.AgentCert
-	manifests map[string]*store.StoredManifest
+	certs     cacheMap[store.AgentCert]
+	manifests cacheMap[store.StoredManifest]
 	// onPromote, if set, is called after a renewal's certificate became
 	// the agent's current one.
 	onPromote func(id, serial string)
 }
 
-func newCachedStore(s store.Store) *cachedStore {
-	return &cachedStore{Store: s, certs: map[string]*store.AgentCert{}, manifests: map[string]*store.StoredManifest{}}
+// cacheMap is one kind of cached value, guarded by cachedStore.mu.
+type cacheMap[V any] struct {
+	gen atomic.Uint64
+	m   map[string]*V
 }
 
-func (c *cachedStore) invalidate(ids ...string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.gen.Add(1)
+func newCachedStore(s store.Store) *cachedStore {
+	c := &cachedStore{Store: s}
+	c.certs.m = map[string]*store.AgentCert{}
+	c.manifests.m = map[string]*store.StoredManifest{}
+	return c
+}
+
+// evict drops ids from m; the caller holds c.mu.
+func evict[V any](m *cacheMap[V], ids ...string) {
+	m.gen.Add(1)
 	for _, id := range ids {
-		delete(c.certs, id)
-		delete(c.manifests, id)
+		delete(m.m, id)
 	}
 }
 
+// invalidate drops both kinds of entry of ids.
+func (c *cachedStore) invalidate(ids ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	evict(&c.certs, ids...)
+	evict(&c.manifests, ids...)
+}
+
+// invalidateCerts drops the certificate entries of ids.
+func (c *cachedStore) invalidateCerts(ids ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	evict(&c.certs, ids...)
+}
+
 // cacheGet is the read-through part shared by both maps.
-func cacheGet[V any](c *cachedStore, m map[string]*V, id string, load func() (*V, error)) (*V, error) {
+func cacheGet[V any](c *cachedStore, m *cacheMap[V], id string, load func() (*V, error)) (*V, error) {
 	c.mu.RLock()
-	v, ok := m[id]
+	v, ok := m.m[id]
 	c.mu.RUnlock()
 	if ok {
 		return v, nil
 	}
-	gen := c.gen.Load()
+	gen := m.gen.Load()
 	v, err := load()
 	if err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
-	if c.gen.Load() == gen {
-		if len(m) >= maxCached {
-			clear(m)
+	if m.gen.Load() == gen {
+		if len(m.m) >= maxCached {
+			clear(m.m)
 		}
-		m[id] = v
+		m.m[id] = v
 	}
 	c.mu.Unlock()
 	return v, nil
 }
 
 func (c *cachedStore) AgentCert(ctx context.Context, id string) (*store.AgentCert, error) {
-	return cacheGet(c, c.certs, id, func() (*store.AgentCert, error) { return c.Store.AgentCert(ctx, id) })
+	return cacheGet(c, &c.certs, id, func() (*store.AgentCert, error) { return c.Store.AgentCert(ctx, id) })
 }
 
 func (c *cachedStore) GetManifest(ctx context.Context, id string) (*store.StoredManifest, error) {
-	return cacheGet(c, c.manifests, id, func() (*store.StoredManifest, error) { return c.Store.GetManifest(ctx, id) })
+	return cacheGet(c, &c.manifests, id, func() (*store.StoredManifest, error) { return c.Store.GetManifest(ctx, id) })
 }
 
 func (c *cachedStore) SetNextCert(ctx context.Context, id, serial string, expires time.Time) error {
-	defer c.invalidate(id)
+	defer c.invalidateCerts(id)
 	return c.Store.SetNextCert(ctx, id, serial, expires)
 }
 
 func (c *cachedStore) PromoteCert(ctx context.Context, id, serial string) error {
 	err := c.Store.PromoteCert(ctx, id, serial)
-	c.invalidate(id)
+	c.invalidateCerts(id)
 	if err == nil && c.onPromote != nil {
 		if ac, err := c.Store.AgentCert(ctx, id); err == nil && ac.Serial == serial {
 			c.onPromote(id, serial)
@@ -103,13 +128,31 @@ func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.
 	return c.Store.EnrollAgent(ctx, tokenID, now, a)
 }
 
+// SaveManifests saves ms and, once committed, caches them: they are what a
+// read would now return. A save that failed evicts them instead (the
+// transaction may or may not have committed). The store keeps a stored
+// manifest whose serial is higher; the compiler's lock keeps serials rising
+// in one process, and the cache keeps the higher of a cached and a saved
+// serial all the same.
 func (c *cachedStore) SaveManifests(ctx context.Context, ms []*store.StoredManifest) error {
-	ids := make([]string, len(ms))
-	for i, m := range ms {
-		ids[i] = m.AgentID
+	err := c.Store.SaveManifests(ctx, ms)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.manifests.gen.Add(1)
+	for _, m := range ms {
+		if err != nil {
+			delete(c.manifests.m, m.AgentID)
+			continue
+		}
+		if old, ok := c.manifests.m[m.AgentID]; ok && old.Serial > m.Serial {
+			continue
+		}
+		if len(c.manifests.m) >= maxCached {
+			clear(c.manifests.m)
+		}
+		c.manifests.m[m.AgentID] = m
 	}
-	defer c.invalidate(ids...)
-	return c.Store.SaveManifests(ctx, ms)
+	return err
 }
 
 func (c *cachedStore) DeleteAgent(ctx context.Context, id string) error {
