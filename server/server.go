@@ -82,6 +82,8 @@ type Server struct {
 	agentsMu    sync.Mutex
 	agentStates map[string]*agentMem // per-agent quotas and manifest pipes (limits.go)
 	payloadSem  chan struct{}        // bounds payload downloads in all
+	payloads    *payloadCache        // bundles by digest (payloadcache.go)
+	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
 
 	httpLn  net.Listener
 	grpcLn  net.Listener
@@ -133,7 +135,9 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
 		logWatch:      newLogWatchers(), logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
-		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches)}
+		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches),
+		payloads: newPayloadCache(payloadCacheBytes, payloadCacheMaxEntry)}
+	s.syncs = newSyncSpreader(hub.SyncNow, syncRate, syncBurst)
 	defer func() {
 		if err != nil {
 			s.release()
@@ -316,9 +320,10 @@ func (s *Server) afterCommit(recs []*store.Record) {
 	s.notifier.Wake()
 }
 
-// published tells an agent's live stream that a new manifest is out.
+// published tells an agent's live stream that a new manifest is out,
+// paced with the other agents of the same recompile.
 func (s *Server) published(agentID string, serial uint64) {
-	s.hub.SyncNow(agentID, serial)
+	s.syncs.add(agentID, serial)
 }
 
 // rotateKeys adds a new manifest key through a new root-signed key list and
