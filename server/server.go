@@ -176,7 +176,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		return nil, err
 	}
 	s.compiler = compilerSeam{&compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published}}
-	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
+	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, cfg.Store.IngestDelay, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	s.notifier = notify.NewDeliverer(s.store, s.sealer.Open, clock.Now, logger, cfg.Notify)
 	s.streams = stream.NewService(stream.Config{MaxStreams: cfg.GRPC.MaxStreams, PendingStreams: cfg.Agents.PendingStreams,
