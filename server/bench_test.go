@@ -1,14 +1,22 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/api"
 
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/server/store"
@@ -210,4 +218,52 @@ func BenchmarkPlacementPass10kAgents(b *testing.B) {
 	if now, _ := ts.s.store.Holders(ctx); now[0].Agent == silent {
 		b.Fatalf("the silent holder kept the pipe")
 	}
+}
+
+// BenchmarkEnroll measures enrollments per second over HTTPS with 16 in
+// flight (a fresh TLS handshake each, as a new agent makes), tokens created
+// and agent keys and CSRs generated before the timer:
+//
+//	go test ./server -run '^$' -bench Enroll -benchtime 2000x
+func BenchmarkEnroll(b *testing.B) {
+	ts := startServer(b, func(c *Config) { c.Enrollment.RatePerMinute, c.Enrollment.Burst = 1e6, 1e6 })
+	for i := range 5 {
+		ts.putScriptPipe(fmt.Sprintf("p%d", i), "echo hi", map[string]string{"role": "web"})
+	}
+	type job struct{ token, csr string }
+	jobs := make(chan job, b.N)
+	for range b.N {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+		if err != nil {
+			b.Fatal(err)
+		}
+		jobs <- job{ts.token(map[string]string{"role": "web"}), newCSR(key)}
+	}
+	close(jobs)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: pinnedTLS(strings.Split(j.token, ".")[3])}}
+				body, _ := json.Marshal(api.EnrollRequest{Token: j.token, Hostname: "bench", OS: "linux", Arch: "amd64", AgentVersion: "test", CSR: j.csr})
+				resp, err := client.Post(ts.base+"/api/v1/agents/enroll", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				client.CloseIdleConnections()
+				if resp.StatusCode != 200 {
+					b.Errorf("enroll: status %d", resp.StatusCode)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "enrollments/s")
 }

@@ -226,6 +226,10 @@ type StoreConfig struct {
 	Synchronous string `yaml:"synchronous"`
 	// IngestBatch caps the records committed in one transaction.
 	IngestBatch int `yaml:"ingest_batch"`
+	// IngestDelay is how long a batch of agent records gathers after its
+	// first record before it is committed (group commit: one fsync for the
+	// records of many agents); acks wait at most this much longer.
+	IngestDelay time.Duration `yaml:"ingest_delay"`
 }
 
 // RunsConfig governs run history and logs.
@@ -295,6 +299,7 @@ func DefaultConfig() Config {
 			MaxConnIdleTime: 30 * time.Minute,
 			Synchronous:     "full",
 			IngestBatch:     2000,
+			IngestDelay:     20 * time.Millisecond,
 		},
 		LiveLogs: LiveLogsConfig{
 			MaxFollowers: 256,
@@ -529,6 +534,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Enrollment.CertLifetime < time.Hour || c.Enrollment.CertLifetime > 397*24*time.Hour {
 		add("enrollment.cert_lifetime", "must be between 1h and 397 days")
+	}
+	if c.Store.IngestDelay < 0 || c.Store.IngestDelay > time.Second {
+		add("store.ingest_delay", "must be between 0 and 1s")
 	}
 	if c.Signing.ManifestLifetime < 2*time.Minute || c.Signing.ManifestLifetime > 90*24*time.Hour {
 		add("signing.manifest_lifetime", "must be between 2m and 90 days")

@@ -278,6 +278,15 @@ func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agent
 	if !slices.Contains(m.Payloads, digest) {
 		return errs.New(errs.ErrNotFound, "payload not found")
 	}
+	// A bundle held in memory (or being read into it for another agent)
+	// is served without a fetch slot: the slots bound store reads.
+	if data, ok, err := s.payloads.lookup(r.Context(), digest); err != nil || ok {
+		if err != nil {
+			return err
+		}
+		writePayload(w, digest, data)
+		return nil
+	}
 	release, err := s.acquireFetch(agentID)
 	if err != nil {
 		w.Header().Set("Retry-After", "5")
@@ -288,11 +297,14 @@ func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agent
 	if err != nil {
 		return err
 	}
-	h := w.Header()
-	h.Set("Content-Type", BundleMediaType)
-	h.Set("Content-Length", strconv.FormatInt(size, 10))
-	h.Set("ETag", `"`+digest+`"`)
-	h.Set("Cache-Control", "private, max-age=31536000, immutable")
+	if data, ok, err := s.payloads.get(r.Context(), s.store, digest, size); err != nil || ok {
+		if err != nil {
+			return err
+		}
+		writePayload(w, digest, data)
+		return nil
+	}
+	setPayloadHeaders(w, digest, size)
 	w.WriteHeader(http.StatusOK)
 	// Streamed in slices: a fetch holds one buffer, whatever the size.
 	buf := make([]byte, payloadSlice)
@@ -308,6 +320,21 @@ func (s *Server) handleSelfPayload(w http.ResponseWriter, r *http.Request, agent
 		off += int64(n)
 	}
 	return nil
+}
+
+// writePayload answers with a whole bundle held in memory.
+func writePayload(w http.ResponseWriter, digest string, data []byte) {
+	setPayloadHeaders(w, digest, int64(len(data)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(data)
+}
+
+func setPayloadHeaders(w http.ResponseWriter, digest string, size int64) {
+	h := w.Header()
+	h.Set("Content-Type", BundleMediaType)
+	h.Set("Content-Length", strconv.FormatInt(size, 10))
+	h.Set("ETag", `"`+digest+`"`)
+	h.Set("Cache-Control", "private, max-age=31536000, immutable")
 }
 
 // payloadSlice is how much of a payload one read takes from the store.

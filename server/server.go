@@ -95,6 +95,8 @@ type Server struct {
 	agentsMu    sync.Mutex
 	agentStates map[string]*agentMem // per-agent quotas and manifest pipes (limits.go)
 	payloadSem  chan struct{}        // bounds payload downloads in all
+	payloads    *payloadCache        // bundles by digest (payloadcache.go)
+	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
 
 	httpLn  net.Listener
 	grpcLn  net.Listener
@@ -149,7 +151,9 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		enrollLimiter: newRateLimiter(cfg.Enrollment.RatePerMinute, cfg.Enrollment.Burst),
 		logWatch:      logs, logStreams: make(chan struct{}, cfg.LiveLogs.MaxFollowers), quit: make(chan struct{}), placeWake: make(chan struct{}, 1),
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
-		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches)}
+		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches),
+		payloads: newPayloadCache(payloadCacheBytes, payloadCacheMaxEntry)}
+	s.syncs = newSyncSpreader(hub.SyncNow, syncRate, syncBurst)
 	defer func() {
 		if err != nil {
 			s.release()
@@ -216,7 +220,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		comp.syncKeys = s.syncKeys
 	}
 	s.compiler = compilerSeam{comp}
-	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
+	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, cfg.Store.IngestDelay, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	if ls, ok := st.(interface {
 		SessionLock(key int64) *postgres.SessionLock
@@ -435,9 +439,10 @@ func (s *Server) afterCommit(recs []*store.Record) {
 	s.notifier.Wake()
 }
 
-// published tells an agent's live stream that a new manifest is out.
+// published tells an agent's live stream that a new manifest is out,
+// paced with the other agents of the same recompile.
 func (s *Server) published(agentID string, serial uint64) {
-	s.hub.SyncNow(agentID, serial)
+	s.syncs.add(agentID, serial)
 }
 
 // rotateKeys adds a new manifest key through a new root-signed key list and

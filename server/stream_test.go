@@ -827,11 +827,7 @@ func TestPayloadFetchStreamedAndBounded(t *testing.T) {
 		t.Fatalf("second concurrent fetch: %v %v", r, err)
 	}
 	release()
-	r, err = a.get(path)
-	if err != nil || r.code != 200 || manifest.Digest(r.body) != pr.Digest || len(r.body) != len(bundle) {
-		t.Fatalf("fetch: %v", err)
-	}
-	// The global bound.
+	// The global bound, while the bundle is not in memory.
 	var rels []func()
 	for range ts.cfg.Agents.PayloadFetches {
 		other := fmt.Sprintf("agent-%d", len(rels))
@@ -843,6 +839,25 @@ func TestPayloadFetchStreamedAndBounded(t *testing.T) {
 	}
 	if r, _ := a.get(path); r.code != 429 {
 		t.Fatalf("fetch over the global bound: %d", r.code)
+	}
+	for _, rel := range rels {
+		rel()
+	}
+	r, err = a.get(path)
+	if err != nil || r.code != 200 || manifest.Digest(r.body) != pr.Digest || len(r.body) != len(bundle) {
+		t.Fatalf("fetch: %v", err)
+	}
+	// Now held in memory, it is served without a slot.
+	rels = rels[:0]
+	for range ts.cfg.Agents.PayloadFetches {
+		rel, err := ts.s.acquireFetch(fmt.Sprintf("agent-%d", len(rels)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, rel)
+	}
+	if r, err := a.get(path); err != nil || r.code != 200 || manifest.Digest(r.body) != pr.Digest {
+		t.Fatalf("fetch from memory with every slot taken: %v %v", r, err)
 	}
 	for _, rel := range rels {
 		rel()

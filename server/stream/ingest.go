@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
@@ -17,13 +18,17 @@ type ingestItem struct {
 	seq  uint64 // 0: nothing to acknowledge
 }
 
-// Ingester commits records from every stream in batched transactions: while
-// one transaction commits, the next batch gathers, so the commit rate adapts
-// to the load. Acks are sent only after the commit, in seq order per stream.
+// Ingester commits records from every stream in batched transactions
+// (group commit): a batch gathers for up to delay after its first record,
+// or until it is full, and while one transaction commits the next batch
+// gathers, so one fsync'd commit serves the records of many agents and the
+// commit rate adapts to the load. Acks are sent only after the commit, in
+// seq order per stream.
 type Ingester struct {
 	store    store.IngestStore
 	in       chan ingestItem
 	batch    int
+	delay    time.Duration
 	lim      store.IngestLimits
 	log      *slog.Logger
 	quit     chan struct{}
@@ -32,10 +37,10 @@ type Ingester struct {
 }
 
 // NewIngester returns an ingester committing to st in batches of up to
-// batch records within lim; onCommit, if set, is called with every
-// committed batch.
-func NewIngester(st store.IngestStore, batch int, lim store.IngestLimits, log *slog.Logger, onCommit func([]*store.Record)) *Ingester {
-	return &Ingester{store: st, onCommit: onCommit, in: make(chan ingestItem, 4*batch), batch: batch, lim: lim, log: log,
+// batch records, gathered for up to delay, within lim; onCommit, if set,
+// is called with every committed batch.
+func NewIngester(st store.IngestStore, batch int, delay time.Duration, lim store.IngestLimits, log *slog.Logger, onCommit func([]*store.Record)) *Ingester {
+	return &Ingester{store: st, onCommit: onCommit, in: make(chan ingestItem, 4*batch), batch: batch, delay: delay, lim: lim, log: log,
 		quit: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -43,10 +48,21 @@ func NewIngester(st store.IngestStore, batch int, lim store.IngestLimits, log *s
 func (g *Ingester) Run() {
 	defer close(g.done)
 	items := make([]ingestItem, 0, g.batch)
+	var timer *time.Timer
 	for {
 		select {
 		case it := <-g.in:
-			g.commit(g.gather(append(items[:0], it)))
+			batch := g.gather(append(items[:0], it))
+			if len(batch) < g.batch && g.delay > 0 {
+				if timer == nil {
+					timer = time.NewTimer(g.delay)
+				} else {
+					timer.Reset(g.delay)
+				}
+				batch = g.wait(batch, timer.C)
+				timer.Stop()
+			}
+			g.commit(batch)
 		case <-g.quit:
 			for {
 				batch := g.gather(items[:0])
@@ -57,6 +73,22 @@ func (g *Ingester) Run() {
 			}
 		}
 	}
+}
+
+// wait adds records as they come until the batch is full, the delay is
+// over or the ingester is stopping.
+func (g *Ingester) wait(items []ingestItem, timeout <-chan time.Time) []ingestItem {
+	for len(items) < g.batch {
+		select {
+		case it := <-g.in:
+			items = append(items, it)
+		case <-timeout:
+			return items
+		case <-g.quit:
+			return items
+		}
+	}
+	return items
 }
 
 // Stop ends Run after the queued records are committed.

@@ -51,7 +51,12 @@ type AgentParams struct {
 	LogBytes     int           `json:"log_bytes"`
 	Verify       bool          `json:"verify"`
 	KeepAlive    bool          `json:"keep_alive"` // keep the poll connection open between polls
-	Timeout      time.Duration `json:"timeout"`
+	// IdleTimeout closes a kept-alive poll connection after this long
+	// idle: below the poll interval it models an agent that holds no idle
+	// connection between interval polls yet reuses one for the fetches
+	// that follow a SyncNow (the next poll resumes the TLS session).
+	IdleTimeout time.Duration `json:"idle_timeout"`
+	Timeout     time.Duration `json:"timeout"`
 }
 
 // recKind says what an outbox record counts as once acknowledged.
@@ -127,7 +132,7 @@ func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, err
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: w.cfg.Host, RootCAs: id.caPool,
 		Certificates: []tls.Certificate{cert}, ClientSessionCache: tls.NewLRUClientSessionCache(1)}
 	tr := &http.Transport{TLSClientConfig: tlsConf, DialContext: dialer(src, p.Timeout), MaxIdleConnsPerHost: 1,
-		IdleConnTimeout: 90 * time.Second, DisableKeepAlives: !p.KeepAlive, TLSHandshakeTimeout: p.Timeout}
+		IdleConnTimeout: p.IdleTimeout, DisableKeepAlives: !p.KeepAlive, TLSHandshakeTimeout: p.Timeout}
 	mid := sha256.Sum256([]byte(w.cfg.Fleet + "/" + itoa(index)))
 	a := &simAgent{w: w, index: index, src: src, id: id, host: host,
 		hostname: fmt.Sprintf("sim-%s-%d", w.cfg.Fleet, index), machineID: hex.EncodeToString(mid[:16]),

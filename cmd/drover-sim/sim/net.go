@@ -117,9 +117,24 @@ func (a *admin) call(ctx context.Context, method, path string, body, out any) er
 	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
 }
 
+// createToken creates an enrollment token. A 503 (the admin token's
+// requests in flight are capped: http.max_concurrent_per_token, shared by
+// every worker) is refused before the body is read, so it is retried, at
+// most five times.
 func (a *admin) createToken(ctx context.Context, tags map[string]string) (string, error) {
 	var out api.EnrollmentTokenCreated
-	if err := a.call(ctx, "POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "1h", Tags: tags}, &out); err != nil {
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = a.call(ctx, "POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "1h", Tags: tags}, &out)
+		var ae *api.Error
+		if err == nil || attempt == 5 || !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable {
+			break
+		}
+		if sleep(ctx, time.Duration(attempt)*200*time.Millisecond) != nil {
+			break
+		}
+	}
+	if err != nil {
 		return "", fmt.Errorf("create enrollment token: %w", err)
 	}
 	return out.Token, nil

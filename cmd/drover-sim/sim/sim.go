@@ -79,7 +79,7 @@ func DefaultConfig() Config {
 		Server: "https://127.0.0.1:8443", Steps: []int{100}, PerWorker: 4000, PerSource: 50, SpreadSources: true,
 		EnrollConcurrency: 16,
 		Agent: AgentParams{PollInterval: 30 * time.Second, PollJitter: 0.5, Heartbeat: 30 * time.Second,
-			LogChunks: 1, LogBytes: 4096, Verify: true, KeepAlive: true, Timeout: 30 * time.Second},
+			LogChunks: 1, LogBytes: 4096, Verify: true, KeepAlive: true, IdleTimeout: 90 * time.Second, Timeout: 30 * time.Second},
 		Settle: 5 * time.Minute, Warmup: -1, Window: 30 * time.Second, Changes: 1, ChangeTimeout: 2 * time.Minute,
 		DrainTimeout: 30 * time.Second, MaxDuration: 2 * time.Hour,
 	}
@@ -165,6 +165,7 @@ func (o *mainOptions) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.cfg.Agent.LogBytes, "log-bytes", o.cfg.Agent.LogBytes, "bytes per log chunk")
 	fs.BoolVar(&o.noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
 	fs.BoolVar(&o.noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
+	fs.DurationVar(&o.cfg.Agent.IdleTimeout, "idle-timeout", o.cfg.Agent.IdleTimeout, "close a kept-alive poll connection after this long idle (below --poll-interval: no idle connection between polls, one reused for a change's fetches)")
 	fs.DurationVar(&o.cfg.Agent.Timeout, "timeout", o.cfg.Agent.Timeout, "timeout of one request")
 	fs.DurationVar(&o.cfg.Settle, "settle", o.cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
 	fs.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
@@ -260,6 +261,9 @@ func (c *Config) validate() error {
 	}
 	if c.Agent.RunEvery != 0 && c.Agent.RunEvery < 10*time.Millisecond {
 		bad("run_every", "0 or at least 10ms")
+	}
+	if c.Agent.IdleTimeout < 100*time.Millisecond || c.Agent.IdleTimeout > time.Hour {
+		bad("idle_timeout", "100ms-1h")
 	}
 	if c.Changes < 0 || c.Changes > 100 {
 		bad("changes", "0-100")

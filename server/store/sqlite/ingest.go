@@ -10,23 +10,65 @@ import (
 	"github.com/drover/drover/server/store"
 )
 
-// ingestTx holds the prepared statements of one ApplyRecords transaction.
+// ingestTx is one ApplyRecords transaction. Its statements are prepared
+// once on the writer connection (DB.prepareIngest) and bound to each
+// transaction, not parsed again for every batch.
 type ingestTx struct {
 	ctx   context.Context
+	db    *DB
 	tx    *sql.Tx
 	stmts map[string]*sql.Stmt
 }
 
-func (t *ingestTx) exec(query string, args ...any) (sql.Result, error) {
-	st, ok := t.stmts[query]
-	if !ok {
+func (t *ingestTx) stmt(query string) (*sql.Stmt, error) {
+	if st, ok := t.stmts[query]; ok {
+		return st, nil
+	}
+	var st *sql.Stmt
+	if parent := t.db.ingestStmts[query]; parent != nil {
+		st = t.tx.StmtContext(t.ctx, parent)
+	} else {
 		var err error
 		if st, err = t.tx.PrepareContext(t.ctx, query); err != nil {
 			return nil, err
 		}
-		t.stmts[query] = st
+	}
+	t.stmts[query] = st
+	return st, nil
+}
+
+func (t *ingestTx) exec(query string, args ...any) (sql.Result, error) {
+	st, err := t.stmt(query)
+	if err != nil {
+		return nil, err
 	}
 	return st.ExecContext(t.ctx, args...)
+}
+
+func (t *ingestTx) query(query string, args ...any) (*sql.Rows, error) {
+	st, err := t.stmt(query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(t.ctx, args...)
+}
+
+// ingestQueries are prepared once on the writer pool when the store opens
+// (its one connection is free then; later a transaction holds it).
+var ingestQueries = []string{sqlHello, sqlStatus, sqlRunStarted, sqlRunFinished, sqlListed, sqlUnlisted, sqlSettle,
+	sqlRunPlaceholder, sqlChunk, sqlRunLog, sqlRunLogState, sqlSeen, sqlDropMissed, sqlDropMissedOrNoHolder}
+
+// prepareIngest prepares ingestQueries on the writer pool.
+func (s *DB) prepareIngest(ctx context.Context) error {
+	s.ingestStmts = make(map[string]*sql.Stmt, len(ingestQueries))
+	for _, q := range ingestQueries {
+		st, err := s.w.PrepareContext(ctx, q)
+		if err != nil {
+			return fmt.Errorf("prepare ingest statements: %w", err)
+		}
+		s.ingestStmts[q] = st
+	}
+	return nil
 }
 
 const (
@@ -83,6 +125,11 @@ const (
 	sqlRunPlaceholder = `INSERT INTO runs(id, agent_id, status, created_at, updated_at) VALUES(?,?,'running',?,?) ON CONFLICT(id) DO NOTHING`
 	sqlChunk          = `INSERT INTO log_chunks(run_id, seq, stream, data, at) VALUES(?,?,?,?,?) ON CONFLICT(run_id, seq) DO NOTHING`
 	sqlRunLog         = `UPDATE runs SET log_bytes=?, log_truncated=?, updated_at=? WHERE id=?`
+	sqlDropMissed     = `DELETE FROM runs WHERE id=? AND agent_id=? AND status='missed'`
+	// the agent's own missed run, and the one recorded with no holder
+	// (agent "", placement: one)
+	sqlDropMissedOrNoHolder = `DELETE FROM runs WHERE status='missed' AND ((id=? AND agent_id=?) OR (id=? AND agent_id=''))`
+	sqlRunLogState    = `SELECT agent_id, log_bytes, log_truncated FROM runs WHERE id=?`
 	sqlSeen           = `UPDATE agents SET last_seen_at=? WHERE id=? AND last_seen_at<?`
 )
 
@@ -106,7 +153,7 @@ func (s *DB) ApplyRecords(ctx context.Context, recs []*store.Record, lim store.I
 	if err != nil {
 		return fmt.Errorf("apply records: %w", err)
 	}
-	t := &ingestTx{ctx: ctx, tx: tx, stmts: map[string]*sql.Stmt{}}
+	t := &ingestTx{ctx: ctx, db: s, tx: tx, stmts: map[string]*sql.Stmt{}}
 	err = t.apply(recs, lim)
 	for _, st := range t.stmts {
 		st.Close()
@@ -196,10 +243,10 @@ func (t *ingestTx) dropMissed(agentID string, x *store.Run) error {
 	if !store.ServesFire(x) {
 		// A refused start replaces this agent's own missed run (it is the
 		// truth about that agent), not the fire time nobody served.
-		_, err := t.exec(`DELETE FROM runs WHERE status='missed' AND id=? AND agent_id=?`, id, agentID)
+		_, err := t.exec(sqlDropMissed, id, agentID)
 		return err
 	}
-	_, err := t.exec(`DELETE FROM runs WHERE status='missed' AND ((id=? AND agent_id=?) OR (id=? AND agent_id=''))`, id, agentID, store.MissedRunID("", x.Pipe, x.ScheduledAt))
+	_, err := t.exec(sqlDropMissedOrNoHolder, id, agentID, store.MissedRunID("", x.Pipe, x.ScheduledAt))
 	return err
 }
 
@@ -212,8 +259,11 @@ func (t *ingestTx) chunk(r *store.Record, runs map[string]*runLog, lim store.Ing
 		}
 		rl = &runLog{}
 		var truncated int
-		err := t.tx.QueryRowContext(t.ctx, `SELECT agent_id, log_bytes, log_truncated FROM runs WHERE id=?`, c.RunID).Scan(&rl.agentID, &rl.bytes, &truncated)
+		st, err := t.stmt(sqlRunLogState)
 		if err != nil {
+			return err
+		}
+		if err := st.QueryRowContext(t.ctx, c.RunID).Scan(&rl.agentID, &rl.bytes, &truncated); err != nil {
 			return err
 		}
 		rl.truncated = truncated != 0
@@ -267,7 +317,7 @@ func (t *ingestTx) settle(r *store.Record) error {
 	if _, err := t.exec(sqlUnlisted, r.AgentID, ns(sent), ns(r.Received), listed); err != nil {
 		return err
 	}
-	rows, err := t.tx.QueryContext(t.ctx, sqlSettle, ns(r.Received), ns(r.Received), r.AgentID, lostStrikes)
+	rows, err := t.query(sqlSettle, ns(r.Received), ns(r.Received), r.AgentID, lostStrikes)
 	if err != nil {
 		return err
 	}

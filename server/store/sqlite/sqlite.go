@@ -34,6 +34,8 @@ var migrations embed.FS
 type DB struct {
 	w *sql.DB
 	r *sql.DB
+	// ingestStmts are ApplyRecords' statements, prepared on w at open.
+	ingestStmts map[string]*sql.Stmt
 }
 
 // Open opens (creating if needed) the database at path and applies the
@@ -73,7 +75,12 @@ func Open(ctx context.Context, path, synchronous string) (*DB, error) {
 	r.SetMaxOpenConns(4)
 	r.SetMaxIdleConns(4)
 	r.SetConnMaxIdleTime(0)
-	return &DB{w: w, r: r}, nil
+	db := &DB{w: w, r: r}
+	if err := db.prepareIngest(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
 }
 
 // InTx runs fn in one write transaction: for tests and tools that seed or
@@ -86,6 +93,9 @@ func (s *DB) Reader() *sql.DB { return s.r }
 
 // Close closes both pools.
 func (s *DB) Close() error {
+	for _, st := range s.ingestStmts {
+		st.Close()
+	}
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 

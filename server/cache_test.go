@@ -1,0 +1,92 @@
+package server
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlite"
+)
+
+// countingStore counts the reads the cache lets through to a real SQLite
+// store.
+type countingStore struct {
+	*sqlite.DB
+	certReads, manifestReads atomic.Int64
+}
+
+func (c *countingStore) AgentCert(ctx context.Context, id string) (*store.AgentCert, error) {
+	c.certReads.Add(1)
+	return c.DB.AgentCert(ctx, id)
+}
+
+func (c *countingStore) GetManifest(ctx context.Context, id string) (*store.StoredManifest, error) {
+	c.manifestReads.Add(1)
+	return c.DB.GetManifest(ctx, id)
+}
+
+// A manifest save leaves the agents' certificate entries alone and caches
+// the saved manifests, so the fetches a change sets off read neither from
+// the database; a certificate write evicts only the certificate entry.
+func TestCacheKeepsKindsApartAndFillsFromSaves(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "server.db"), "normal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	seedAgents(t, db, 2)
+	st := &countingStore{DB: db}
+	c := newCachedStore(st)
+	const id = "agt-bench-00000"
+	now := time.Now().UTC().Truncate(time.Second)
+	save := func(serial uint64) {
+		t.Helper()
+		m := &store.StoredManifest{AgentID: id, Serial: serial, ContentHash: "h", Digest: "sha256:d", Envelope: []byte("env"),
+			IssuedAt: now, ExpiresAt: now.Add(time.Hour), KeyListVersion: 1}
+		if err := c.SaveManifests(ctx, []*store.StoredManifest{m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	save(1)
+	if _, err := c.AgentCert(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	save(2)
+	m, err := c.GetManifest(ctx, id)
+	if err != nil || m.Serial != 2 {
+		t.Fatalf("manifest after the save: %+v %v", m, err)
+	}
+	if _, err := c.AgentCert(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, k := st.certReads.Load(), st.manifestReads.Load(); n != 1 || k != 0 {
+		t.Fatalf("%d certificate and %d manifest reads from the database, want 1 and 0", n, k)
+	}
+	// The database holds what the cache returned.
+	if dm, err := db.GetManifest(ctx, id); err != nil || dm.Serial != 2 || string(dm.Envelope) != "env" {
+		t.Fatalf("stored: %+v %v", dm, err)
+	}
+	// A certificate write evicts the certificate, not the manifest.
+	if err := c.SetNextCert(ctx, id, "next", now.Add(24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if ac, err := c.AgentCert(ctx, id); err != nil || ac.NextSerial != "next" {
+		t.Fatalf("certificate after the renewal: %+v %v", ac, err)
+	}
+	if _, err := c.GetManifest(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, k := st.certReads.Load(), st.manifestReads.Load(); n != 2 || k != 0 {
+		t.Fatalf("%d certificate and %d manifest reads, want 2 and 0", n, k)
+	}
+	// A lower serial never replaces a cached higher one (the store keeps
+	// the higher too).
+	save(1)
+	if m, _ := c.GetManifest(ctx, id); m.Serial != 2 {
+		t.Fatalf("serial %d after saving an older one", m.Serial)
+	}
+}

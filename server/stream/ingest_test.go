@@ -1,0 +1,85 @@
+package stream
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlite"
+)
+
+// batchCounter records the batch sizes committed to a real SQLite store.
+type batchCounter struct {
+	*sqlite.DB
+	mu      sync.Mutex
+	batches []int
+}
+
+func (b *batchCounter) ApplyRecords(ctx context.Context, recs []*store.Record, lim store.IngestLimits) error {
+	err := b.DB.ApplyRecords(ctx, recs, lim)
+	b.mu.Lock()
+	b.batches = append(b.batches, len(recs))
+	b.mu.Unlock()
+	return err
+}
+
+// Records of many streams that arrive within the delay share one commit,
+// and each stream is acknowledged only once it is committed.
+func TestIngesterGroupCommit(t *testing.T) {
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "server.db"), "normal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st := &batchCounter{DB: db}
+	g := NewIngester(st, 100, 2*time.Second, store.IngestLimits{MaxLogBytes: 1 << 20}, slog.New(slog.DiscardHandler), nil)
+	go g.Run()
+	conns := make([]*streamConn, 10)
+	start := time.Now()
+	for i := range conns {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		c := &streamConn{agentID: fmt.Sprintf("agt-%d", i), ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 1), kick: make(chan struct{}, 1)}
+		conns[i] = c
+		c.inflight.Add(1)
+		g.in <- ingestItem{rec: &store.Record{AgentID: c.agentID, Received: time.Now(), Seq: uint64(i + 1)}, conn: c, seq: uint64(i + 1)}
+	}
+	for i, c := range conns {
+		select {
+		case <-c.kick:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("stream %d never acknowledged", i)
+		}
+		if got := c.committed.Load(); got != uint64(i+1) {
+			t.Fatalf("stream %d acknowledged seq %d, want %d", i, got, i+1)
+		}
+		if n := c.inflight.Load(); n != 0 {
+			t.Fatalf("stream %d: %d records in flight after the ack", i, n)
+		}
+	}
+	if d := time.Since(start); d < 1900*time.Millisecond {
+		t.Fatalf("acknowledged after %v, before the batch's delay was over", d)
+	}
+	st.mu.Lock()
+	batches := append([]int(nil), st.batches...)
+	st.mu.Unlock()
+	if len(batches) != 1 || batches[0] != 10 {
+		t.Fatalf("batches %v, want one of 10", batches)
+	}
+	// Stop does not wait out a gathering batch: it commits it.
+	c := conns[0]
+	c.inflight.Add(1)
+	g.in <- ingestItem{rec: &store.Record{AgentID: c.agentID, Received: time.Now(), Seq: 11}, conn: c, seq: 11}
+	time.Sleep(20 * time.Millisecond)
+	stopped := time.Now()
+	g.Stop()
+	if c.committed.Load() != 11 || time.Since(stopped) > 1500*time.Millisecond {
+		t.Fatalf("after Stop: committed %d in %v", c.committed.Load(), time.Since(stopped))
+	}
+}
