@@ -46,9 +46,9 @@ func TestCacheKeepsKindsApartAndFillsFromSaves(t *testing.T) {
 	save := func(serial uint64) {
 		t.Helper()
 		m := &store.StoredManifest{AgentID: id, Serial: serial, ContentHash: "h", Digest: "sha256:d", Envelope: []byte("env"),
-			IssuedAt: now, ExpiresAt: now.Add(time.Hour), KeyListVersion: 1}
-		if err := c.SaveManifests(ctx, []*store.StoredManifest{m}); err != nil {
-			t.Fatal(err)
+			IssuedAt: now, ExpiresAt: now.Add(time.Hour), KeyListVersion: 1, PrevSerial: serial - 1}
+		if stale, err := c.SaveManifests(ctx, []*store.StoredManifest{m}); err != nil || len(stale) != 0 {
+			t.Fatal(stale, err)
 		}
 	}
 	save(1)
@@ -83,10 +83,14 @@ func TestCacheKeepsKindsApartAndFillsFromSaves(t *testing.T) {
 	if n, k := st.certReads.Load(), st.manifestReads.Load(); n != 2 || k != 0 {
 		t.Fatalf("%d certificate and %d manifest reads, want 2 and 0", n, k)
 	}
-	// A lower serial never replaces a cached higher one (the store keeps
-	// the higher too).
-	save(1)
-	if m, _ := c.GetManifest(ctx, id); m.Serial != 2 {
-		t.Fatalf("serial %d after saving an older one", m.Serial)
+	// A save refused because another replica saved over the serial it was
+	// compiled on is not cached: the next read goes to the database.
+	lost := &store.StoredManifest{AgentID: id, Serial: 3, ContentHash: "h3", Digest: "sha256:d3", Envelope: []byte("env3"),
+		IssuedAt: now, ExpiresAt: now.Add(time.Hour), KeyListVersion: 1, PrevSerial: 1}
+	if stale, err := c.SaveManifests(ctx, []*store.StoredManifest{lost}); err != nil || len(stale) != 1 {
+		t.Fatalf("a save over a serial no longer stored: stale %v, %v", stale, err)
+	}
+	if m, err := c.GetManifest(ctx, id); err != nil || m.Serial != 2 || st.manifestReads.Load() != 1 {
+		t.Fatalf("after a refused save: %+v %v (%d reads)", m, err, st.manifestReads.Load())
 	}
 }
