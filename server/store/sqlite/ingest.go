@@ -129,8 +129,8 @@ const (
 	// the agent's own missed run, and the one recorded with no holder
 	// (agent "", placement: one)
 	sqlDropMissedOrNoHolder = `DELETE FROM runs WHERE status='missed' AND ((id=? AND agent_id=?) OR (id=? AND agent_id=''))`
-	sqlRunLogState    = `SELECT agent_id, log_bytes, log_truncated FROM runs WHERE id=?`
-	sqlSeen           = `UPDATE agents SET last_seen_at=? WHERE id=? AND last_seen_at<?`
+	sqlRunLogState          = `SELECT agent_id, log_bytes, log_truncated FROM runs WHERE id=?`
+	sqlSeen                 = `UPDATE agents SET last_seen_at=? WHERE id=? AND last_seen_at<?`
 )
 
 // runLog tracks one run's log accounting within a batch.
