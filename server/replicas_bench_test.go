@@ -11,11 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/api"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/server/store/postgres/pgtest"
 )
 
-// BenchmarkReplicas measures the manifest poll answered 304 and stream
+// BenchmarkReplicas measures the manifest poll answered 304 (agents bound
+// to their machine ids, as on hosts with /etc/machine-id) and stream
 // ingest with durable acks on three set-ups in one run: SQLite alone
 // (synchronous=full), PostgreSQL with one replica, and PostgreSQL with
 // three replicas, the load spread over them (each poller and each stream on
@@ -108,25 +110,31 @@ func mean(v []float64) float64 {
 	return sum / float64(len(v))
 }
 
-// poller is an agent polling its manifest with the ETag it holds.
+// poller is an agent polling its manifest with the ETag it holds, from
+// its machine.
 type poller struct {
-	a    *testAgent
-	etag string
+	a         *testAgent
+	etag      string
+	machineID string
 }
 
 // newPollers enrolls n agents, agent i on replica i mod len(reps), each
-// holding its manifest's ETag.
+// bound to a machine id of its own (as agents on hosts with
+// /etc/machine-id are) and holding its manifest's ETag.
 func newPollers(b *testing.B, reps []*testServer, n int) []poller {
 	tags := map[string]string{"role": "web"}
 	reps[0].putScriptPipe("job", "echo hello", tags)
 	var ps []poller
+	defer func() { enrollMachineID = "" }()
 	for i := range n {
+		mid := fmt.Sprintf("%x", randomBytes(16))
+		enrollMachineID = mid
 		a := reps[i%len(reps)].enrollAgent(tags)
-		res, err := a.get("/api/v1/agents/self/manifest")
+		res, err := a.get("/api/v1/agents/self/manifest", api.MachineIDHeader, mid)
 		if err != nil || res.code != 200 {
 			b.Fatalf("%v %v", res, err)
 		}
-		ps = append(ps, poller{a, res.header.Get("ETag")})
+		ps = append(ps, poller{a, res.header.Get("ETag"), mid})
 	}
 	return ps
 }
@@ -142,6 +150,7 @@ func benchPolls(b *testing.B, ps []poller) float64 {
 		for pb.Next() {
 			req, _ := http.NewRequest("GET", p.a.base+"/api/v1/agents/self/manifest", nil)
 			req.Header.Set("If-None-Match", p.etag)
+			req.Header.Set(api.MachineIDHeader, p.machineID)
 			resp, err := p.a.client.Do(req)
 			if err != nil {
 				b.Error(err)
