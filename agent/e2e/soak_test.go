@@ -67,7 +67,7 @@ func TestSoakReplicas(t *testing.T) {
 	names := []string{"A", "B", "C"}
 	var httpAddrs, grpcAddrs, urls []string
 	for range names {
-		h, g := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
+		h, g := replicaAddr(t), replicaAddr(t)
 		httpAddrs, grpcAddrs, urls = append(httpAddrs, h), append(grpcAddrs, g), append(urls, "https://"+h)
 	}
 	kek := filepath.Join(t.TempDir(), "kek")
