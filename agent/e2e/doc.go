@@ -33,10 +33,19 @@
 //     105 runs happen; after its restart every run and every log chunk
 //     arrives exactly once and in order.
 //   - TestFailoverReplicaKilled, TestFailoverReplicaBlackholed: replicas
-//     of drover-server on one PostgreSQL (pgtest; they share keys by a
-//     copy of the first one's key files); an agent's stream and polls move
+//     of drover-server on one PostgreSQL (pgtest; they share keys through
+//     the store, sealed by one KEK file); an agent's stream and polls move
 //     to another replica within 10 s of a SIGKILL or a blackhole, a run in
 //     flight arrives exactly once, the agent stays where it moved.
+//   - TestSoakReplicas: three replicas on one PostgreSQL, six cron-backend
+//     agents spread over them with an every-minute pipe, a pipe changed
+//     every 7 s; a run-now burst, then SIGKILL of the replica with the
+//     most streams (every agent on another replica within 10 s), then
+//     PostgreSQL stopped over a minute's fire and started again. Every
+//     fire time and every run-now has exactly one run, no serial went
+//     backwards, and the leadership terms in the replicas' logs never
+//     overlap. 150 s of fleet time by default; DROVER_SOAK=10m (with
+//     -timeout 20m) for ten minutes.
 //   - TestCrashDuringSyncAndApply: 50 SIGKILLs of the agent at random points
 //     of sync and apply; after each restart the units on disk equal the
 //     manifest and no temporary file remains.

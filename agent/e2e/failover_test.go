@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/drover/drover/server/pki"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -54,7 +55,7 @@ func TestFailoverReplicaBlackholed(t *testing.T) {
 func failover(t *testing.T, blackhole bool) {
 	pg := pgtest.Start(t)
 	dsn := pg.NewDatabase(t)
-	port := func() string { return fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)) }
+	port := func() string { return replicaAddr(t) }
 	aHTTP, aGRPC, bHTTP, bGRPC, cHTTP, cGRPC := port(), port(), port(), port(), port(), port()
 	// What agents are told: A directly, or A through the proxies.
 	pubAHTTP, pubAGRPC := aHTTP, aGRPC
@@ -228,6 +229,38 @@ func failover(t *testing.T, blackhole bool) {
 		t.Fatalf("after B's death: server %s after %s", st.Server, took)
 	}
 }
+
+// replicaAddr is a 127.0.0.1 address free now, on a port below the
+// kernel's ephemeral range (32768 and up on Linux): a replica must be told
+// its port before it starts (every replica lists every other's), and comes
+// back on it after a kill, and a port from the ephemeral range can be
+// taken meanwhile as the local end of some outgoing connection (an agent's,
+// PostgreSQL's clients'), which made the replica's bind fail.
+// No port is handed out twice in one test binary.
+func replicaAddr(t *testing.T) string {
+	t.Helper()
+	replicaPorts.mu.Lock()
+	defer replicaPorts.mu.Unlock()
+	for range 100 {
+		p := 20000 + rand.IntN(12000)
+		if replicaPorts.used[p] {
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", p)
+		if l, err := net.Listen("tcp", addr); err == nil {
+			l.Close()
+			replicaPorts.used[p] = true
+			return addr
+		}
+	}
+	t.Fatal("no free port between 20000 and 32000")
+	return ""
+}
+
+var replicaPorts = struct {
+	mu   sync.Mutex
+	used map[int]bool
+}{used: map[int]bool{}}
 
 // startReplica starts a drover-server replica on fixed addresses, with a
 // data dir of its own; the replicas share their keys through the store,

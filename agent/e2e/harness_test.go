@@ -372,6 +372,9 @@ type agentOpts struct {
 	binary       string        // the drover-agent to start; default the built one
 	noAgentPath  bool          // leave agent_path out: the daemon runs its own binary
 	token        string        // the enrollment token; default one from `drover-server tokens create`
+	// serverURLs and grpcAddrs, when set, pin the replica lists in
+	// agent.yaml (they win over what the server sends).
+	serverURLs, grpcAddrs []string
 }
 
 // agentProc is drover-agent running as a child process.
@@ -471,6 +474,12 @@ request_timeout: 10s
 log_level: %s
 log_format: json
 `, serverURL, a.dataDir, a.token, a.opts.backend, a.opts.scope, agentBin(), a.opts.syncInterval, a.opts.heartbeat, a.opts.logLevel)
+	if len(a.opts.serverURLs) > 0 {
+		cfg += "server_urls: [" + strings.Join(a.opts.serverURLs, ", ") + "]\n"
+	}
+	if len(a.opts.grpcAddrs) > 0 {
+		cfg += "grpc_addrs: [" + strings.Join(a.opts.grpcAddrs, ", ") + "]\n"
+	}
 	if a.opts.noAgentPath {
 		cfg = strings.Replace(cfg, "agent_path: "+agentBin()+"\n", "", 1)
 	}

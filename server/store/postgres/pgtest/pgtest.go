@@ -32,6 +32,8 @@ type Cluster struct {
 	bin  string
 	as   []string // the command prefix that runs a command as the cluster's owner
 	n    atomic.Int64
+	// durable keeps fsync and synchronous_commit on (StartDurable).
+	durable bool
 }
 
 // bindir finds initdb and pg_ctl: on $PATH, else Debian's versioned
@@ -51,8 +53,23 @@ func bindir() string {
 	return ""
 }
 
-// Start starts a cluster for t and stops it when t ends.
+// Start starts a cluster for t and stops it when t ends. For speed it runs
+// without fsync and with synchronous_commit off: a crash of the machine
+// may lose what it committed, which no test causes.
 func Start(t testing.TB) *Cluster {
+	t.Helper()
+	return start(t, false)
+}
+
+// StartDurable is Start with PostgreSQL's defaults for durability (fsync,
+// synchronous_commit on): a commit is on disk when it returns, as in
+// production, for benchmarks of acknowledged writes.
+func StartDurable(t testing.TB) *Cluster {
+	t.Helper()
+	return start(t, true)
+}
+
+func start(t testing.TB, durable bool) *Cluster {
 	t.Helper()
 	bin := bindir()
 	if bin == "" {
@@ -63,7 +80,7 @@ func Start(t testing.TB) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	c := &Cluster{dir: dir, bin: bin}
+	c := &Cluster{dir: dir, bin: bin, durable: durable}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -100,7 +117,10 @@ func Start(t testing.TB) *Cluster {
 }
 
 func (c *Cluster) start() ([]byte, error) {
-	opts := fmt.Sprintf("-k %s -h 127.0.0.1 -p %d -F -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", c.path(""), c.Port)
+	opts := fmt.Sprintf("-k %s -h 127.0.0.1 -p %d -c max_connections=200", c.path(""), c.Port)
+	if !c.durable {
+		opts += " -F -c synchronous_commit=off -c full_page_writes=off"
+	}
 	return c.cmd("pg_ctl", "-D", c.path("data"), "-l", c.path("log"), "-o", opts, "-w", "-t", "60", "start").CombinedOutput()
 }
 
