@@ -38,7 +38,22 @@ func startPlacement(t *testing.T, n int) *placementFleet {
 		f.agents[a.id] = a
 		f.streams[a.id] = a.mustStream(t)
 	}
+	f.waitOnline()
 	return f
+}
+
+// waitOnline waits until every agent's stream is live on the server: only
+// healthy agents are chosen as holders.
+func (f *placementFleet) waitOnline() {
+	f.ts.t.Helper()
+	testkit.WaitFor(f.ts.t, 10*time.Second, "the agents' streams", func() bool {
+		for id := range f.agents {
+			if !f.ts.s.hub.Online(id) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // putOne creates a placement: one pipe targeting role=db.
@@ -433,6 +448,7 @@ func TestPlacementLeasesLoopRenews(t *testing.T) {
 	f := &placementFleet{ts: ts, agents: map[string]*testAgent{}, streams: map[string]*testStream{}}
 	a := ts.enrollAgent(map[string]string{"role": "db"})
 	f.agents[a.id], f.streams[a.id] = a, a.mustStream(t)
+	f.waitOnline()
 	f.putOne("backup")
 	_, e := f.mustHolder("backup")
 	first := e.LeaseUntil

@@ -327,6 +327,15 @@ func TestReplicasBusReconnects(t *testing.T) {
 	if n := b.s.fleet.bus.(*bus.Postgres).Reconnects(); n < 1 {
 		t.Fatalf("B reconnected %d times", n)
 	}
+	// A stream whose records could not be committed while the database
+	// was down was closed (the agent resends on a new one): reconnect as
+	// the agent does.
+	select {
+	case <-st.recvDone:
+		st = ag.mustStream(t)
+		testkit.WaitFor(t, 10*time.Second, "the stream on B again", func() bool { return b.s.fleet.hub.Online(ag.id) })
+	default:
+	}
 
 	before := st.syncCount()
 	// The pool may need a moment to replace its broken connections.

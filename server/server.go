@@ -153,7 +153,9 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches),
 		payloads: newPayloadCache(payloadCacheBytes, payloadCacheMaxEntry)}
-	s.syncs = newSyncSpreader(hub.SyncNow, syncRate, syncBurst)
+	// Paced SyncNows go through the fleet, so that an agent streaming to
+	// another replica hears of its manifest too.
+	s.syncs = newSyncSpreader(func(id string, serial uint64) bool { s.fleet.SyncNow(id, serial); return true }, syncRate, syncBurst)
 	defer func() {
 		if err != nil {
 			s.release()
