@@ -1,8 +1,7 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -41,12 +40,12 @@ func (s *DB) ScheduledRuns(ctx context.Context, pipe string, since, until time.T
 // serves the same fire time (to the second): a real record that arrived
 // after the detection pass read the runs wins.
 const sqlMissed = `INSERT INTO runs(id, agent_id, pipe, pipe_version, trigger, status, reason, error, scheduled_at, written_by, created_at, updated_at)
-	SELECT ?,?,?,?,'schedule','missed',?,?,?,'server',?,?
+	SELECT CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), 'schedule', 'missed', CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), 'server', CAST(? AS BIGINT), CAST(? AS BIGINT)
 	WHERE NOT EXISTS (SELECT 1 FROM runs WHERE agent_id=? AND pipe=? AND scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0)`
 
 func (s *DB) InsertMissed(ctx context.Context, runs []*store.Run) ([]*store.Run, error) {
 	var stored []*store.Run
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		st, err := tx.PrepareContext(ctx, sqlMissed)
 		if err != nil {
 			return err
@@ -76,7 +75,7 @@ func (s *DB) AddEvents(ctx context.Context, evs []*store.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		st, err := tx.PrepareContext(ctx, `INSERT INTO events(at, kind, pipe, agent_id, run_id, message, dedupe) VALUES(?,?,?,?,?,?,?) ON CONFLICT(dedupe) DO NOTHING`)
 		if err != nil {
 			return err
@@ -102,7 +101,7 @@ func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Even
 	q.and(f.Agent != "", `agent_id=?`, f.Agent)
 	q.and(!f.Since.IsZero(), `at>=?`, ns(f.Since))
 	q.and(f.BeforeID > 0, `id<?`, f.BeforeID)
-	q.append(` ORDER BY id DESC LIMIT ?`, f.Limit)
+	q.append(` ORDER BY id DESC LIMIT ?`, s.d.Limit(f.Limit))
 	return queryAll(ctx, s.r, "list events", func(row rowScanner) (*store.Event, error) {
 		var e store.Event
 		var at int64
@@ -122,7 +121,7 @@ func (s *DB) SetMonitorState(ctx context.Context, kv map[string]string, now time
 	if len(kv) == 0 {
 		return nil
 	}
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		for k, v := range kv {
 			if v == "" {
 				if _, err := tx.ExecContext(ctx, `DELETE FROM monitor_state WHERE key=?`, k); err != nil {

@@ -1,8 +1,7 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -97,7 +96,7 @@ func (s *DB) NoteIdentityConflict(ctx context.Context, id, machineID string, now
 }
 
 func (s *DB) DeleteAgent(ctx context.Context, id string) error {
-	return withTx(ctx, s.w, func(tx *sql.Tx) error {
+	return s.writeTx(ctx, func(tx Tx) error {
 		if err := execOne(ctx, tx, "agent", "delete agent", `DELETE FROM agents WHERE id=?`, id); err != nil {
 			return err
 		}
