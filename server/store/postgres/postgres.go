@@ -350,14 +350,7 @@ func withTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 
 func tryTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelSerializable})
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return sqlstore.Run(tx, err, fn)
 }
 
 // lockedTx runs fn in one READ COMMITTED transaction that first takes the
@@ -366,18 +359,12 @@ func tryTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 // wait and miss it).
 func lockedTx(ctx context.Context, c *conn, key int64, fn func(*txn) error) error {
 	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, key); err != nil {
-		tx.Rollback()
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return sqlstore.Run(tx, err, func(tx *txn) error {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, key); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
 }
 
 func retryable(err error) bool {

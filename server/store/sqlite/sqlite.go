@@ -157,15 +157,8 @@ func migrate(ctx context.Context, db *sql.DB) error {
 }
 
 func withTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
+	return sqlstore.Run(tx, err, fn)
 }
 
 // compile-time check that DB is a complete Store.

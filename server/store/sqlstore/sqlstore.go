@@ -96,6 +96,25 @@ func New(b Backend, d Dialect) *DB {
 	return s
 }
 
+// Txn is a transaction that Run ends.
+type Txn interface {
+	Commit() error
+	Rollback() error
+}
+
+// Run runs fn in tx, just begun with err: it commits tx when fn succeeds
+// and rolls it back when fn fails.
+func Run[T Txn](tx T, err error, fn func(T) error) error {
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
 // keysLock is the lock key of the first initialisation of the server keys
 // by servers starting at once.
 const keysLock = 0x64726f6b // "drok"
