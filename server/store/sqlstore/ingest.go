@@ -170,6 +170,11 @@ type runLog struct {
 // ignored. Log chunks are counted against the per-run cap only when they are
 // new; the first chunk over the cap is replaced by a truncation marker and
 // later ones are dropped.
+//
+// The transaction is the store's write transaction: under SQLite's one
+// writer, or SERIALIZABLE and retried whole on a conflict on PostgreSQL, so
+// that two servers ingesting for one agent (or a server and the monitor)
+// see the behaviour of a single writer.
 func (s *DB) ApplyRecords(ctx context.Context, recs []*store.Record, lim store.IngestLimits) error {
 	err := s.writeTx(ctx, func(tx Tx) error {
 		t := &ingestTx{ctx: ctx, db: s, tx: tx, stmts: map[string]*sql.Stmt{}}

@@ -19,7 +19,7 @@ func (s *DB) PutSecret(ctx context.Context, name string, sealed []byte, now time
 
 func (s *DB) ListSecrets(ctx context.Context, after string, limit int) ([]api.Secret, error) {
 	if limit <= 0 {
-		limit = -1 // SQLite: no limit
+		limit = -1 // no limit (Dialect.Limit)
 	}
 	return queryAll(ctx, s.r, "list secrets", func(row rowScanner) (api.Secret, error) {
 		var si api.Secret
