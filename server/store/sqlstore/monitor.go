@@ -95,22 +95,26 @@ func (s *DB) AddEvents(ctx context.Context, evs []*store.Event) error {
 }
 
 func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Event, error) {
-	q := listQuery{sql: `SELECT id, at, kind, pipe, agent_id, run_id, message, dedupe FROM events WHERE 1=1`}
+	q := listQuery{sql: `SELECT ` + eventColumns + ` FROM events WHERE 1=1`}
 	q.and(f.Kind != "", `kind=?`, f.Kind)
 	q.and(f.Pipe != "", `pipe=?`, f.Pipe)
 	q.and(f.Agent != "", `agent_id=?`, f.Agent)
 	q.and(!f.Since.IsZero(), `at>=?`, ns(f.Since))
 	q.and(f.BeforeID > 0, `id<?`, f.BeforeID)
 	q.append(` ORDER BY id DESC LIMIT ?`, s.d.Limit(f.Limit))
-	return queryAll(ctx, s.r, "list events", func(row rowScanner) (*store.Event, error) {
-		var e store.Event
-		var at int64
-		if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
-			return nil, err
-		}
-		e.At = fromNS(at)
-		return &e, nil
-	}, q.sql, q.args...)
+	return queryAll(ctx, s.r, "list events", scanEvent, q.sql, q.args...)
+}
+
+const eventColumns = `id, at, kind, pipe, agent_id, run_id, message, dedupe`
+
+func scanEvent(row rowScanner) (*store.Event, error) {
+	var e store.Event
+	var at int64
+	if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
+		return nil, err
+	}
+	e.At = fromNS(at)
+	return &e, nil
 }
 
 func (s *DB) MonitorState(ctx context.Context) (map[string]string, error) {

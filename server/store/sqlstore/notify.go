@@ -22,7 +22,7 @@ func (s *DB) PutChannel(ctx context.Context, c *store.NotifyChannel) error {
 	return nil
 }
 
-func scanChannel(row interface{ Scan(...any) error }) (*store.NotifyChannel, error) {
+func scanChannel(row rowScanner) (*store.NotifyChannel, error) {
 	var c store.NotifyChannel
 	var cr, up int64
 	if err := row.Scan(&c.Name, &c.Kind, &c.URL, &c.SealedSecret, &cr, &up); err != nil {
@@ -77,7 +77,7 @@ func (s *DB) PutRule(ctx context.Context, r *api.NotifyRule) error {
 	return nil
 }
 
-func scanRule(row interface{ Scan(...any) error }) (*api.NotifyRule, error) {
+func scanRule(row rowScanner) (*api.NotifyRule, error) {
 	var spec string
 	var cr, up int64
 	if err := row.Scan(&spec, &cr, &up); err != nil {
@@ -115,15 +115,7 @@ func (s *DB) DeleteRule(ctx context.Context, name string) error {
 }
 
 func (s *DB) EventsAfter(ctx context.Context, after int64, limit int) ([]*store.Event, error) {
-	return queryAll(ctx, s.r, "events after", func(row interface{ Scan(...any) error }) (*store.Event, error) {
-		var e store.Event
-		var at int64
-		if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
-			return nil, err
-		}
-		e.At = fromNS(at)
-		return &e, nil
-	}, `SELECT id, at, kind, pipe, agent_id, run_id, message, dedupe FROM events WHERE id>? ORDER BY id LIMIT ?`, after, s.d.Limit(limit))
+	return queryAll(ctx, s.r, "events after", scanEvent, `SELECT `+eventColumns+` FROM events WHERE id>? ORDER BY id LIMIT ?`, after, s.d.Limit(limit))
 }
 
 func (s *DB) NotifyProgress(ctx context.Context) (int64, map[string]string, error) {
