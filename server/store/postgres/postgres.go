@@ -1,8 +1,11 @@
 // Package postgres is the shared store: a PostgreSQL database holding
 // everything the server keeps (store.Store), for several servers in front
-// of one database (docs/postgres.md). It has one file per entity, like the
-// SQLite store, and its own embedded schema migrations numbered like
-// SQLite's so that both report the same schema version. Only the server's
+// of one database (docs/postgres.md). The entity code, shared with the
+// SQLite store, is package sqlstore's; this package opens the pool, applies
+// its own embedded schema migrations (numbered like SQLite's so that both
+// report the same schema version), runs transactions SERIALIZABLE with
+// retries, rewrites ? placeholders to $n and says how PostgreSQL spells what
+// the two databases spell differently (its sqlstore.Dialect). Only the server's
 // wiring and tools (the drover-server CLI) open it; everything else goes
 // through package store's interfaces.
 package postgres
@@ -11,7 +14,6 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -24,8 +26,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,10 +48,11 @@ type Pool struct {
 }
 
 // DB is the PostgreSQL store: one pgxpool pool, used through database/sql
-// so that the queries read like the SQLite store's. Transactions that the
+// so that it runs the same queries as the SQLite store (package sqlstore). Transactions that the
 // SQLite store runs under its single writer run here SERIALIZABLE and are
 // retried on a serialization failure.
 type DB struct {
+	*sqlstore.DB
 	pool *pgxpool.Pool
 	sql  *sql.DB
 	w, r *conn
@@ -98,6 +101,16 @@ func Open(ctx context.Context, dsn string, p Pool) (*DB, error) {
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	s := &DB{pool: pool, sql: db, w: &conn{db}, r: &conn{db}}
+	s.DB = sqlstore.New(sqlstore.Backend{
+		W: s.w, R: s.r,
+		WriteTx: func(ctx context.Context, fn func(sqlstore.Tx) error) error {
+			return withTx(ctx, s.w, func(tx *txn) error { return fn(tx) })
+		},
+		InitTx: func(ctx context.Context, lock int64, fn func(sqlstore.Tx) error) error {
+			return lockedTx(ctx, s.w, lock, func(tx *txn) error { return fn(tx) })
+		},
+		ReadTx: func(ctx context.Context) (sqlstore.ReadTx, error) { return s.readTx(ctx) },
+	}, dialect)
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open store: PostgreSQL at %s: %w", where, err) // migration errors do not hold the DSN
@@ -218,6 +231,27 @@ func (s *DB) migrate(ctx context.Context) error {
 	return nil
 }
 
+// notifyCursorKey is the notify_state key of the routing cursor. The SQLite
+// store uses "\x00cursor"; PostgreSQL text cannot hold NUL, and \x01 is no
+// more possible than NUL in a routing key.
+const notifyCursorKey = "\x01cursor"
+
+// dialect is PostgreSQL's SQL where it differs from SQLite's.
+var dialect = sqlstore.Dialect{
+	JSONValues: func(expr string) string { return "json_array_elements_text(" + expr + "::json)" },
+	ForUpdate:  " FOR UPDATE",
+	// SQLite reads a negative limit as no limit, PostgreSQL refuses it and
+	// reads NULL so.
+	Limit: func(n int) any {
+		if n < 0 {
+			return nil
+		}
+		return n
+	},
+	OffsetAll:       "OFFSET ?",
+	NotifyCursorKey: notifyCursorKey,
+}
+
 // conn is the pool seen through database/sql with the SQLite store's ?
 // placeholders rewritten to PostgreSQL's $n.
 type conn struct{ db *sql.DB }
@@ -259,6 +293,10 @@ func (t *txn) QueryRowContext(ctx context.Context, q string, args ...any) *sql.R
 
 func (t *txn) PrepareContext(ctx context.Context, q string) (*sql.Stmt, error) {
 	return t.tx.PrepareContext(ctx, rebind(q))
+}
+
+func (t *txn) StmtContext(ctx context.Context, st *sql.Stmt) *sql.Stmt {
+	return t.tx.StmtContext(ctx, st)
 }
 
 func (t *txn) Rollback() error { return t.tx.Rollback() }
@@ -312,14 +350,7 @@ func withTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 
 func tryTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelSerializable})
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return sqlstore.Run(tx, err, fn)
 }
 
 // lockedTx runs fn in one READ COMMITTED transaction that first takes the
@@ -328,18 +359,12 @@ func tryTx(ctx context.Context, c *conn, fn func(*txn) error) error {
 // wait and miss it).
 func lockedTx(ctx context.Context, c *conn, key int64, fn func(*txn) error) error {
 	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return err
-	}
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, key); err != nil {
-		tx.Rollback()
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return sqlstore.Run(tx, err, func(tx *txn) error {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(?)`, key); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
 }
 
 func retryable(err error) bool {
@@ -359,67 +384,5 @@ func ns(t time.Time) int64 {
 	return t.UnixNano()
 }
 
-func fromNS(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
-}
-
-func jsonText(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err) // only maps and slices of plain values are stored
-	}
-	return string(b)
-}
-
-// queryAll runs a query on db and scans every row with scan; the result is
-// empty, not nil, when no row matches.
-func queryAll[T any](ctx context.Context, db *conn, what string, scan func(row interface{ Scan(...any) error }) (T, error), query string, args ...any) ([]T, error) {
-	rows, err := db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	defer rows.Close()
-	out := []T{}
-	for rows.Next() {
-		v, err := scan(rows)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return out, nil
-}
-
-// rowErr is the error of a one-row query: ErrNotFound naming noun when
-// there is no row, else err wrapped in what.
-func rowErr(err error, noun, what string) error {
-	if errors.Is(err, sql.ErrNoRows) {
-		return errs.NotFound(noun)
-	}
-	return fmt.Errorf("%s: %w", what, err)
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
-}
-
 // compile-time check that DB is a complete Store.
 var _ store.Store = (*DB)(nil)
-
-// limitArg is the argument of LIMIT ?: SQLite reads a negative limit as no
-// limit, PostgreSQL refuses it and reads NULL so.
-func limitArg(n int) any {
-	if n < 0 {
-		return nil
-	}
-	return n
-}

@@ -1,6 +1,9 @@
 // Package sqlite is the embedded store: one SQLite file in WAL mode holding
-// everything the server keeps (store.Store), one file per entity, with its
-// schema migrations embedded. Only the server's wiring and tools (the
+// everything the server keeps (store.Store), with its schema migrations
+// embedded. The entity code, shared with the PostgreSQL store, is package
+// sqlstore's; this package opens the file, migrates it, runs its
+// transactions under the one writer and says how SQLite spells what the
+// two databases spell differently (its sqlstore.Dialect). Only the server's wiring and tools (the
 // drover-server CLI) open it; everything else goes through package store's
 // interfaces.
 package sqlite
@@ -9,7 +12,6 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -17,10 +19,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
+	"github.com/drover/drover/server/store/sqlstore"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
@@ -32,10 +33,19 @@ var migrations embed.FS
 // BEGIN IMMEDIATE from ever waiting on itself); reads use a pool of
 // read-only connections that WAL lets run beside the writer.
 type DB struct {
+	*sqlstore.DB
 	w *sql.DB
 	r *sql.DB
-	// ingestStmts are ApplyRecords' statements, prepared on w at open.
-	ingestStmts map[string]*sql.Stmt
+}
+
+// dialect is SQLite's SQL where it differs from PostgreSQL's.
+var dialect = sqlstore.Dialect{
+	JSONValues: func(expr string) string { return "json_each(" + expr + ")" },
+	ForUpdate:  "",                           // BEGIN IMMEDIATE: the transaction is the only writer
+	Limit:      func(n int) any { return n }, // a negative limit is none
+	OffsetAll:  "LIMIT -1 OFFSET ?",
+	// NUL is in no routing key.
+	NotifyCursorKey: "\x00cursor",
 }
 
 // Open opens (creating if needed) the database at path and applies the
@@ -76,7 +86,19 @@ func Open(ctx context.Context, path, synchronous string) (*DB, error) {
 	r.SetMaxIdleConns(4)
 	r.SetConnMaxIdleTime(0)
 	db := &DB{w: w, r: r}
-	if err := db.prepareIngest(ctx); err != nil {
+	db.DB = sqlstore.New(sqlstore.Backend{
+		W: w, R: r,
+		WriteTx: func(ctx context.Context, fn func(sqlstore.Tx) error) error {
+			return withTx(ctx, w, func(tx *sql.Tx) error { return fn(tx) })
+		},
+		InitTx: func(ctx context.Context, _ int64, fn func(sqlstore.Tx) error) error {
+			return withTx(ctx, w, func(tx *sql.Tx) error { return fn(tx) }) // the one writer
+		},
+		ReadTx: func(ctx context.Context) (sqlstore.ReadTx, error) {
+			return r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+		},
+	}, dialect)
+	if err := db.PrepareIngest(ctx, w); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -93,9 +115,7 @@ func (s *DB) Reader() *sql.DB { return s.r }
 
 // Close closes both pools.
 func (s *DB) Close() error {
-	for _, st := range s.ingestStmts {
-		st.Close()
-	}
+	s.CloseIngest()
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
@@ -137,158 +157,8 @@ func migrate(ctx context.Context, db *sql.DB) error {
 }
 
 func withTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
-}
-
-func ns(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func fromNS(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
-}
-
-func jsonText(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err) // only maps and slices of plain values are stored
-	}
-	return string(b)
-}
-
-// rowScanner is a row of a query: *sql.Row or *sql.Rows (an alias, so
-// that a scan function may spell the interface out).
-type rowScanner = interface{ Scan(...any) error }
-
-// querier is what runs a query: the pool (*sql.DB) or a transaction.
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-// queryAll runs a query on db and scans every row with scan; the result is
-// empty, not nil, when no row matches. Errors are wrapped in what.
-func queryAll[T any](ctx context.Context, db querier, what string, scan func(row rowScanner) (T, error), query string, args ...any) ([]T, error) {
-	rows, err := db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	defer rows.Close()
-	out := []T{}
-	for rows.Next() {
-		v, err := scan(rows)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return out, nil
-}
-
-// listQuery is a SELECT built from a list filter: and adds a condition
-// when its filter field is set, then the ORDER BY and LIMIT are appended.
-type listQuery struct {
-	sql  string
-	args []any
-}
-
-func (q *listQuery) and(set bool, cond string, args ...any) {
-	if set {
-		q.append(` AND `+cond, args...)
-	}
-}
-
-func (q *listQuery) append(sql string, args ...any) {
-	q.sql += sql
-	q.args = append(q.args, args...)
-}
-
-// queryMap runs a query of (key, value) rows on db and returns them as a
-// map. Errors are wrapped in what.
-func queryMap[V any](ctx context.Context, db querier, what string, query string, args ...any) (map[string]V, error) {
-	rows, err := db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	defer rows.Close()
-	out := map[string]V{}
-	for rows.Next() {
-		var k string
-		var v V
-		if err := rows.Scan(&k, &v); err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		out[k] = v
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return out, nil
-}
-
-// execOne runs a statement on db that must change one row: none is
-// ErrNotFound naming noun, any other error is wrapped in what.
-func execOne(ctx context.Context, db interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}, noun, what, query string, args ...any) error {
-	res, err := db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound(noun)
-	}
-	return nil
-}
-
-// queryOne runs a one-row query on db and scans the row with scan; no row
-// is ErrNotFound naming noun, any other error is wrapped in what.
-func queryOne[T any](ctx context.Context, db *sql.DB, noun, what string, scan func(row rowScanner) (T, error), query string, args ...any) (T, error) {
-	v, err := scan(db.QueryRowContext(ctx, query, args...))
-	if err != nil {
-		var zero T
-		return zero, rowErr(err, noun, what)
-	}
-	return v, nil
-}
-
-// scanOne scans a one-column row.
-func scanOne[T any](row rowScanner) (T, error) {
-	var v T
-	err := row.Scan(&v)
-	return v, err
-}
-
-// rowErr is the error of a one-row query: ErrNotFound naming noun when
-// there is no row, else err wrapped in what.
-func rowErr(err error, noun, what string) error {
-	if errors.Is(err, sql.ErrNoRows) {
-		return errs.NotFound(noun)
-	}
-	return fmt.Errorf("%s: %w", what, err)
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
+	tx, err := db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (_txlock)
+	return sqlstore.Run(tx, err, fn)
 }
 
 // compile-time check that DB is a complete Store.

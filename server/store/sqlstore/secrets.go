@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -19,7 +19,7 @@ func (s *DB) PutSecret(ctx context.Context, name string, sealed []byte, now time
 
 func (s *DB) ListSecrets(ctx context.Context, after string, limit int) ([]api.Secret, error) {
 	if limit <= 0 {
-		limit = -1 // SQLite: no limit
+		limit = -1 // no limit (Dialect.Limit)
 	}
 	return queryAll(ctx, s.r, "list secrets", func(row rowScanner) (api.Secret, error) {
 		var si api.Secret
@@ -27,7 +27,7 @@ func (s *DB) ListSecrets(ctx context.Context, after string, limit int) ([]api.Se
 		err := row.Scan(&si.Name, &c, &u)
 		si.CreatedAt, si.UpdatedAt = fromNS(c), fromNS(u)
 		return si, err
-	}, `SELECT name, created_at, updated_at FROM secrets WHERE name > ? ORDER BY name LIMIT ?`, after, limit)
+	}, `SELECT name, created_at, updated_at FROM secrets WHERE name > ? ORDER BY name LIMIT ?`, after, s.d.Limit(limit))
 }
 
 func (s *DB) DeleteSecret(ctx context.Context, name string) error {
@@ -38,5 +38,5 @@ func (s *DB) GetSecrets(ctx context.Context, names []string) (map[string][]byte,
 	if len(names) == 0 {
 		return map[string][]byte{}, nil
 	}
-	return queryMap[[]byte](ctx, s.r, "get secrets", `SELECT name, sealed FROM secrets WHERE name IN (SELECT value FROM json_each(?))`, jsonText(names))
+	return queryMap[[]byte](ctx, s.r, "get secrets", `SELECT name, sealed FROM secrets WHERE name IN (SELECT value FROM `+s.d.JSONValues("?")+`)`, jsonText(names))
 }

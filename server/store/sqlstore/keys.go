@@ -1,8 +1,7 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -13,7 +12,7 @@ import (
 func (s *DB) ServerKeys(ctx context.Context, ids ...string) (map[string]*store.ServerKey, error) {
 	q, args := `SELECT id, sealed, version, updated_at FROM server_keys`, []any{}
 	if len(ids) > 0 {
-		q += ` WHERE id IN (SELECT value FROM json_each(?))`
+		q += ` WHERE id IN (SELECT value FROM ` + s.d.JSONValues("?") + `)`
 		args = append(args, jsonText(ids))
 	}
 	rows, err := s.r.QueryContext(ctx, q, args...)
@@ -39,7 +38,9 @@ func (s *DB) ServerKeys(ctx context.Context, ids ...string) (map[string]*store.S
 
 func (s *DB) InitServerKeys(ctx context.Context, keys []*store.ServerKey) (bool, error) {
 	stored := false
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error { // BEGIN IMMEDIATE: one writer
+	// Under the one writer, or, with several servers starting together, a
+	// lock whose later holders find the first one's keys.
+	err := s.initTx(ctx, keysLock, func(tx Tx) error {
 		var any bool
 		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM server_keys)`).Scan(&any); err != nil {
 			return err
@@ -57,9 +58,9 @@ func (s *DB) InitServerKeys(ctx context.Context, keys []*store.ServerKey) (bool,
 }
 
 func (s *DB) UpdateServerKeys(ctx context.Context, ifID string, ifVersion uint64, put []*store.ServerKey, del []string) error {
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		var v uint64
-		err := tx.QueryRowContext(ctx, `SELECT version FROM server_keys WHERE id=?`, ifID).Scan(&v)
+		err := tx.QueryRowContext(ctx, `SELECT version FROM server_keys WHERE id=?`+s.d.ForUpdate, ifID).Scan(&v)
 		if err != nil {
 			return rowErr(err, "server key "+ifID, "read version")
 		}
@@ -67,7 +68,7 @@ func (s *DB) UpdateServerKeys(ctx context.Context, ifID string, ifVersion uint64
 			return errs.New(errs.ErrConflict, fmt.Sprintf("server key %s is at version %d, not %d", ifID, v, ifVersion))
 		}
 		if len(del) > 0 {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM server_keys WHERE id IN (SELECT value FROM json_each(?))`, jsonText(del)); err != nil {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM server_keys WHERE id IN (SELECT value FROM `+s.d.JSONValues("?")+`)`, jsonText(del)); err != nil {
 				return err
 			}
 		}
@@ -79,7 +80,7 @@ func (s *DB) UpdateServerKeys(ctx context.Context, ifID string, ifVersion uint64
 	return nil
 }
 
-func putKeys(ctx context.Context, tx *sql.Tx, keys []*store.ServerKey) error {
+func putKeys(ctx context.Context, tx Tx, keys []*store.ServerKey) error {
 	for _, k := range keys {
 		at := k.UpdatedAt
 		if at.IsZero() {

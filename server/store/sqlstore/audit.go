@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -8,12 +8,11 @@ import (
 )
 
 func (s *DB) AddAudit(ctx context.Context, e *store.AuditEntry) error {
-	res, err := s.w.ExecContext(ctx, `INSERT INTO audit_log(at, actor_id, actor_name, role, action, target, before_digest, after_digest, source)
-		VALUES(?,?,?,?,?,?,?,?,?)`, ns(e.At), e.ActorID, e.ActorName, e.Role, e.Action, e.Target, e.BeforeDigest, e.AfterDigest, e.Source)
+	err := s.w.QueryRowContext(ctx, `INSERT INTO audit_log(at, actor_id, actor_name, role, action, target, before_digest, after_digest, source)
+		VALUES(?,?,?,?,?,?,?,?,?) RETURNING id`, ns(e.At), e.ActorID, e.ActorName, e.Role, e.Action, e.Target, e.BeforeDigest, e.AfterDigest, e.Source).Scan(&e.ID)
 	if err != nil {
 		return fmt.Errorf("add audit entry: %w", err)
 	}
-	e.ID, _ = res.LastInsertId()
 	return nil
 }
 
@@ -25,7 +24,7 @@ func (s *DB) ListAudit(ctx context.Context, f store.AuditFilter) ([]*store.Audit
 	q.and(!f.Since.IsZero(), `at>=?`, ns(f.Since))
 	q.and(!f.Until.IsZero(), `at<?`, ns(f.Until))
 	q.and(f.BeforeID > 0, `id<?`, f.BeforeID)
-	q.append(` ORDER BY id DESC LIMIT ?`, f.Limit)
+	q.append(` ORDER BY id DESC LIMIT ?`, s.d.Limit(f.Limit))
 	return queryAll(ctx, s.r, "list audit", func(row rowScanner) (*store.AuditEntry, error) {
 		var e store.AuditEntry
 		var at int64

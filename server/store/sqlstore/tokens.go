@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -49,7 +49,7 @@ func scanToken(row rowScanner, extra ...any) (*store.EnrollmentToken, error) {
 }
 
 func (s *DB) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *store.Agent) error {
-	return withTx(ctx, s.w, func(tx *sql.Tx) error {
+	return s.writeTx(ctx, func(tx Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`,
 			ns(now), a.ID, tokenID, ns(now))
 		if err != nil {

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 )
 
 // ingestTx is one ApplyRecords transaction. Its statements are prepared
-// once on the writer connection (DB.prepareIngest) and bound to each
-// transaction, not parsed again for every batch.
+// once per transaction, or, where the store prepared them on its writer
+// (DB.PrepareIngest: SQLite's one writer connection), bound to each
+// transaction and not parsed again for every batch.
 type ingestTx struct {
 	ctx   context.Context
 	db    *DB
-	tx    *sql.Tx
+	tx    Tx
 	stmts map[string]*sql.Stmt
 }
 
@@ -53,22 +54,35 @@ func (t *ingestTx) query(query string, args ...any) (*sql.Rows, error) {
 	return st.QueryContext(t.ctx, args...)
 }
 
-// ingestQueries are prepared once on the writer pool when the store opens
-// (its one connection is free then; later a transaction holds it).
-var ingestQueries = []string{sqlHello, sqlStatus, sqlRunStarted, sqlRunFinished, sqlListed, sqlUnlisted, sqlSettle,
-	sqlRunPlaceholder, sqlChunk, sqlRunLog, sqlRunLogState, sqlSeen, sqlDropMissed, sqlDropMissedOrNoHolder}
+// Preparer prepares a statement outside any transaction: the SQLite
+// store's writer pool.
+type Preparer interface {
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
 
-// prepareIngest prepares ingestQueries on the writer pool.
-func (s *DB) prepareIngest(ctx context.Context) error {
-	s.ingestStmts = make(map[string]*sql.Stmt, len(ingestQueries))
-	for _, q := range ingestQueries {
-		st, err := s.w.PrepareContext(ctx, q)
+// PrepareIngest prepares ApplyRecords' statements once on w, the writer
+// pool, for every later transaction to bind: the SQLite store calls it when
+// it opens (its one writer connection is free then; later a transaction
+// holds it). CloseIngest closes them.
+func (s *DB) PrepareIngest(ctx context.Context, w Preparer) error {
+	queries := []string{sqlHello, sqlStatus, sqlRunStarted, sqlRunFinished, s.sqlListed, s.sqlUnlisted, sqlSettle,
+		sqlRunPlaceholder, sqlChunk, sqlRunLog, sqlRunLogState, sqlSeen, sqlDropMissed, sqlDropMissedOrNoHolder}
+	s.ingestStmts = make(map[string]*sql.Stmt, len(queries))
+	for _, q := range queries {
+		st, err := w.PrepareContext(ctx, q)
 		if err != nil {
 			return fmt.Errorf("prepare ingest statements: %w", err)
 		}
 		s.ingestStmts[q] = st
 	}
 	return nil
+}
+
+// CloseIngest closes the statements of PrepareIngest.
+func (s *DB) CloseIngest() {
+	for _, st := range s.ingestStmts {
+		st.Close()
+	}
 }
 
 const (
@@ -112,12 +126,8 @@ const (
 	// lists, adds one to those it does not list that started before it
 	// (started_at on the agent's clock, else created_at on the server's),
 	// and settles those with lostStrikes strikes.
-	sqlListed = `UPDATE runs SET unlisted=0
-		WHERE agent_id=? AND status IN ('pending','running') AND unlisted<>0 AND id IN (SELECT value FROM json_each(?))`
-	sqlUnlisted = `UPDATE runs SET unlisted=unlisted+1
-		WHERE agent_id=? AND status IN ('pending','running')
-			AND ((started_at<>0 AND started_at<?) OR (started_at=0 AND created_at<?))
-			AND id NOT IN (SELECT value FROM json_each(?))`
+	// (sqlListed and sqlUnlisted, built with the dialect's JSON list:
+	// listedQueries.)
 	sqlSettle = `UPDATE runs SET status='failed', reason='lost', written_by='server', finished_at=?, updated_at=?, unlisted=0,
 			error='the agent no longer runs it and every record it had was committed: its end was never reported'
 		WHERE agent_id=? AND status IN ('pending','running') AND unlisted>=?
@@ -132,6 +142,18 @@ const (
 	sqlRunLogState          = `SELECT agent_id, log_bytes, log_truncated FROM runs WHERE id=?`
 	sqlSeen                 = `UPDATE agents SET last_seen_at=? WHERE id=? AND last_seen_at<?`
 )
+
+// listedQueries are the statements of a drained heartbeat (see sqlSettle)
+// that read its list of run ids, in dialect d.
+func listedQueries(d Dialect) (listed, unlisted string) {
+	listed = `UPDATE runs SET unlisted=0
+		WHERE agent_id=? AND status IN ('pending','running') AND unlisted<>0 AND id IN (SELECT value FROM ` + d.JSONValues("?") + `)`
+	unlisted = `UPDATE runs SET unlisted=unlisted+1
+		WHERE agent_id=? AND status IN ('pending','running')
+			AND ((started_at<>0 AND started_at<?) OR (started_at=0 AND created_at<?))
+			AND id NOT IN (SELECT value FROM ` + d.JSONValues("?") + `)`
+	return listed, unlisted
+}
 
 // runLog tracks one run's log accounting within a batch.
 type runLog struct {
@@ -148,22 +170,23 @@ type runLog struct {
 // ignored. Log chunks are counted against the per-run cap only when they are
 // new; the first chunk over the cap is replaced by a truncation marker and
 // later ones are dropped.
+//
+// The transaction is the store's write transaction: under SQLite's one
+// writer, or SERIALIZABLE and retried whole on a conflict on PostgreSQL, so
+// that two servers ingesting for one agent (or a server and the monitor)
+// see the behaviour of a single writer.
 func (s *DB) ApplyRecords(ctx context.Context, recs []*store.Record, lim store.IngestLimits) error {
-	tx, err := s.w.BeginTx(ctx, nil)
+	err := s.writeTx(ctx, func(tx Tx) error {
+		t := &ingestTx{ctx: ctx, db: s, tx: tx, stmts: map[string]*sql.Stmt{}}
+		defer func() {
+			for _, st := range t.stmts {
+				st.Close()
+			}
+		}()
+		return t.apply(recs, lim)
+	})
 	if err != nil {
 		return fmt.Errorf("apply records: %w", err)
-	}
-	t := &ingestTx{ctx: ctx, db: s, tx: tx, stmts: map[string]*sql.Stmt{}}
-	err = t.apply(recs, lim)
-	for _, st := range t.stmts {
-		st.Close()
-	}
-	if err != nil {
-		tx.Rollback()
-		return fmt.Errorf("apply records: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("apply records: commit: %w", err)
 	}
 	return nil
 }
@@ -258,15 +281,13 @@ func (t *ingestTx) chunk(r *store.Record, runs map[string]*runLog, lim store.Ing
 			return err
 		}
 		rl = &runLog{}
-		var truncated int
 		st, err := t.stmt(sqlRunLogState)
 		if err != nil {
 			return err
 		}
-		if err := st.QueryRowContext(t.ctx, c.RunID).Scan(&rl.agentID, &rl.bytes, &truncated); err != nil {
+		if err := st.QueryRowContext(t.ctx, c.RunID).Scan(&rl.agentID, &rl.bytes, &rl.truncated); err != nil {
 			return err
 		}
-		rl.truncated = truncated != 0
 		runs[c.RunID] = rl
 	}
 	if rl.agentID != r.AgentID || rl.truncated {
@@ -311,10 +332,10 @@ func (t *ingestTx) settle(r *store.Record) error {
 		running = append(running, id)
 	}
 	listed := jsonText(running)
-	if _, err := t.exec(sqlListed, r.AgentID, listed); err != nil {
+	if _, err := t.exec(t.db.sqlListed, r.AgentID, listed); err != nil {
 		return err
 	}
-	if _, err := t.exec(sqlUnlisted, r.AgentID, ns(sent), ns(r.Received), listed); err != nil {
+	if _, err := t.exec(t.db.sqlUnlisted, r.AgentID, ns(sent), ns(r.Received), listed); err != nil {
 		return err
 	}
 	rows, err := t.query(sqlSettle, ns(r.Received), ns(r.Received), r.AgentID, lostStrikes)

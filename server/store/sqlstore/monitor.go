@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -9,85 +9,43 @@ import (
 )
 
 func (s *DB) MonitorInputs(ctx context.Context, withStatus bool) ([]*store.PipeVersion, []*store.MonitorAgent, error) {
-	tx, err := s.readTx(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-	}
-	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, pipeQuery+` ORDER BY p.name`)
-	if err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-	}
-	var pipes []*store.PipeVersion
-	for rows.Next() {
-		p, err := scanPipe(rows)
-		if err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-		}
-		pipes = append(pipes, &p.PipeVersion)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-	}
 	status := `pipe_status`
 	if !withStatus {
 		status = `''`
 	}
-	rows, err = tx.QueryContext(ctx, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, `+status+` FROM agents WHERE revoked_at=0 ORDER BY id`)
-	if err != nil {
-		return nil, nil, fmt.Errorf("monitor inputs: %w", err)
-	}
-	defer rows.Close()
-	var agents []*store.MonitorAgent
-	for rows.Next() {
+	return pipesAndAgents(ctx, s, "monitor inputs", func(row rowScanner) (*store.MonitorAgent, error) {
 		var a store.MonitorAgent
 		var created, seen, statusAt int64
-		if err := rows.Scan(&a.ID, &a.TagsJSON, &created, &seen, &statusAt, &a.StatusSeq, &a.PipesJSON); err != nil {
-			return nil, nil, fmt.Errorf("monitor inputs: %w", err)
+		if err := row.Scan(&a.ID, &a.TagsJSON, &created, &seen, &statusAt, &a.StatusSeq, &a.PipesJSON); err != nil {
+			return nil, err
 		}
 		a.CreatedAt, a.LastSeenAt, a.StatusAt = fromNS(created), fromNS(seen), fromNS(statusAt)
-		agents = append(agents, &a)
-	}
-	return pipes, agents, rows.Err()
+		return &a, nil
+	}, `SELECT id, tags, created_at, last_seen_at, status_at, status_seq, `+status+` FROM agents WHERE revoked_at=0 ORDER BY id`)
 }
 
 func (s *DB) ScheduledRuns(ctx context.Context, pipe string, since, until time.Time) ([]store.ScheduledRun, error) {
-	q := `SELECT agent_id, pipe, scheduled_at, status FROM runs WHERE scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0`
-	args := []any{ns(since), ns(until)}
-	if pipe != "" {
-		q += ` AND pipe=?`
-		args = append(args, pipe)
-	}
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("scheduled runs: %w", err)
-	}
-	defer rows.Close()
-	var out []store.ScheduledRun
-	for rows.Next() {
+	q := listQuery{sql: `SELECT agent_id, pipe, scheduled_at, status FROM runs WHERE scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0`, args: []any{ns(since), ns(until)}}
+	q.and(pipe != "", `pipe=?`, pipe)
+	return queryAll(ctx, s.r, "scheduled runs", func(row rowScanner) (store.ScheduledRun, error) {
 		var r store.ScheduledRun
 		var at int64
-		if err := rows.Scan(&r.Agent, &r.Pipe, &at, &r.Status); err != nil {
-			return nil, fmt.Errorf("scheduled runs: %w", err)
-		}
+		err := row.Scan(&r.Agent, &r.Pipe, &at, &r.Status)
 		r.ScheduledAt = fromNS(at).Unix()
-		out = append(out, r)
-	}
-	return out, rows.Err()
+		return r, err
+	}, q.sql, q.args...)
 }
 
 // sqlMissed stores a missed run unless any run of its agent and pipe
 // serves the same fire time (to the second): a real record that arrived
 // after the detection pass read the runs wins.
 const sqlMissed = `INSERT INTO runs(id, agent_id, pipe, pipe_version, trigger, status, reason, error, scheduled_at, written_by, created_at, updated_at)
-	SELECT ?::text, ?::text, ?::text, ?::bigint, 'schedule', 'missed', ?::text, ?::text, ?::bigint, 'server', ?::bigint, ?::bigint
+	SELECT CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), 'schedule', 'missed', CAST(? AS TEXT), CAST(? AS TEXT), CAST(? AS BIGINT), 'server', CAST(? AS BIGINT), CAST(? AS BIGINT)
 	WHERE NOT EXISTS (SELECT 1 FROM runs WHERE agent_id=? AND pipe=? AND scheduled_at>=? AND scheduled_at<? AND scheduled_at<>0)`
 
 func (s *DB) InsertMissed(ctx context.Context, runs []*store.Run) ([]*store.Run, error) {
 	var stored []*store.Run
-	err := withTx(ctx, s.w, func(tx *txn) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		st, err := tx.PrepareContext(ctx, sqlMissed)
 		if err != nil {
 			return err
@@ -117,7 +75,7 @@ func (s *DB) AddEvents(ctx context.Context, evs []*store.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	err := withTx(ctx, s.w, func(tx *txn) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		st, err := tx.PrepareContext(ctx, `INSERT INTO events(at, kind, pipe, agent_id, run_id, message, dedupe) VALUES(?,?,?,?,?,?,?) ON CONFLICT(dedupe) DO NOTHING`)
 		if err != nil {
 			return err
@@ -137,62 +95,37 @@ func (s *DB) AddEvents(ctx context.Context, evs []*store.Event) error {
 }
 
 func (s *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]*store.Event, error) {
-	q := `SELECT id, at, kind, pipe, agent_id, run_id, message, dedupe FROM events WHERE 1=1`
-	var args []any
-	add := func(cond string, v any) {
-		q += ` AND ` + cond
-		args = append(args, v)
+	q := listQuery{sql: `SELECT ` + eventColumns + ` FROM events WHERE 1=1`}
+	q.and(f.Kind != "", `kind=?`, f.Kind)
+	q.and(f.Pipe != "", `pipe=?`, f.Pipe)
+	q.and(f.Agent != "", `agent_id=?`, f.Agent)
+	q.and(!f.Since.IsZero(), `at>=?`, ns(f.Since))
+	q.and(f.BeforeID > 0, `id<?`, f.BeforeID)
+	q.append(` ORDER BY id DESC LIMIT ?`, s.d.Limit(f.Limit))
+	return queryAll(ctx, s.r, "list events", scanEvent, q.sql, q.args...)
+}
+
+const eventColumns = `id, at, kind, pipe, agent_id, run_id, message, dedupe`
+
+func scanEvent(row rowScanner) (*store.Event, error) {
+	var e store.Event
+	var at int64
+	if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
+		return nil, err
 	}
-	if f.Kind != "" {
-		add(`kind=?`, f.Kind)
-	}
-	if f.Pipe != "" {
-		add(`pipe=?`, f.Pipe)
-	}
-	if f.Agent != "" {
-		add(`agent_id=?`, f.Agent)
-	}
-	if !f.Since.IsZero() {
-		add(`at>=?`, ns(f.Since))
-	}
-	if f.BeforeID > 0 {
-		add(`id<?`, f.BeforeID)
-	}
-	q += ` ORDER BY id DESC LIMIT ?`
-	args = append(args, limitArg(f.Limit))
-	return queryAll(ctx, s.r, "list events", func(row interface{ Scan(...any) error }) (*store.Event, error) {
-		var e store.Event
-		var at int64
-		if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
-			return nil, err
-		}
-		e.At = fromNS(at)
-		return &e, nil
-	}, q, args...)
+	e.At = fromNS(at)
+	return &e, nil
 }
 
 func (s *DB) MonitorState(ctx context.Context) (map[string]string, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT key, value FROM monitor_state`)
-	if err != nil {
-		return nil, fmt.Errorf("monitor state: %w", err)
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var k, v string
-		if err := rows.Scan(&k, &v); err != nil {
-			return nil, fmt.Errorf("monitor state: %w", err)
-		}
-		out[k] = v
-	}
-	return out, rows.Err()
+	return queryMap[string](ctx, s.r, "monitor state", `SELECT key, value FROM monitor_state`)
 }
 
 func (s *DB) SetMonitorState(ctx context.Context, kv map[string]string, now time.Time) error {
 	if len(kv) == 0 {
 		return nil
 	}
-	err := withTx(ctx, s.w, func(tx *txn) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		for k, v := range kv {
 			if v == "" {
 				if _, err := tx.ExecContext(ctx, `DELETE FROM monitor_state WHERE key=?`, k); err != nil {

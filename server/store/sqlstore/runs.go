@@ -1,8 +1,7 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -16,16 +15,14 @@ const runColumns = `id, agent_id, pipe, pipe_version, trigger, status, exit_code
 func scanRun(row rowScanner) (*store.Run, error) {
 	var r store.Run
 	var sched, started, finished, created, updated int64
-	var truncated int
 	var metrics, notes string
 	if err := row.Scan(&r.ID, &r.AgentID, &r.Pipe, &r.PipeVersion, &r.Trigger, &r.Status, &r.ExitCode, &r.Signal, &r.Error, &r.RequestID,
-		&sched, &started, &finished, &r.DurationMS, &r.LogChunks, &r.LogBytes, &truncated, &created, &updated, &r.Reason, &r.Attempts, &r.WrittenBy,
+		&sched, &started, &finished, &r.DurationMS, &r.LogChunks, &r.LogBytes, &r.LogTruncated, &created, &updated, &r.Reason, &r.Attempts, &r.WrittenBy,
 		&r.Output, &metrics, &notes); err != nil {
 		return nil, err
 	}
 	r.Metrics, r.TelemetryNotes = store.DecodeTelemetry(metrics, notes)
 	r.ScheduledAt, r.StartedAt, r.FinishedAt, r.CreatedAt, r.UpdatedAt = fromNS(sched), fromNS(started), fromNS(finished), fromNS(created), fromNS(updated)
-	r.LogTruncated = truncated != 0
 	return &r, nil
 }
 
@@ -50,7 +47,7 @@ func (s *DB) GetLogs(ctx context.Context, runID string) ([]*store.LogChunk, erro
 
 func (s *DB) PruneRuns(ctx context.Context, before time.Time, perPipe int) (int, error) {
 	var total int
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM log_chunks WHERE run_id IN (SELECT id FROM runs WHERE updated_at<?)`, ns(before)); err != nil {
 			return err
 		}
@@ -75,7 +72,7 @@ func (s *DB) PruneRuns(ctx context.Context, before time.Time, perPipe int) (int,
 		}
 		rows.Close()
 		for _, p := range pipes {
-			old := `SELECT id FROM runs WHERE pipe=? ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?`
+			old := `SELECT id FROM runs WHERE pipe=? ORDER BY created_at DESC, id DESC ` + s.d.OffsetAll
 			if _, err := tx.ExecContext(ctx, `DELETE FROM log_chunks WHERE run_id IN (`+old+`)`, p, perPipe); err != nil {
 				return err
 			}
@@ -107,12 +104,12 @@ func (s *DB) ListRuns(ctx context.Context, f store.RunFilter) ([]*store.Run, err
 	q.and(!f.Since.IsZero(), `created_at>=?`, ns(f.Since))
 	q.and(!f.Until.IsZero(), `created_at<?`, ns(f.Until))
 	q.and(!f.BeforeAt.IsZero(), `(created_at<? OR (created_at=? AND id<?))`, ns(f.BeforeAt), ns(f.BeforeAt), f.BeforeID)
-	q.append(` ORDER BY created_at DESC, id DESC LIMIT ?`, f.Limit)
+	q.append(` ORDER BY created_at DESC, id DESC LIMIT ?`, s.d.Limit(f.Limit))
 	return queryAll(ctx, s.r, "list runs", scanRun, q.sql, q.args...)
 }
 
 func (s *DB) GetLogsAfter(ctx context.Context, runID string, after int64, limit int) ([]*store.LogChunk, error) {
-	return queryAll(ctx, s.r, "get logs", scanLogChunk, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? AND seq>? ORDER BY seq LIMIT ?`, runID, after, limit)
+	return queryAll(ctx, s.r, "get logs", scanLogChunk, `SELECT run_id, seq, stream, data, at FROM log_chunks WHERE run_id=? AND seq>? ORDER BY seq LIMIT ?`, runID, after, s.d.Limit(limit))
 }
 
 func (s *DB) CountLogChunks(ctx context.Context, runID string) (uint64, error) {

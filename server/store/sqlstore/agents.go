@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
 )
 
@@ -14,7 +13,7 @@ const agentColumns = `id, name, hostname, os, arch, agent_version, tags, created
 	backend, scope, systemd_version, accepted_serial, accepted_digest, applied_serial, manifest_state, manifest_error, pipe_status, status_at,
 	manifest_expired, manifest_expires_at, machine_id, reported_hostname, identity_conflicts, identity_conflict_at, identity_conflict_machine`
 
-func scanAgent(row interface{ Scan(...any) error }) (*store.Agent, error) {
+func scanAgent(row rowScanner) (*store.Agent, error) {
 	var a store.Agent
 	var tags, pipes string
 	var created, certExp, revoked, seen, statusAt, expiresAt, conflictAt int64
@@ -36,11 +35,7 @@ func scanAgent(row interface{ Scan(...any) error }) (*store.Agent, error) {
 }
 
 func (s *DB) GetAgent(ctx context.Context, id string) (*store.Agent, error) {
-	a, err := scanAgent(s.r.QueryRowContext(ctx, `SELECT `+agentColumns+` FROM agents WHERE id=?`, id))
-	if err != nil {
-		return nil, rowErr(err, "agent", "get agent")
-	}
-	return a, nil
+	return queryOne(ctx, s.r, "agent", "get agent", scanAgent, `SELECT `+agentColumns+` FROM agents WHERE id=?`, id)
 }
 
 func (s *DB) ListAgents(ctx context.Context) ([]*store.Agent, error) {
@@ -59,14 +54,7 @@ func (s *DB) AgentCert(ctx context.Context, id string) (*store.AgentCert, error)
 }
 
 func (s *DB) SetNextCert(ctx context.Context, id, serial string, expires time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE agents SET next_cert_serial=?, next_cert_expires_at=? WHERE id=? AND revoked_at=0`, serial, ns(expires), id)
-	if err != nil {
-		return fmt.Errorf("set next cert: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("agent")
-	}
-	return nil
+	return execOne(ctx, s.w, "agent", "set next cert", `UPDATE agents SET next_cert_serial=?, next_cert_expires_at=? WHERE id=? AND revoked_at=0`, serial, ns(expires), id)
 }
 
 func (s *DB) PromoteCert(ctx context.Context, id, serial string) error {
@@ -79,26 +67,11 @@ func (s *DB) PromoteCert(ctx context.Context, id, serial string) error {
 }
 
 func (s *DB) SetAgentTags(ctx context.Context, id string, tags map[string]string, now time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE agents SET tags=?, updated_at=? WHERE id=?`, jsonText(tags), ns(now), id)
-	if err != nil {
-		return fmt.Errorf("set tags: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("agent")
-	}
-	return nil
+	return execOne(ctx, s.w, "agent", "set tags", `UPDATE agents SET tags=?, updated_at=? WHERE id=?`, jsonText(tags), ns(now), id)
 }
 
 func (s *DB) RevokeAgent(ctx context.Context, id string, now time.Time) error {
-	res, err := s.w.ExecContext(ctx, `UPDATE agents SET revoked_at=CASE WHEN revoked_at=0 THEN ? ELSE revoked_at END, next_cert_serial='', updated_at=? WHERE id=?`,
-		ns(now), ns(now), id)
-	if err != nil {
-		return fmt.Errorf("revoke agent: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return errs.NotFound("agent")
-	}
-	return nil
+	return execOne(ctx, s.w, "agent", "revoke agent", `UPDATE agents SET revoked_at=CASE WHEN revoked_at=0 THEN ? ELSE revoked_at END, next_cert_serial='', updated_at=? WHERE id=?`, ns(now), ns(now), id)
 }
 
 func (s *DB) BindMachine(ctx context.Context, id, machineID string, now time.Time) (string, error) {
@@ -123,13 +96,9 @@ func (s *DB) NoteIdentityConflict(ctx context.Context, id, machineID string, now
 }
 
 func (s *DB) DeleteAgent(ctx context.Context, id string) error {
-	return withTx(ctx, s.w, func(tx *txn) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM agents WHERE id=?`, id)
-		if err != nil {
-			return fmt.Errorf("delete agent: %w", err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return errs.NotFound("agent")
+	return s.writeTx(ctx, func(tx Tx) error {
+		if err := execOne(ctx, tx, "agent", "delete agent", `DELETE FROM agents WHERE id=?`, id); err != nil {
+			return err
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM manifests WHERE agent_id=?`, id); err != nil {
 			return fmt.Errorf("delete agent: %w", err)

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -15,7 +15,7 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 		FROM agents a LEFT JOIN manifests m ON m.agent_id=a.id WHERE a.revoked_at=0`
 	var args []any
 	if ids != nil {
-		q += ` AND a.id IN (SELECT value FROM json_each(?))`
+		q += ` AND a.id IN (SELECT value FROM ` + s.d.JSONValues("?") + `)`
 		args = append(args, jsonText(ids))
 	}
 	return pipesAndAgents(ctx, s, "compile inputs", func(row rowScanner) (*store.CompileAgent, error) {
@@ -41,7 +41,7 @@ func (s *DB) CompileInputs(ctx context.Context, ids []string) ([]*store.PipeVers
 
 func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) ([]string, error) {
 	var stale []string
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		stale = stale[:0]
 		meta, err := tx.PrepareContext(ctx, `INSERT INTO manifests(agent_id, serial, content_hash, digest, issued_at, expires_at, key_list_version, payloads, secrets)
 			VALUES(?,?,?,?,?,?,?,?,?)
@@ -53,7 +53,8 @@ func (s *DB) SaveManifests(ctx context.Context, ms []*store.StoredManifest) ([]s
 			return err
 		}
 		defer meta.Close()
-		env, err := tx.PrepareContext(ctx, `INSERT OR REPLACE INTO manifest_envelopes(agent_id, envelope) VALUES(?,?)`)
+		env, err := tx.PrepareContext(ctx, `INSERT INTO manifest_envelopes(agent_id, envelope) VALUES(?,?)
+			ON CONFLICT(agent_id) DO UPDATE SET envelope=excluded.envelope`)
 		if err != nil {
 			return err
 		}
@@ -106,5 +107,5 @@ func (s *DB) ManifestsDue(ctx context.Context, issuedBefore time.Time) ([]string
 
 func (s *DB) AgentsUsingSecret(ctx context.Context, name string) ([]string, error) {
 	return queryAll(ctx, s.r, "agents using secret", scanOne[string], `SELECT m.agent_id FROM manifests m JOIN agents a ON a.id=m.agent_id
-		WHERE a.revoked_at=0 AND EXISTS (SELECT 1 FROM json_each(m.secrets) WHERE value=?)`, name)
+		WHERE a.revoked_at=0 AND EXISTS (SELECT 1 FROM `+s.d.JSONValues("m.secrets")+` WHERE value=?)`, name)
 }

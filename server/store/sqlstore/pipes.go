@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 )
 
 func (s *DB) PutPipe(ctx context.Context, p *store.PipeVersion, payload []byte, now time.Time) (version uint64, created bool, err error) {
-	err = withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err = s.writeTx(ctx, func(tx Tx) error {
 		var cur uint64
 		var deleted int64
 		err := tx.QueryRowContext(ctx, `SELECT current_version, deleted_at FROM pipes WHERE name=?`, p.Name).Scan(&cur, &deleted)
@@ -76,7 +76,7 @@ const pipeQuery = `SELECT v.name, v.version, v.spec, v.payload_digest, v.payload
 // monitor see agents and pipes of the same moment. Errors are wrapped in
 // what.
 func pipesAndAgents[A any](ctx context.Context, s *DB, what string, scan func(row rowScanner) (A, error), query string, args ...any) ([]*store.PipeVersion, []A, error) {
-	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	tx, err := s.readTx(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
@@ -94,7 +94,7 @@ func pipesAndAgents[A any](ctx context.Context, s *DB, what string, scan func(ro
 
 // currentPipes reads the current version of every pipe, by name, in db's
 // snapshot.
-func currentPipes(ctx context.Context, db querier, what string) ([]*store.PipeVersion, error) {
+func currentPipes(ctx context.Context, db Querier, what string) ([]*store.PipeVersion, error) {
 	return queryAll(ctx, db, what, func(row rowScanner) (*store.PipeVersion, error) {
 		p, err := scanPipe(row)
 		if err != nil {

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func (s *DB) SaveHolders(ctx context.Context, hs []*store.Holder, remove []strin
 	if len(hs) == 0 && len(remove) == 0 {
 		return nil
 	}
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		for _, p := range remove {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM pipe_holders WHERE pipe=?`, p); err != nil {
 				return err

@@ -1,4 +1,4 @@
-package sqlite
+package sqlstore
 
 import (
 	"context"
@@ -12,9 +12,6 @@ import (
 	"github.com/drover/drover/server/store"
 )
 
-// notifyCursorKey is the notify_state key of the routing cursor.
-const notifyCursorKey = "\x00cursor"
-
 func (s *DB) PutChannel(ctx context.Context, c *store.NotifyChannel) error {
 	_, err := s.w.ExecContext(ctx, `INSERT INTO notify_channels(name, kind, url, sealed_secret, created_at, updated_at) VALUES(?,?,?,?,?,?)
 		ON CONFLICT(name) DO UPDATE SET kind=excluded.kind, url=excluded.url, sealed_secret=excluded.sealed_secret, updated_at=excluded.updated_at`,
@@ -25,7 +22,7 @@ func (s *DB) PutChannel(ctx context.Context, c *store.NotifyChannel) error {
 	return nil
 }
 
-func scanChannel(row interface{ Scan(...any) error }) (*store.NotifyChannel, error) {
+func scanChannel(row rowScanner) (*store.NotifyChannel, error) {
 	var c store.NotifyChannel
 	var cr, up int64
 	if err := row.Scan(&c.Name, &c.Kind, &c.URL, &c.SealedSecret, &cr, &up); err != nil {
@@ -50,7 +47,7 @@ func (s *DB) ListChannels(ctx context.Context) ([]*store.NotifyChannel, error) {
 }
 
 func (s *DB) DeleteChannel(ctx context.Context, name string) error {
-	return withTx(ctx, s.w, func(tx *sql.Tx) error {
+	return s.writeTx(ctx, func(tx Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM notify_channels WHERE name=?`, name)
 		if err != nil {
 			return fmt.Errorf("delete channel: %w", err)
@@ -80,7 +77,7 @@ func (s *DB) PutRule(ctx context.Context, r *api.NotifyRule) error {
 	return nil
 }
 
-func scanRule(row interface{ Scan(...any) error }) (*api.NotifyRule, error) {
+func scanRule(row rowScanner) (*api.NotifyRule, error) {
 	var spec string
 	var cr, up int64
 	if err := row.Scan(&spec, &cr, &up); err != nil {
@@ -118,15 +115,7 @@ func (s *DB) DeleteRule(ctx context.Context, name string) error {
 }
 
 func (s *DB) EventsAfter(ctx context.Context, after int64, limit int) ([]*store.Event, error) {
-	return queryAll(ctx, s.r, "events after", func(row interface{ Scan(...any) error }) (*store.Event, error) {
-		var e store.Event
-		var at int64
-		if err := row.Scan(&e.ID, &at, &e.Kind, &e.Pipe, &e.AgentID, &e.RunID, &e.Message, &e.Dedupe); err != nil {
-			return nil, err
-		}
-		e.At = fromNS(at)
-		return &e, nil
-	}, `SELECT id, at, kind, pipe, agent_id, run_id, message, dedupe FROM events WHERE id>? ORDER BY id LIMIT ?`, after, limit)
+	return queryAll(ctx, s.r, "events after", scanEvent, `SELECT `+eventColumns+` FROM events WHERE id>? ORDER BY id LIMIT ?`, after, s.d.Limit(limit))
 }
 
 func (s *DB) NotifyProgress(ctx context.Context) (int64, map[string]string, error) {
@@ -142,7 +131,7 @@ func (s *DB) NotifyProgress(ctx context.Context) (int64, map[string]string, erro
 		if err := rows.Scan(&k, &v); err != nil {
 			return 0, nil, fmt.Errorf("notify progress: %w", err)
 		}
-		if k == notifyCursorKey {
+		if k == s.d.NotifyCursorKey {
 			fmt.Sscan(v, &cursor)
 			continue
 		}
@@ -151,25 +140,24 @@ func (s *DB) NotifyProgress(ctx context.Context) (int64, map[string]string, erro
 	return cursor, state, rows.Err()
 }
 
-func insertDeliveries(ctx context.Context, tx *sql.Tx, ds []*store.Delivery) error {
+func insertDeliveries(ctx context.Context, tx Tx, ds []*store.Delivery) error {
 	for _, d := range ds {
-		res, err := tx.ExecContext(ctx, `INSERT INTO notify_deliveries(channel, event_id, body, created_at, next_at) VALUES(?,?,?,?,?)`,
-			d.Channel, d.EventID, d.Body, ns(d.CreatedAt), ns(d.NextAt))
+		err := tx.QueryRowContext(ctx, `INSERT INTO notify_deliveries(channel, event_id, body, created_at, next_at) VALUES(?,?,?,?,?) RETURNING id`,
+			d.Channel, d.EventID, d.Body, ns(d.CreatedAt), ns(d.NextAt)).Scan(&d.ID)
 		if err != nil {
 			return fmt.Errorf("queue delivery: %w", err)
 		}
-		d.ID, _ = res.LastInsertId()
 	}
 	return nil
 }
 
 func (s *DB) RouteEvents(ctx context.Context, cursor int64, state map[string]string, ds []*store.Delivery) error {
-	return withTx(ctx, s.w, func(tx *sql.Tx) error {
+	return s.writeTx(ctx, func(tx Tx) error {
 		if err := insertDeliveries(ctx, tx, ds); err != nil {
 			return err
 		}
-		state[notifyCursorKey] = fmt.Sprint(cursor)
-		defer delete(state, notifyCursorKey)
+		state[s.d.NotifyCursorKey] = fmt.Sprint(cursor)
+		defer delete(state, s.d.NotifyCursorKey)
 		for k, v := range state {
 			var err error
 			if v == "" {
@@ -186,16 +174,16 @@ func (s *DB) RouteEvents(ctx context.Context, cursor int64, state map[string]str
 }
 
 func (s *DB) EnqueueDeliveries(ctx context.Context, ds []*store.Delivery) error {
-	return withTx(ctx, s.w, func(tx *sql.Tx) error { return insertDeliveries(ctx, tx, ds) })
+	return s.writeTx(ctx, func(tx Tx) error { return insertDeliveries(ctx, tx, ds) })
 }
 
 func (s *DB) ClaimDeliveries(ctx context.Context, now time.Time, lease time.Duration, limit int) ([]*store.Delivery, error) {
 	var out []*store.Delivery
-	err := withTx(ctx, s.w, func(tx *sql.Tx) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT id, channel, event_id, body, created_at, next_at, attempts, last_error FROM notify_deliveries d
 			WHERE state='pending' AND next_at<=?
 			AND NOT EXISTS (SELECT 1 FROM notify_deliveries o WHERE o.channel=d.channel AND o.state='pending' AND o.id<d.id)
-			ORDER BY id LIMIT ?`, ns(now), limit)
+			ORDER BY id LIMIT ?`, ns(now), s.d.Limit(limit))
 		if err != nil {
 			return err
 		}
@@ -251,7 +239,7 @@ func (s *DB) DeliveryFailed(ctx context.Context, id int64, now time.Time, msg st
 
 func (s *DB) DeliveryStatus(ctx context.Context) (map[string]*api.ChannelStatus, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT channel,
-		SUM(state='pending'), SUM(state='delivered'), SUM(state='failed'), MAX(last_attempt_at), MAX(CASE WHEN state='delivered' THEN done_at ELSE 0 END),
+		COUNT(*) FILTER (WHERE state='pending'), COUNT(*) FILTER (WHERE state='delivered'), COUNT(*) FILTER (WHERE state='failed'), MAX(last_attempt_at), MAX(CASE WHEN state='delivered' THEN done_at ELSE 0 END),
 		(SELECT last_error FROM notify_deliveries e WHERE e.channel=d.channel AND e.last_error<>'' ORDER BY e.last_attempt_at DESC LIMIT 1)
 		FROM notify_deliveries d GROUP BY channel`)
 	if err != nil {

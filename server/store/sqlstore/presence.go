@@ -1,4 +1,4 @@
-package postgres
+package sqlstore
 
 import (
 	"context"
@@ -18,7 +18,7 @@ func (s *DB) PutStreams(ctx context.Context, replica string, ids []string, now t
 	if len(ids) == 0 {
 		return nil
 	}
-	return withTx(ctx, s.w, func(tx *txn) error {
+	return s.writeTx(ctx, func(tx Tx) error {
 		st, err := tx.PrepareContext(ctx, `INSERT INTO agent_streams(agent_id, replica, seen_at) VALUES(?,?,?)
 			ON CONFLICT(agent_id) DO UPDATE SET replica=excluded.replica, seen_at=excluded.seen_at`)
 		if err != nil {
@@ -43,7 +43,7 @@ func (s *DB) DropStream(ctx context.Context, agentID, replica string) error {
 
 func (s *DB) TouchStreams(ctx context.Context, replica string, now, expired time.Time) (int, error) {
 	var n int64
-	err := withTx(ctx, s.w, func(tx *txn) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE agent_streams SET seen_at=? WHERE replica=?`, ns(now), replica)
 		if err != nil {
 			return err
@@ -93,7 +93,7 @@ func (s *DB) StreamReplicas(ctx context.Context, ids []string, since time.Time) 
 }
 
 func (s *DB) CreateSession(ctx context.Context, cs *store.ConsoleSession, lim store.SessionLimits) error {
-	err := withTx(ctx, s.w, func(tx *txn) error {
+	err := s.writeTx(ctx, func(tx Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM console_sessions WHERE last_seen_at<? OR created_at<?`, ns(lim.IdleBefore), ns(lim.CreatedBefore)); err != nil {
 			return err
 		}
