@@ -450,3 +450,57 @@ func TestPlacementLeasesLoopRenews(t *testing.T) {
 		t.Fatalf("after the renewal: holder %s lease %s", h, e.LeaseUntil)
 	}
 }
+
+// The run records of a former holder count even when they arrive long
+// after the pipe left its manifest (a partitioned or stopped holder
+// reports the runs of its lease only when it is heard again): here after
+// two hand-overs and another change of its manifest, so that neither of
+// its last two manifests names the pipe. A pipe that is not placement:
+// one, or does not target it, stays refused.
+func TestPlacementOneLateRecordsOfFormerHolder(t *testing.T) {
+	f := startPlacement(t, 3)
+	ts := f.ts
+	f.putOne("backup")
+	first, _ := f.mustHolder("backup")
+	st := f.streams[first]
+	seq := uint64(1)
+	applied := func() { // it applies its manifest; the server looks at its manifests again
+		m := f.manifestOf(first)
+		seq = sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
+			Serial: m.Serial, State: agentpb.ManifestStatus_STATE_APPLIED, AppliedSerial: m.Serial}}})
+	}
+	second := f.other(first)
+	for _, to := range []string{second, f.other(first, second)} {
+		ts.adminOK("POST", "/api/v1/pipes/backup/move", map[string]string{"to": to}, nil)
+		ts.clock.Advance(26 * time.Second)
+		f.place()
+		if h, _ := f.mustHolder("backup"); h != to {
+			t.Fatalf("holder %s, want %s", h, to)
+		}
+		applied()
+	}
+	ts.putScriptPipe("other", "true\n", map[string]string{"role": "db"})
+	ts.putScriptPipe("web-only", "true\n", map[string]string{"role": "web"})
+	testkit.WaitFor(t, 5*time.Second, "the first holder's manifest with the new pipe", func() bool {
+		m := f.manifestOf(first)
+		return m != nil && slices.ContainsFunc(m.Pipes, func(p manifest.Pipe) bool { return p.Name == "other" })
+	})
+	applied()
+
+	fire := ts.clock.Now().Add(-2 * time.Minute).Truncate(time.Minute).UTC()
+	late := func(id, pipe string) *agentpb.AgentMessage {
+		return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_RunFinished{RunFinished: &agentpb.RunFinished{
+			RunId: id, Pipe: pipe, PipeVersion: 1, Trigger: agentpb.Trigger_TRIGGER_SCHEDULE, Status: agentpb.RunStatus_RUN_STATUS_SUCCEEDED,
+			ScheduledAt: timestamppb.New(fire), StartedAt: timestamppb.New(fire), FinishedAt: timestamppb.New(fire)}}}
+	}
+	sendAll(t, st, seq, late("late-1", "backup"), late("late-2", "web-only"))
+	var runs api.RunList
+	ts.adminOK("GET", "/api/v1/runs?agent="+first, nil, &runs)
+	var got []string
+	for _, r := range runs.Runs {
+		got = append(got, r.ID+" "+r.Pipe)
+	}
+	if !slices.Equal(got, []string{"late-1 backup"}) {
+		t.Fatalf("runs of the former holder: %v, want the late run of backup alone", got)
+	}
+}
