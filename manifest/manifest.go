@@ -38,14 +38,23 @@ type Pipe struct {
 	// placement: all.
 	LeaseUntil time.Time `json:"lease_until,omitzero"`
 	// LastFireServed is the latest fire time of the pipe that any holder
-	// served (a run record exists for it), so that a new holder's catch-up
-	// policy covers the fire times after it that nobody ran. Only with
-	// LeaseUntil; zero when none is known.
+	// served (a run record exists for it) or, after a hand-over, may have
+	// served without the server knowing yet (one before the previous
+	// holder's lease_until minus LeaseLead), so that a new holder's catch-up
+	// policy covers the fire times after it that nobody ran and none that
+	// the holder before could have run. Only with LeaseUntil; zero when
+	// none is known.
 	LastFireServed time.Time `json:"last_fire_served,omitzero"`
 }
 
 // Held reports whether the entry is a placement: one lease.
 func (p *Pipe) Held() bool { return !p.LeaseUntil.IsZero() }
+
+// LeaseLead is how long before lease_until a holder stops scheduling a
+// held pipe (agent/lease): it serves no fire time at or after
+// lease_until - LeaseLead, which the server counts on when it hands the
+// pipe over.
+const LeaseLead = 2 * time.Second
 
 // Payload names the content-addressed bundle a pipe runs.
 type Payload struct {

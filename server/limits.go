@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server/stream"
 )
 
@@ -225,7 +226,23 @@ func (s *Server) pipeSet(ctx context.Context, agentID string) func(string) bool 
 		}
 	}
 	cur, prev := st.current, st.prev
-	return func(name string) bool { return cur[name] || prev[name] }
+	return func(name string) bool { return cur[name] || prev[name] || s.mayHaveHeld(ctx, agentID, name) }
+}
+
+// mayHaveHeld reports whether the agent may report runs of a pipe its
+// last two manifests do not name: a placement: one pipe that targets it,
+// which it may have held. A holder that was partitioned or stopped
+// reports the runs of its lease only when it is heard again, after the
+// pipe left its manifest (perhaps several manifests ago, or before a
+// server restart that forgot the manifests before), and those runs must
+// count. Only looked up for a name the manifests do not have.
+func (s *Server) mayHaveHeld(ctx context.Context, agentID, pipe string) bool {
+	p, err := s.store.GetPipe(ctx, pipe)
+	if err != nil || p.Spec.Placement != manifest.PlacementOne {
+		return false
+	}
+	a, err := s.store.GetAgent(ctx, agentID)
+	return err == nil && a.RevokedAt.IsZero() && p.Spec.Targets.Selects(a.ID, a.Tags)
 }
 
 // manifestPipeNames reads the pipe names from a stored (server-signed) DSSE

@@ -99,7 +99,8 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 		return nil, fmt.Errorf("compile: %w", err)
 	}
 	for i := range plans {
-		if pl := &plans[i]; pl.Gain != "" && !served[pl.Pipe].IsZero() {
+		if pl := &plans[i]; pl.Gain != "" && served[pl.Pipe].After(pl.LastFireServed) {
+			// Place set the floor of a hand-over (compile.catchupFloor).
 			pl.LastFireServed, pl.State.LastFireServed = served[pl.Pipe], served[pl.Pipe]
 		}
 	}

@@ -29,6 +29,15 @@
 //     backoff and one run.failed event; a timed-out attempt is retried; a
 //     cancel during a delay ends the run with no further attempt; droverctl
 //     shows the attempts.
+//   - TestPlacementOneAcrossFaults: a placement: one every-minute pipe on
+//     three cron agents and a systemd one for about 10 minutes: a
+//     droverctl move, a SIGSTOPped cron holder and systemd agent (another
+//     gains the pipe only after the lease plus the skew margin, within the
+//     documented bound; the old one never runs it again; the stopped
+//     systemd agent's timer is refused after its lease), the server down
+//     past the lease (the holder runs inside it, stops, catches up); no
+//     fire time runs twice, and one goes unrun only while no holder is
+//     live.
 //   - TestOfflineRunsArriveExactlyOnce: the server process is stopped while
 //     105 runs happen; after its restart every run and every log chunk
 //     arrives exactly once and in order.

@@ -225,17 +225,18 @@ func (s *serverProc) api(method, path string, body, out any) {
 
 // pipeSpec is a pipe as the tests write it.
 type pipeSpec struct {
-	Schedule string            `json:"schedule"`
-	Script   string            `json:"script"`
-	Timezone string            `json:"timezone,omitempty"`
-	Timeout  string            `json:"timeout,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
-	Secrets  []string          `json:"secrets,omitempty"`
-	Catchup  string            `json:"catchup,omitempty"`
-	RunAs    string            `json:"run_as,omitempty"`
-	Limits   map[string]int    `json:"limits,omitempty"`
-	Grace    string            `json:"grace,omitempty"`
-	Targets  map[string]any    `json:"targets"`
+	Schedule  string            `json:"schedule"`
+	Script    string            `json:"script"`
+	Timezone  string            `json:"timezone,omitempty"`
+	Timeout   string            `json:"timeout,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Secrets   []string          `json:"secrets,omitempty"`
+	Catchup   string            `json:"catchup,omitempty"`
+	RunAs     string            `json:"run_as,omitempty"`
+	Limits    map[string]int    `json:"limits,omitempty"`
+	Grace     string            `json:"grace,omitempty"`
+	Placement string            `json:"placement,omitempty"`
+	Targets   map[string]any    `json:"targets"`
 }
 
 func byTags(tags map[string]string) map[string]any { return map[string]any{"tags": tags} }

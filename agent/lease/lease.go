@@ -18,7 +18,7 @@ import (
 // Lead is how long before lease_until the agent stops a held pipe's
 // schedule: enough for its wake-up and a stop job on a loaded host. A fire
 // time within it is left to the next holder's catch-up.
-const Lead = 2 * time.Second
+const Lead = manifest.LeaseLead
 
 // End returns the instant the agent stops p's schedule (lease_until minus
 // Lead); zero when p is not held.

@@ -248,6 +248,9 @@ func placeOne(pipe string, h Holder, byID map[string]*Agent, tg *targeting, serv
 				pl.Reasons = append(pl.Reasons, PlaceChosen)
 			}
 			h.Agent, h.Since, h.LeaseUntil, h.LastFireServed = next, now, now.Add(l.Lease), served[pipe]
+			if h.Prev != "" && next != h.Prev {
+				h.LastFireServed = later(h.LastFireServed, catchupFloor(h.PrevLeaseUntil, now))
+			}
 			pl.Gain = next
 		}
 	}
@@ -259,6 +262,33 @@ func placeOne(pipe string, h Holder, byID map[string]*Agent, tg *targeting, serv
 	pl.Holder, pl.LeaseUntil, pl.LastFireServed = h.Agent, h.LeaseUntil, h.LastFireServed
 	pl.State, pl.Changed = h, h != in
 	return pl
+}
+
+// catchupFloor is the latest fire time a holder whose lease ended (or
+// ends) at leaseUntil may have served when another agent gains the pipe at
+// now: the agent gaining it catches up only the fire times after it.
+// The holder before serves no fire time at or after leaseUntil -
+// manifest.LeaseLead by its own clock (a fire time's scheduled_at is on
+// that clock, whatever its skew), and none after now if it confirmed
+// sooner; but its run records may not have reached the server (a
+// partitioned or stopped host runs on, and reports later), so the
+// server's last fire served alone would let the new holder run them
+// again. Fire times fall on whole seconds: the floor is the last whole
+// second before the lease's stop, or now.
+func catchupFloor(leaseUntil, now time.Time) time.Time {
+	stop := leaseUntil.Add(-manifest.LeaseLead)
+	if now.Before(stop) {
+		return now
+	}
+	return stop.Add(-time.Nanosecond).Truncate(time.Second)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // released reports whether agent a confirmed it no longer runs pipe.
