@@ -45,6 +45,13 @@ func jitter(d time.Duration, frac float64) time.Duration {
 	return d - span + rand.N(2*span+1)
 }
 
+// jitterFactor returns a factor in [1-frac, 1+frac], for a wait that is
+// scaled again when its base changes (scaled).
+func jitterFactor(frac float64) float64 { return 1 - frac + 2*frac*rand.Float64() }
+
+// scaled returns d times f.
+func scaled(d time.Duration, f float64) time.Duration { return time.Duration(float64(d) * f) }
+
 // tokenAttempts paces enrollment attempts (first enrollment and
 // re-enrollment alike): a token is tried at once, a failed one again after
 // backoff, and a token file whose content changed at once.

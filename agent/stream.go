@@ -189,10 +189,26 @@ func probeStream(ctx context.Context, conn *grpc.ClientConn, lastRecv *atomic.In
 // errConnect: a stream address refused the connection or its handshake.
 var errConnect = errors.New("connection failed")
 
+// setStreamUp records the stream's state; a change wakes the sync loop,
+// whose poll interval depends on it.
 func (a *Agent) setStreamUp(up bool) {
 	a.mu.Lock()
+	changed := a.streamUp != up
 	a.streamUp = up
 	a.mu.Unlock()
+	if changed {
+		select {
+		case a.streamChanged <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// streamConnected reports whether the stream is up.
+func (a *Agent) streamConnected() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.streamUp
 }
 
 // streamOnce runs one stream: Hello, then the outbox in order and a

@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"crypto/tls"
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/testkit"
+)
+
+// handshakes records the TLS handshakes of an agent's HTTP client.
+type handshakes struct {
+	mu  sync.Mutex
+	all []tls.ConnectionState
+}
+
+func (h *handshakes) add(cs tls.ConnectionState) { h.mu.Lock(); h.all = append(h.all, cs); h.mu.Unlock() }
+
+func (h *handshakes) count() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.all) }
+
+// since returns the handshakes after the first n.
+func (h *handshakes) since(n int) []tls.ConnectionState {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]tls.ConnectionState(nil), h.all[n:]...)
+}
+
+func withHandshakes(h *handshakes) Option { return func(a *Agent) { a.onHandshake = h.add } }
+
+// TestPollSessionResumedAndRenewal: against the real server, a poll after
+// the idle connection closed resumes the TLS session; after a renewal the
+// next poll succeeds with a full handshake (the session cache was rebuilt
+// with the new certificate), while a client that kept the old cache
+// resumes the old certificate's session and is refused once the renewal
+// is promoted — which is why the cache is rebuilt.
+func TestPollSessionResumedAndRenewal(t *testing.T) {
+	rs := startRealServer(t)
+	var tok api.EnrollmentTokenCreated
+	rs.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: map[string]string{"role": "session"}}, &tok)
+	cfg := testConfig(t, nil)
+	cfg.Server = rs.srv.URL
+	must(t, os.WriteFile(cfg.TokenFile, []byte(tok.Token+"\n"), 0o600))
+	h := &handshakes{}
+	ta := startAgent(t, cfg, nil, withHandshakes(h))
+	ta.enrolled(15 * time.Second)
+	testkit.WaitFor(t, 15*time.Second, "the stream", func() bool { return ta.a.Status(t.Context()).StreamConnected })
+
+	if r := ta.syncNow(); r.Outcome == OutcomeError {
+		t.Fatalf("first poll: %+v", r)
+	}
+	ta.a.httpClient().GetClient().CloseIdleConnections()
+	n := h.count()
+	if r := ta.syncNow(); r.Outcome == OutcomeError {
+		t.Fatalf("poll on a new connection: %+v", r)
+	}
+	if got := h.since(n); len(got) != 1 || !got[0].DidResume {
+		t.Fatalf("the poll after the idle connection closed: %d handshakes %+v, want one resumed", len(got), resumedOf(got))
+	}
+
+	old := ta.a.httpClient()
+	before := ta.a.identity().cert.Leaf.SerialNumber
+	must(t, ta.a.renew(t.Context()))
+	if after := ta.a.identity().cert.Leaf.SerialNumber; after.Cmp(before) == 0 {
+		t.Fatal("renewal kept the serial")
+	}
+	n = h.count()
+	if r := ta.syncNow(); r.Outcome == OutcomeError {
+		t.Fatalf("poll after the renewal: %+v", r)
+	}
+	if got := h.since(n); len(got) != 1 || got[0].DidResume {
+		t.Fatalf("the poll after the renewal: handshakes %v, want one full handshake (a new session cache)", resumedOf(got))
+	}
+
+	// The hazard: a client whose cache outlived the certificate resumes a
+	// session of the old one, which the server refuses now that the new
+	// one was used.
+	old.GetClient().CloseIdleConnections()
+	n = h.count()
+	resp, err := old.R().SetContext(t.Context()).Get(pathManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.since(n); len(got) != 1 || !got[0].DidResume {
+		t.Fatalf("the old client: handshakes %v, want one resumed", resumedOf(got))
+	}
+	if resp.StatusCode() != http.StatusForbidden && resp.StatusCode() != http.StatusUnauthorized {
+		t.Fatalf("the old certificate's session after the renewal was promoted: HTTP %d %s, want a refusal", resp.StatusCode(), resp.Body())
+	}
+	if r := ta.syncNow(); r.Outcome == OutcomeError {
+		t.Fatalf("the agent's own poll after that: %+v", r)
+	}
+}
+
+func resumedOf(cs []tls.ConnectionState) []bool {
+	out := make([]bool, len(cs))
+	for i, c := range cs {
+		out[i] = c.DidResume
+	}
+	return out
+}
+
+// TestPollIntervalFollowsStream: while the stream is up the agent polls
+// every sync_interval_streaming, while it is down every sync_interval, and
+// a change of the stream's state during a wait takes effect at once. The
+// stream's state is set directly here (its loop only sets it on connect and
+// close), against the real server's manifest endpoint.
+func TestPollIntervalFollowsStream(t *testing.T) {
+	rs := startRealServer(t)
+	var tok api.EnrollmentTokenCreated
+	rs.api("POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{Tags: map[string]string{"role": "interval"}}, &tok)
+	cfg := testConfig(t, nil)
+	cfg.Server = rs.srv.URL
+	cfg.SyncInterval = time.Second
+	cfg.SyncIntervalStreaming = time.Hour
+	must(t, os.WriteFile(cfg.TokenFile, []byte(tok.Token+"\n"), 0o600))
+	ta := startAgent(t, cfg, nil)
+	ta.enrolled(15 * time.Second)
+	testkit.WaitFor(t, 15*time.Second, "the stream and a poll", func() bool {
+		st := ta.a.Status(t.Context())
+		return st.StreamConnected && !st.LastSync.IsZero()
+	})
+	lastSync := func() time.Time { return ta.a.Status(t.Context()).LastSync }
+	quiet := func(what string) {
+		t.Helper()
+		time.Sleep(1500 * time.Millisecond) // a poll already due (the enrollment's SyncNow) ends
+		first := lastSync()
+		time.Sleep(2500 * time.Millisecond)
+		if got := lastSync(); !got.Equal(first) {
+			t.Fatalf("%s: polled at %s (interval 1h)", what, got.Format(time.RFC3339Nano))
+		}
+	}
+	quiet("stream up")
+
+	ta.a.setStreamUp(false)
+	first := lastSync()
+	testkit.WaitFor(t, 5*time.Second, "two polls a second apart while the stream is down", func() bool {
+		return lastSync().Sub(first) >= 900*time.Millisecond
+	})
+
+	ta.a.setStreamUp(true)
+	quiet("stream up again")
+	if r := ta.syncNow(); r.Outcome == OutcomeError {
+		t.Fatalf("a poll on request while streaming: %+v", r)
+	}
+}
