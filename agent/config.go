@@ -102,21 +102,21 @@ type Config struct {
 // flags. Only Server has no default.
 func DefaultConfig() Config {
 	return Config{
-		DataDir:           DefaultDataDir,
-		TokenFile:         DefaultTokenFile,
-		Backend:           BackendAuto,
-		Scope:             ScopeSystem,
+		DataDir:               DefaultDataDir,
+		TokenFile:             DefaultTokenFile,
+		Backend:               BackendAuto,
+		Scope:                 ScopeSystem,
 		SyncInterval:          30 * time.Second,
 		SyncIntervalStreaming: 5 * time.Minute,
 		HeartbeatInterval:     30 * time.Second,
-		OutboxMaxBytes:    256 << 20,
-		MaxManifestBytes:  16 << 20,
-		MaxPayloadBytes:   manifest.DefaultMaxBundleBytes,
-		MaxBackoff:        5 * time.Minute,
-		RequestTimeout:    60 * time.Second,
-		MachineIDFile:     DefaultMachineIDFile,
-		LogLevel:          "info",
-		LogFormat:         "text",
+		OutboxMaxBytes:        256 << 20,
+		MaxManifestBytes:      16 << 20,
+		MaxPayloadBytes:       manifest.DefaultMaxBundleBytes,
+		MaxBackoff:            5 * time.Minute,
+		RequestTimeout:        60 * time.Second,
+		MachineIDFile:         DefaultMachineIDFile,
+		LogLevel:              "info",
+		LogFormat:             "text",
 	}
 }
 

@@ -18,7 +18,11 @@ type handshakes struct {
 	all []tls.ConnectionState
 }
 
-func (h *handshakes) add(cs tls.ConnectionState) { h.mu.Lock(); h.all = append(h.all, cs); h.mu.Unlock() }
+func (h *handshakes) add(cs tls.ConnectionState) {
+	h.mu.Lock()
+	h.all = append(h.all, cs)
+	h.mu.Unlock()
+}
 
 func (h *handshakes) count() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.all) }
 
