@@ -97,6 +97,7 @@ type Server struct {
 	payloadSem  chan struct{}        // bounds payload downloads in all
 	payloads    *payloadCache        // bundles by digest (payloadcache.go)
 	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
+	agentSlots  *pool                // the agents' request slots (http.agent_max_concurrent)
 
 	httpLn  net.Listener
 	grpcLn  net.Listener
@@ -153,7 +154,8 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches),
 		payloads: newPayloadCache(payloadCacheBytes, payloadCacheMaxEntry)}
-	s.syncs = newSyncSpreader(hub.SyncNow, syncRate, syncBurst)
+	s.agentSlots = newPool(cfg.HTTP.AgentMaxConcurrent)
+	s.syncs = newSyncSpreader(hub.SyncNow, hub.Count, s.agentSlots.usage)
 	defer func() {
 		if err != nil {
 			s.release()

@@ -9,23 +9,44 @@ import (
 // chunks of saveChunk; telling every agent of a chunk at once sets off
 // thousands of manifest polls and payload fetches in the same millisecond
 // (a thundering herd that fills the agents' request pool). syncSpreader
-// queues the SyncNows instead and sends them at syncRate per second after
-// a first syncBurst, so a change to n agents is announced over about
-// n/syncRate seconds: the window grows with the fleet, and the agents'
-// fetches arrive at a pace the server serves without queueing. A small
+// queues the SyncNows instead and sends them from a token bucket after a
+// first syncBurst, at a rate sized to the fleet: the connected agents over
+// syncWindow, so that a change to the whole fleet is announced in about
+// syncWindow whatever its size, and never slower than syncMinRate (a
+// small fleet is told at once) nor faster than syncMaxRate. What the
+// server can serve bounds it too: while the agents' request slots
+// (http.agent_max_concurrent) are more than syncBusyFraction in use, no
+// SyncNow goes out — the agents already told are still being served, and
+// telling more would only queue them (or refuse them with 503). A small
 // change (one agent's enrollment, a few agents' tags) goes out at once.
 const (
-	syncRate  = 4000
-	syncBurst = 500
+	syncWindow  = 2 * time.Second
+	syncMinRate = 4000
+	syncMaxRate = 20000
+	syncBurst   = 500
+	// syncBusyFraction of the agents' request slots in use holds the queue.
+	syncBusyFraction = 0.5
 	// syncTick is how often the queue is drained while it is not empty.
 	syncTick = 10 * time.Millisecond
 )
 
+// syncRate is the announcement rate for a fleet of n connected agents.
+func syncRate(n int) float64 {
+	return min(syncMaxRate, max(syncMinRate, float64(n)/syncWindow.Seconds()))
+}
+
 // syncSpreader paces SyncNow messages; send is the hub's SyncNow.
 type syncSpreader struct {
-	send        func(agentID string, serial uint64) bool
-	rate, burst float64
-	now         func() time.Time
+	send  func(agentID string, serial uint64) bool
+	burst float64
+	// rate is the current rate (per second); fleet, when set, sizes it
+	// (syncRate of the connected agents) at each take.
+	rate  float64
+	fleet func() int
+	// busy, when set, reports the agents' request slots in use and their
+	// number; while more than syncBusyFraction are in use, take holds.
+	busy func() (inUse, slots int)
+	now  func() time.Time
 
 	mu      sync.Mutex
 	queue   []string          // agents in announcement order
@@ -33,10 +54,13 @@ type syncSpreader struct {
 	tokens  float64
 	last    time.Time
 	running bool
+	held    int // takes held because the slots were busy (for tests and the log)
 }
 
-func newSyncSpreader(send func(string, uint64) bool, rate, burst int) *syncSpreader {
-	return &syncSpreader{send: send, rate: float64(rate), burst: float64(burst), tokens: float64(burst),
+// newSyncSpreader paces send by the fleet's size (fleet) and the agents'
+// request slots (busy); either may be nil (a fixed syncMinRate, no hold).
+func newSyncSpreader(send func(string, uint64) bool, fleet func() int, busy func() (int, int)) *syncSpreader {
+	return &syncSpreader{send: send, rate: syncMinRate, burst: syncBurst, tokens: syncBurst, fleet: fleet, busy: busy,
 		now: time.Now, serials: map[string]uint64{}}
 }
 
@@ -88,10 +112,19 @@ func (p *syncSpreader) take() []pendingSync {
 		return nil
 	}
 	now := p.now()
+	if p.fleet != nil {
+		p.rate = syncRate(p.fleet())
+	}
 	if !p.last.IsZero() {
 		p.tokens = min(p.burst, p.tokens+now.Sub(p.last).Seconds()*p.rate)
 	}
 	p.last = now
+	if p.busy != nil {
+		if inUse, slots := p.busy(); slots > 0 && float64(inUse) > syncBusyFraction*float64(slots) {
+			p.held++
+			return []pendingSync{}
+		}
+	}
 	n := min(len(p.queue), int(p.tokens))
 	out := make([]pendingSync, n)
 	for i, id := range p.queue[:n] {

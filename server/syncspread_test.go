@@ -51,7 +51,7 @@ func TestSyncSpreaderDeliversAll(t *testing.T) {
 			close(done)
 		}
 		return true
-	}, 5000, 100)
+	}, nil, nil)
 	for i := range 300 {
 		p.add(fmt.Sprintf("a%d", i), 7)
 	}
@@ -75,5 +75,63 @@ func TestSyncSpreaderDeliversAll(t *testing.T) {
 	defer mu.Unlock()
 	if len(got) != 300 || sends != 300 || got["a299"] != 7 {
 		t.Fatalf("%d agents, %d sends", len(got), sends)
+	}
+}
+
+// The rate follows the fleet: the connected agents over syncWindow, within
+// syncMinRate and syncMaxRate — a change to 19,500 agents is announced in
+// about 2 s instead of the ~4.9 s of a fixed 4,000/s.
+func TestSyncRateSizedToFleet(t *testing.T) {
+	for _, c := range []struct {
+		agents int
+		rate   float64
+	}{{0, syncMinRate}, {5000, syncMinRate}, {8000, 4000}, {19500, 9750}, {100000, syncMaxRate}} {
+		if got := syncRate(c.agents); got != c.rate {
+			t.Errorf("%d agents: %.0f/s, want %.0f/s", c.agents, got, c.rate)
+		}
+	}
+	window := func(n int) time.Duration {
+		return time.Duration(float64(n-syncBurst) / syncRate(n) * float64(time.Second))
+	}
+	if w := window(19500); w > 2*time.Second || w < 1900*time.Millisecond {
+		t.Errorf("19,500 agents announced over %s", w)
+	}
+}
+
+// While more than half the agents' request slots are in use nothing is
+// sent (the tokens still accrue, up to the burst); when they free up the
+// queue moves at the fleet's rate.
+func TestSyncSpreaderHoldsWhileSlotsBusy(t *testing.T) {
+	now := time.Unix(1000, 0)
+	inUse := 0
+	fleet := 19500
+	p := &syncSpreader{burst: 100, tokens: 100, now: func() time.Time { return now }, serials: map[string]uint64{},
+		fleet: func() int { return fleet }, busy: func() (int, int) { return inUse, 512 }}
+	p.running = true
+	for i := range 2000 {
+		p.add(fmt.Sprintf("a%04d", i), 1)
+	}
+	if got := p.take(); len(got) != 100 {
+		t.Fatalf("burst: %d", len(got))
+	}
+	inUse = 300 // more than half of 512
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); got == nil || len(got) != 0 || p.held != 1 {
+		t.Fatalf("slots busy: %d sent (nil %v), held %d", len(got), got == nil, p.held)
+	}
+	inUse = 256 // half: not more
+	now = now.Add(10 * time.Millisecond)
+	// 20 ms at 9,750/s: 195 tokens, capped at the burst of 100.
+	if got := p.take(); len(got) != 100 || got[0].agentID != "a0100" {
+		t.Fatalf("slots free again: %d sent", len(got))
+	}
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 97 {
+		t.Fatalf("10 ms at the rate of 19,500 agents: %d sent, want 97", len(got))
+	}
+	fleet = 100
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 40 {
+		t.Fatalf("10 ms at the minimum rate: %d sent, want 40", len(got))
 	}
 }
