@@ -98,6 +98,7 @@ type Server struct {
 	payloads    *payloadCache        // bundles by digest (payloadcache.go)
 	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
 	agentSlots  *pool                // the agents' request slots (http.agent_max_concurrent)
+	publishing  sync.WaitGroup       // recompiles a pipe PUT left running (compiler.go publishAll)
 
 	httpLn  net.Listener
 	grpcLn  net.Listener
@@ -561,6 +562,7 @@ func (s *Server) shutdown() {
 	if err := s.httpSrv.Shutdown(tctx); err != nil {
 		s.httpSrv.Close()
 	}
+	s.publishing.Wait()
 	s.hub.CloseAll(stream.ErrDraining)
 	select {
 	case <-grpcDone:
