@@ -2,11 +2,14 @@ package agent
 
 import (
 	"crypto/tls"
+	"net"
 	"net/http"
 	"os"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
@@ -149,5 +152,70 @@ func TestPollIntervalFollowsStream(t *testing.T) {
 	quiet("stream up again")
 	if r := ta.syncNow(); r.Outcome == OutcomeError {
 		t.Fatalf("a poll on request while streaming: %+v", r)
+	}
+}
+
+// The probe is due only while something sent is unanswered and the server
+// has been silent for probeIdle: an idle stream costs one probe per
+// heartbeat, not one every few seconds.
+func TestProbeDue(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name           string
+		recv, sent, at time.Duration
+		due            bool
+	}{
+		{"idle: nothing sent since the last answer", 0, -time.Second, time.Minute, false},
+		{"a heartbeat, the server silent since", 0, 10 * time.Second, 10*time.Second + 100*time.Millisecond, true},
+		{"records sent, acks stopped 3 s ago", 0, 2900 * time.Millisecond, probeIdle, true},
+		{"records sent, last ack 2 s ago", 0, 2 * time.Second, 2 * time.Second, false},
+		{"answered after the send", 5 * time.Second, 4 * time.Second, time.Minute, false},
+	} {
+		if got := probeDue(t0.Add(c.recv), t0.Add(c.sent), t0.Add(c.at)); got != c.due {
+			t.Errorf("%s: due %v, want %v", c.name, got, c.due)
+		}
+	}
+}
+
+// The stream's connection to a replica has kernel keepalive and a user
+// timeout (read back from a real socket); with a proxy configured the
+// agent keeps gRPC's own dialer.
+func TestStreamDialerSocketOptions(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	d := streamDialer(ln.Addr().String())
+	if d == nil {
+		t.Fatal("no dialer without a proxy")
+	}
+	c, err := d(t.Context(), ln.Addr().String())
+	must(t, err)
+	defer c.Close()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	must(t, err)
+	var ka, idle, intvl, cnt, uto int
+	must(t, rc.Control(func(fd uintptr) {
+		ka, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+		idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		intvl, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+		cnt, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+		uto, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT)
+	}))
+	if ka != 1 || idle != 4 || intvl != 1 || cnt != 7 || uto != 7000 {
+		t.Fatalf("keepalive %d, idle %d s, interval %d s, count %d, user timeout %d ms", ka, idle, intvl, cnt, uto)
+	}
+	t.Setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+	t.Setenv("NO_PROXY", "")
+	if streamDialer("replica.example:8444") != nil {
+		t.Error("a custom dialer although a proxy is configured")
 	}
 }
