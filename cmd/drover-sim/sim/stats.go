@@ -213,6 +213,7 @@ func (c *Counters) add(o Counters) {
 	c.PayloadsDeferred += o.PayloadsDeferred
 	c.SyncNows += o.SyncNows
 	c.Heartbeats += o.Heartbeats
+	c.Probes += o.Probes
 	c.StreamsOpened += o.StreamsOpened
 	c.RecordsSent += o.RecordsSent
 	c.RecordsAcked += o.RecordsAcked
