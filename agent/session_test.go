@@ -155,9 +155,8 @@ func TestPollIntervalFollowsStream(t *testing.T) {
 	}
 }
 
-// The probe is due only while something sent is unanswered and the server
-// has been silent for probeIdle: an idle stream costs one probe per
-// heartbeat, not one every few seconds.
+// The probe is due only while a record sent is unanswered and the server
+// has been silent for probeIdle: an idle stream costs no probe.
 func TestProbeDue(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	for _, c := range []struct {
@@ -166,7 +165,7 @@ func TestProbeDue(t *testing.T) {
 		due            bool
 	}{
 		{"idle: nothing sent since the last answer", 0, -time.Second, time.Minute, false},
-		{"a heartbeat, the server silent since", 0, 10 * time.Second, 10*time.Second + 100*time.Millisecond, true},
+		{"a record, the server silent since", 0, 10 * time.Second, 10*time.Second + 100*time.Millisecond, true},
 		{"records sent, acks stopped 3 s ago", 0, 2900 * time.Millisecond, probeIdle, true},
 		{"records sent, last ack 2 s ago", 0, 2 * time.Second, 2 * time.Second, false},
 		{"answered after the send", 5 * time.Second, 4 * time.Second, time.Minute, false},

@@ -62,8 +62,9 @@ type AgentParams struct {
 	// Probe models drover-agent's liveness probe of an idle stream (a gRPC
 	// health check on the stream's connection after probeIdle of silence):
 	// "" none, ProbeSilent whenever the server was silent that long (the
-	// agent before), ProbeUnanswered only while something sent is
-	// unanswered (a heartbeat, a record not yet acknowledged).
+	// agent before), ProbeUnanswered only while a record sent is not
+	// acknowledged (the agent now), ProbeHeartbeat also after each
+	// heartbeat (which the server does not answer).
 	Probe string `json:"probe,omitempty"`
 }
 
@@ -71,6 +72,7 @@ type AgentParams struct {
 const (
 	ProbeSilent     = "silent"
 	ProbeUnanswered = "unanswered"
+	ProbeHeartbeat  = "heartbeat"
 	probeIdle       = 3 * time.Second
 	probeTimeout    = 3 * time.Second
 )
@@ -363,7 +365,9 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 			if err := st.Send(msg); err != nil {
 				return fmt.Errorf("send heartbeat: %w", err)
 			}
-			lastSent.Store(time.Now().UnixNano())
+			if a.w.cfg.Agent.Probe == ProbeHeartbeat {
+				lastSent.Store(time.Now().UnixNano())
+			}
 			c.heartbeats.Add(1)
 			hb.Reset(jitter(a.w.cfg.Agent.Heartbeat, 0.1))
 		}
@@ -383,7 +387,7 @@ func (a *simAgent) probe(ctx context.Context, mode string, lastRecv, lastSent *a
 		case <-t.C:
 		}
 		recv := time.Unix(0, lastRecv.Load())
-		if time.Since(recv) < probeIdle || mode == ProbeUnanswered && !time.Unix(0, lastSent.Load()).After(recv) {
+		if time.Since(recv) < probeIdle || mode != ProbeSilent && !time.Unix(0, lastSent.Load()).After(recv) {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)

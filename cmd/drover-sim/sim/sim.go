@@ -166,7 +166,7 @@ func (o *mainOptions) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
 	fs.BoolVar(&o.noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
 	fs.DurationVar(&o.cfg.Agent.IdleTimeout, "idle-timeout", o.cfg.Agent.IdleTimeout, "close a kept-alive poll connection after this long idle (below --poll-interval: no idle connection between polls, one reused for a change's fetches)")
-	fs.StringVar(&o.cfg.Agent.Probe, "probe", "", "model drover-agent's stream liveness probe (a gRPC health check): "+ProbeSilent+" (after 3 s of silence), "+ProbeUnanswered+" (only while something sent is unanswered); empty: none")
+	fs.StringVar(&o.cfg.Agent.Probe, "probe", "", "model drover-agent's stream liveness probe (a gRPC health check): "+ProbeSilent+" (after 3 s of silence), "+ProbeUnanswered+" (only while a record is not acknowledged), "+ProbeHeartbeat+" (also after each heartbeat); empty: none")
 	fs.DurationVar(&o.cfg.Agent.Timeout, "timeout", o.cfg.Agent.Timeout, "timeout of one request")
 	fs.DurationVar(&o.cfg.Settle, "settle", o.cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
 	fs.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
@@ -266,8 +266,8 @@ func (c *Config) validate() error {
 	if c.Agent.IdleTimeout < 100*time.Millisecond || c.Agent.IdleTimeout > time.Hour {
 		bad("idle_timeout", "100ms-1h")
 	}
-	if p := c.Agent.Probe; p != "" && p != ProbeSilent && p != ProbeUnanswered {
-		bad("probe", "empty, "+ProbeSilent+" or "+ProbeUnanswered)
+	if p := c.Agent.Probe; p != "" && p != ProbeSilent && p != ProbeUnanswered && p != ProbeHeartbeat {
+		bad("probe", "empty, "+ProbeSilent+", "+ProbeUnanswered+" or "+ProbeHeartbeat)
 	}
 	if c.Changes < 0 || c.Changes > 100 {
 		bad("changes", "0-100")
