@@ -41,7 +41,8 @@ func withHandshakes(h *handshakes) Option { return func(a *Agent) { a.onHandshak
 // TestPollSessionResumedAndRenewal: against the real server, a poll after
 // the idle connection closed resumes the TLS session; after a renewal the
 // next poll succeeds with a full handshake (the session cache was rebuilt
-// with the new certificate), while a client that kept the old cache
+// with the new certificate), a poll after pollIdleTimeout of rest dials
+// again (no connection was kept), while a client that kept the old cache
 // resumes the old certificate's session and is refused once the renewal
 // is promoted — which is why the cache is rebuilt.
 func TestPollSessionResumedAndRenewal(t *testing.T) {
@@ -80,6 +81,16 @@ func TestPollSessionResumedAndRenewal(t *testing.T) {
 	}
 	if got := h.since(n); len(got) != 1 || got[0].DidResume {
 		t.Fatalf("the poll after the renewal: handshakes %v, want one full handshake (a new session cache)", resumedOf(got))
+	}
+	// At rest no poll connection stays open: after pollIdleTimeout the
+	// next poll dials again, resuming the new certificate's session.
+	time.Sleep(pollIdleTimeout + time.Second)
+	n = h.count()
+	if r := ta.syncNow(); r.Outcome == OutcomeError {
+		t.Fatalf("poll after an idle pause: %+v", r)
+	}
+	if got := h.since(n); len(got) != 1 || !got[0].DidResume {
+		t.Fatalf("the poll after %s idle: handshakes %v, want one resumed (the idle connection closed)", pollIdleTimeout, resumedOf(got))
 	}
 
 	// The hazard: a client whose cache outlived the certificate resumes a
