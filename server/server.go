@@ -156,7 +156,10 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches),
 		payloads: newPayloadCache(payloadCacheBytes, payloadCacheMaxEntry)}
 	s.agentSlots = newPool(cfg.HTTP.AgentMaxConcurrent)
-	s.syncs = newSyncSpreader(hub.SyncNow, hub.Count, s.agentSlots.usage)
+	// Through the fleet (set below): an agent streaming to another replica
+	// is told by a sync signal.
+	s.syncs = newSyncSpreader(func(id string, serial uint64) bool { s.fleet.SyncNow(id, serial); return true },
+		hub.Count, s.agentSlots.usage)
 	defer func() {
 		if err != nil {
 			s.release()
