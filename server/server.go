@@ -98,6 +98,7 @@ type Server struct {
 	payloads    *payloadCache        // bundles by digest (payloadcache.go)
 	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
 	agentSlots  *pool                // the agents' request slots (http.agent_max_concurrent)
+	handshakes  connsInHandshake     // HTTPS connections accepted and not yet serving a request
 	publishing  sync.WaitGroup       // recompiles a pipe PUT left running (compiler.go publishAll)
 
 	httpLn  net.Listener
@@ -159,7 +160,10 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	// Through the fleet (set below): an agent streaming to another replica
 	// is told by a sync signal.
 	s.syncs = newSyncSpreader(func(id string, serial uint64) bool { s.fleet.SyncNow(id, serial); return true },
-		hub.Count, s.agentSlots.usage)
+		hub.Count, func() bool {
+			inUse, slots := s.agentSlots.usage()
+			return agentsBusy(inUse, slots, s.handshakes.n.Load())
+		})
 	defer func() {
 		if err != nil {
 			s.release()
@@ -256,6 +260,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		IdleTimeout:       cfg.HTTP.IdleTimeout,
 		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+		ConnState:         s.handshakes.track,
 		TLSConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS12,
 			CipherSuites: signing.TLSCipherSuites(),

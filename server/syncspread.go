@@ -1,7 +1,10 @@
 package server
 
 import (
+	"net"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -15,17 +18,22 @@ import (
 // syncWindow whatever its size, and never slower than syncMinRate (a
 // small fleet is told at once) nor faster than syncMaxRate. What the
 // server can serve bounds it too: while the agents' request slots
-// (http.agent_max_concurrent) are more than syncBusyFraction in use, no
-// SyncNow goes out — the agents already told are still being served, and
-// telling more would only queue them (or refuse them with 503). A small
-// change (one agent's enrollment, a few agents' tags) goes out at once.
+// (http.agent_max_concurrent) are more than syncBusyFraction in use, or
+// more than syncHandshakeHold new HTTPS connections are still in their TLS
+// handshake (agents that close their idle poll connection open one per
+// change), no SyncNow goes out — the agents already told are still being
+// served, and telling more would only queue them (or, past the server's
+// header timeout, drop their connections). A small change (one agent's
+// enrollment, a few agents' tags) goes out at once.
 const (
 	syncWindow  = 2 * time.Second
 	syncMinRate = 4000
 	syncMaxRate = 20000
 	syncBurst   = 500
-	// syncBusyFraction of the agents' request slots in use holds the queue.
-	syncBusyFraction = 0.5
+	// syncBusyFraction of the agents' request slots in use holds the queue,
+	// as do syncHandshakeHold connections in their handshake.
+	syncBusyFraction  = 0.5
+	syncHandshakeHold = 256
 	// syncTick is how often the queue is drained while it is not empty.
 	syncTick = 10 * time.Millisecond
 )
@@ -43,9 +51,9 @@ type syncSpreader struct {
 	// (syncRate of the connected agents) at each take.
 	rate  float64
 	fleet func() int
-	// busy, when set, reports the agents' request slots in use and their
-	// number; while more than syncBusyFraction are in use, take holds.
-	busy func() (inUse, slots int)
+	// busy, when set, reports whether the server is still serving the
+	// agents already told (agentsBusy); while it is, take holds.
+	busy func() bool
 	now  func() time.Time
 
 	mu      sync.Mutex
@@ -57,9 +65,16 @@ type syncSpreader struct {
 	held    int // takes held because the slots were busy (for tests and the log)
 }
 
-// newSyncSpreader paces send by the fleet's size (fleet) and the agents'
-// request slots (busy); either may be nil (a fixed syncMinRate, no hold).
-func newSyncSpreader(send func(string, uint64) bool, fleet func() int, busy func() (int, int)) *syncSpreader {
+// agentsBusy: more than syncBusyFraction of the agents' request slots in
+// use, or more than syncHandshakeHold connections in their handshake.
+func agentsBusy(inUse, slots int, handshaking int64) bool {
+	return slots > 0 && float64(inUse) > syncBusyFraction*float64(slots) || handshaking > syncHandshakeHold
+}
+
+// newSyncSpreader paces send by the fleet's size (fleet) and what the
+// server is still serving (busy); either may be nil (a fixed syncMinRate,
+// no hold).
+func newSyncSpreader(send func(string, uint64) bool, fleet func() int, busy func() bool) *syncSpreader {
 	return &syncSpreader{send: send, rate: syncMinRate, burst: syncBurst, tokens: syncBurst, fleet: fleet, busy: busy,
 		now: time.Now, serials: map[string]uint64{}}
 }
@@ -119,11 +134,9 @@ func (p *syncSpreader) take() []pendingSync {
 		p.tokens = min(p.burst, p.tokens+now.Sub(p.last).Seconds()*p.rate)
 	}
 	p.last = now
-	if p.busy != nil {
-		if inUse, slots := p.busy(); slots > 0 && float64(inUse) > syncBusyFraction*float64(slots) {
-			p.held++
-			return []pendingSync{}
-		}
+	if p.busy != nil && p.busy() {
+		p.held++
+		return []pendingSync{}
 	}
 	n := min(len(p.queue), int(p.tokens))
 	out := make([]pendingSync, n)
@@ -141,4 +154,23 @@ func (p *syncSpreader) pending() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.queue)
+}
+
+// connsInHandshake counts the HTTPS connections accepted and not yet
+// serving their first request — for TLS, those still in their handshake
+// (http.Server.ConnState: StateNew until the first request's bytes).
+type connsInHandshake struct {
+	n   atomic.Int64
+	new sync.Map // net.Conn -> struct{}, while StateNew
+}
+
+func (c *connsInHandshake) track(conn net.Conn, st http.ConnState) {
+	if st == http.StateNew {
+		c.new.Store(conn, struct{}{})
+		c.n.Add(1)
+		return
+	}
+	if _, ok := c.new.LoadAndDelete(conn); ok {
+		c.n.Add(-1)
+	}
 }

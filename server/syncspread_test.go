@@ -2,9 +2,13 @@ package server
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testkit"
 )
 
 // The pacing itself, on a clock the test moves: a burst at once, then the
@@ -98,15 +102,17 @@ func TestSyncRateSizedToFleet(t *testing.T) {
 	}
 }
 
-// While more than half the agents' request slots are in use nothing is
+// While more than half the agents' request slots are in use, or more than
+// syncHandshakeHold connections are in their TLS handshake, nothing is
 // sent (the tokens still accrue, up to the burst); when they free up the
 // queue moves at the fleet's rate.
 func TestSyncSpreaderHoldsWhileSlotsBusy(t *testing.T) {
 	now := time.Unix(1000, 0)
 	inUse := 0
+	var handshaking int64
 	fleet := 19500
 	p := &syncSpreader{burst: 100, tokens: 100, now: func() time.Time { return now }, serials: map[string]uint64{},
-		fleet: func() int { return fleet }, busy: func() (int, int) { return inUse, 512 }}
+		fleet: func() int { return fleet }, busy: func() bool { return agentsBusy(inUse, 512, handshaking) }}
 	p.running = true
 	for i := range 2000 {
 		p.add(fmt.Sprintf("a%04d", i), 1)
@@ -134,4 +140,34 @@ func TestSyncSpreaderHoldsWhileSlotsBusy(t *testing.T) {
 	if got := p.take(); len(got) != 40 {
 		t.Fatalf("10 ms at the minimum rate: %d sent, want 40", len(got))
 	}
+	handshaking = syncHandshakeHold + 1 // connections the agents told opened, still in their handshake
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 0 || p.held != 2 {
+		t.Fatalf("handshakes pending: %d sent, held %d", len(got), p.held)
+	}
+	handshaking = syncHandshakeHold
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 80 {
+		t.Fatalf("handshakes done: %d sent, want 80 (20 ms at 4,000/s)", len(got))
+	}
+}
+
+// The server counts the HTTPS connections still in their TLS handshake
+// (which hold the announcements back): a connection that has sent nothing
+// counts until it is closed; one that made a request does not.
+func TestConnsInHandshakeCounted(t *testing.T) {
+	ts := startServer(t)
+	u, err := url.Parse(ts.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.do("GET", "/healthz", "", nil) // a request made: not in a handshake
+	base := ts.s.handshakes.n.Load()
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 5*time.Second, "the silent connection counted", func() bool { return ts.s.handshakes.n.Load() == base+1 })
+	c.Close()
+	testkit.WaitFor(t, 5*time.Second, "the closed connection uncounted", func() bool { return ts.s.handshakes.n.Load() == base })
 }
