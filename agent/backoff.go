@@ -36,14 +36,13 @@ func (b *backoff) next() time.Duration {
 // reset starts over at base after a success.
 func (b *backoff) reset() { b.cur = 0 }
 
-// jitter returns d moved randomly by up to frac of itself in either direction.
-func jitter(d time.Duration, frac float64) time.Duration {
-	span := time.Duration(float64(d) * frac)
-	if span <= 0 {
-		return d
-	}
-	return d - span + rand.N(2*span+1)
-}
+// jitterFactor returns a factor in [1-frac, 1+frac]: a wait of d moved
+// randomly by up to frac of itself is scaled(d, f), and scaled again with
+// the same f when its base changes.
+func jitterFactor(frac float64) float64 { return 1 - frac + 2*frac*rand.Float64() }
+
+// scaled returns d times f.
+func scaled(d time.Duration, f float64) time.Duration { return time.Duration(float64(d) * f) }
 
 // tokenAttempts paces enrollment attempts (first enrollment and
 // re-enrollment alike): a token is tried at once, a failed one again after

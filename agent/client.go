@@ -86,17 +86,37 @@ func newReplicaClient(rs *replicas, tlsConf *tls.Config, timeout time.Duration, 
 // the server must present a certificate of the enrolled CA for host, and the
 // agent presents cert (read through get, so renewal takes effect at once).
 // An empty host checks each replica against the host it is dialled as.
+//
+// Each configuration has its own TLS session cache: the poll connection
+// closes when idle (pollIdleTimeout), and the next poll resumes the session
+// (an abbreviated handshake, no certificate checks on either side). A
+// resumed session carries the client certificate of the handshake that
+// created it, so a cache must not outlive its certificate: once a renewal
+// is promoted the server refuses the old one. The agent builds a new
+// configuration, and so a new cache, whenever its identity changes
+// (setIdentity: enrollment, renewal, re-enrollment).
 func mtlsConfig(host string, pool *x509.CertPool, get func() *tls.Certificate) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS12,
-		CipherSuites: signing.TLSCipherSuites(),
-		ServerName:   host,
-		RootCAs:      pool,
+		MinVersion:         tls.VersionTLS12,
+		CipherSuites:       signing.TLSCipherSuites(),
+		ServerName:         host,
+		RootCAs:            pool,
+		ClientSessionCache: tls.NewLRUClientSessionCache(sessionCacheSize),
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return get(), nil
 		},
 	}
 }
+
+// sessionCacheSize is how many TLS sessions an agent keeps: one per replica
+// it talks to (at most api.MaxReplicaAddrs).
+const sessionCacheSize = api.MaxReplicaAddrs
+
+// pollIdleTimeout closes the poll connection after it has been idle this
+// long: shorter than any streaming poll interval, so that between polls
+// the server holds only the agent's stream, and long enough that the
+// requests of one sync (manifest, payloads, secrets) share a connection.
+const pollIdleTimeout = 5 * time.Second
 
 // restyLogger sends resty's own messages to the agent's log at debug level.
 type restyLogger struct{ log *slog.Logger }

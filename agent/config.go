@@ -71,8 +71,13 @@ type Config struct {
 	// (ResolveAgentPath). The daemon checks at start that it is executable.
 	AgentPath string `yaml:"agent_path"`
 
-	SyncInterval      time.Duration `yaml:"sync_interval"`
-	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// SyncInterval is how often the manifest is polled while the stream
+	// is down; SyncIntervalStreaming while it is up (the stream's SyncNow
+	// announces every change, so the interval poll is only the backstop).
+	// The streaming interval is never shorter than SyncInterval.
+	SyncInterval          time.Duration `yaml:"sync_interval"`
+	SyncIntervalStreaming time.Duration `yaml:"sync_interval_streaming"`
+	HeartbeatInterval     time.Duration `yaml:"heartbeat_interval"`
 	// OutboxMaxBytes bounds the outbox; when full, the oldest log chunks go.
 	OutboxMaxBytes int64 `yaml:"outbox_max_bytes"`
 	// MaxManifestBytes caps a manifest envelope.
@@ -97,21 +102,35 @@ type Config struct {
 // flags. Only Server has no default.
 func DefaultConfig() Config {
 	return Config{
-		DataDir:           DefaultDataDir,
-		TokenFile:         DefaultTokenFile,
-		Backend:           BackendAuto,
-		Scope:             ScopeSystem,
-		SyncInterval:      30 * time.Second,
-		HeartbeatInterval: 30 * time.Second,
-		OutboxMaxBytes:    256 << 20,
-		MaxManifestBytes:  16 << 20,
-		MaxPayloadBytes:   manifest.DefaultMaxBundleBytes,
-		MaxBackoff:        5 * time.Minute,
-		RequestTimeout:    60 * time.Second,
-		MachineIDFile:     DefaultMachineIDFile,
-		LogLevel:          "info",
-		LogFormat:         "text",
+		DataDir:               DefaultDataDir,
+		TokenFile:             DefaultTokenFile,
+		Backend:               BackendAuto,
+		Scope:                 ScopeSystem,
+		SyncInterval:          30 * time.Second,
+		SyncIntervalStreaming: 5 * time.Minute,
+		HeartbeatInterval:     30 * time.Second,
+		OutboxMaxBytes:        256 << 20,
+		MaxManifestBytes:      16 << 20,
+		MaxPayloadBytes:       manifest.DefaultMaxBundleBytes,
+		MaxBackoff:            5 * time.Minute,
+		RequestTimeout:        60 * time.Second,
+		MachineIDFile:         DefaultMachineIDFile,
+		LogLevel:              "info",
+		LogFormat:             "text",
 	}
+}
+
+// MaxSyncIntervalStreaming bounds sync_interval_streaming.
+const MaxSyncIntervalStreaming = time.Hour
+
+// pollInterval is the interval between manifest polls: SyncInterval while
+// the stream is down, SyncIntervalStreaming (at least SyncInterval) while
+// it is up.
+func (c *Config) pollInterval(streaming bool) time.Duration {
+	if streaming {
+		return max(c.SyncIntervalStreaming, c.SyncInterval)
+	}
+	return c.SyncInterval
 }
 
 // SocketPath returns the control socket path.
@@ -193,6 +212,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	atLeast("sync_interval", c.SyncInterval, time.Second)
+	atLeast("sync_interval_streaming", c.SyncIntervalStreaming, time.Second)
+	if c.SyncIntervalStreaming > MaxSyncIntervalStreaming {
+		add("sync_interval_streaming", "must be at most %s (a manifest re-signed before it expires must still be fetched in time when a SyncNow is lost)", MaxSyncIntervalStreaming)
+	}
 	atLeast("heartbeat_interval", c.HeartbeatInterval, time.Second)
 	atLeast("max_backoff", c.MaxBackoff, time.Second)
 	atLeast("request_timeout", c.RequestTimeout, time.Second)

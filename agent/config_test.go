@@ -76,3 +76,33 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncIntervalStreaming: the poll interval while the stream is up is
+// sync_interval_streaming, never shorter than sync_interval; out of bounds
+// it is refused with its field name.
+func TestSyncIntervalStreaming(t *testing.T) {
+	c := DefaultConfig()
+	if c.SyncIntervalStreaming != 5*time.Minute || c.pollInterval(true) != 5*time.Minute || c.pollInterval(false) != 30*time.Second {
+		t.Fatalf("defaults: streaming %s, polls %s up and %s down", c.SyncIntervalStreaming, c.pollInterval(true), c.pollInterval(false))
+	}
+	c.SyncInterval = time.Hour
+	if got := c.pollInterval(true); got != time.Hour {
+		t.Errorf("streaming interval below sync_interval: polls every %s, want 1h", got)
+	}
+	for _, d := range []time.Duration{0, 500 * time.Millisecond, 2 * time.Hour} {
+		c := DefaultConfig()
+		c.SyncIntervalStreaming = d
+		err := c.Validate()
+		var ve *manifest.ValidationError
+		if !errors.As(err, &ve) || len(ve.Problems) != 1 || ve.Problems[0].Field != "sync_interval_streaming" {
+			t.Errorf("sync_interval_streaming %s: %v", d, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "agent.yaml")
+	must(t, os.WriteFile(path, []byte("sync_interval_streaming: 10m\n"), 0o644))
+	c, err := LoadConfig(path, true, []string{"DROVER_SYNC_INTERVAL=20s"})
+	must(t, err)
+	if c.SyncIntervalStreaming != 10*time.Minute || c.SyncInterval != 20*time.Second {
+		t.Errorf("loaded: streaming %s, sync_interval %s", c.SyncIntervalStreaming, c.SyncInterval)
+	}
+}

@@ -44,6 +44,8 @@ type Agent struct {
 	syncReq  chan chan SyncResult
 	enrollCh chan enrollCall
 	outboxCh chan struct{} // a record was enqueued (buffered 1)
+	// streamChanged: the stream came up or went down (buffered 1).
+	streamChanged chan struct{}
 	// reconnectCh cuts the stream's reconnect wait short (re-enrolled).
 	reconnectCh chan struct{}
 	spoolCh     chan struct{} // collect spools now (buffered 1)
@@ -80,6 +82,9 @@ type Agent struct {
 	authLost       string            // why the server refuses the identity (reenroll.go); "" when it does not
 	runPipes       map[string]string // run id -> pipe, from RunStarted records
 	spoolRoots     []string
+	// onHandshake, when set (tests), sees the TLS state of every new
+	// connection of the HTTP client.
+	onHandshake func(tls.ConnectionState)
 }
 
 // Option configures an Agent.
@@ -119,19 +124,20 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		cfg:         cfg,
-		log:         logger,
-		host:        DefaultHostInfo(),
-		enrolled:    make(chan struct{}),
-		syncReq:     make(chan chan SyncResult, 16),
-		enrollCh:    make(chan enrollCall),
-		outboxCh:    make(chan struct{}, 1),
-		spoolCh:     make(chan struct{}, 1),
-		accountCh:   make(chan struct{}, 1),
-		leaseCh:     make(chan struct{}, 1),
-		reconnectCh: make(chan struct{}, 1),
-		lastRuns:    map[string]RunSummary{},
-		runPipes:    map[string]string{},
+		cfg:           cfg,
+		log:           logger,
+		host:          DefaultHostInfo(),
+		enrolled:      make(chan struct{}),
+		syncReq:       make(chan chan SyncResult, 16),
+		enrollCh:      make(chan enrollCall),
+		outboxCh:      make(chan struct{}, 1),
+		spoolCh:       make(chan struct{}, 1),
+		accountCh:     make(chan struct{}, 1),
+		leaseCh:       make(chan struct{}, 1),
+		reconnectCh:   make(chan struct{}, 1),
+		streamChanged: make(chan struct{}, 1),
+		lastRuns:      map[string]RunSummary{},
+		runPipes:      map[string]string{},
 	}
 	for _, o := range opts {
 		o(a)
@@ -219,7 +225,7 @@ func (a *Agent) watchdogLoop(ctx context.Context) {
 		// least every interval; a loop wedged longer than that stops the
 		// pings and systemd restarts the agent.
 		last := time.Unix(0, a.alive.Load())
-		if time.Since(last) < a.cfg.SyncInterval+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
+		if time.Since(last) < a.cfg.pollInterval(true)*11/10+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
 			a.sdNotify("WATCHDOG=1")
 		}
 	}
@@ -245,13 +251,24 @@ func (a *Agent) setIdentity(id *Identity) {
 	} else {
 		a.replicas.set(urls, addrs, paired)
 	}
-	a.http = newReplicaClient(a.replicas, mtlsConfig("", id.caPool, a.currentCert), a.cfg.RequestTimeout, a.log, a.learnReplicas)
+	old := a.http
+	// A new TLS configuration: its session cache starts empty, so no
+	// session resumed with the previous certificate (mtlsConfig).
+	conf := mtlsConfig("", id.caPool, a.currentCert)
+	if h := a.onHandshake; h != nil {
+		conf.VerifyConnection = func(cs tls.ConnectionState) error { h(cs); return nil }
+	}
+	a.http = newReplicaClient(a.replicas, conf, a.cfg.RequestTimeout, a.log, a.learnReplicas)
 	if a.host.MachineID != "" {
 		// The server binds the identity to this machine and refuses the
 		// same certificate from another one (identity_conflict).
 		a.http.SetHeader(api.MachineIDHeader, a.host.MachineID)
 	}
 	a.mu.Unlock()
+	if old != nil {
+		// Requests in flight finish on their connections; idle ones close.
+		old.GetClient().CloseIdleConnections()
+	}
 	if first {
 		close(a.enrolled)
 	}

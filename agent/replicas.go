@@ -395,6 +395,14 @@ func (t *failoverTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	return nil, lastErr
 }
 
+// CloseIdleConnections closes the idle connections of the transport
+// underneath (http.Client.CloseIdleConnections calls it).
+func (t *failoverTransport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 func unavailable(code int) bool {
 	return code == http.StatusBadGateway || code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout
 }
@@ -402,7 +410,9 @@ func unavailable(code int) bool {
 // newBaseTransport is the HTTP transport under failoverTransport: the
 // dial, handshake and response-header timeouts notice a replica that
 // stopped answering. The TLS configuration leaves ServerName empty, so
-// that each replica is checked against its own host name.
+// that each replica is checked against its own host name. At most one idle
+// connection per replica is kept, and none for longer than
+// pollIdleTimeout (client.go): at rest the agent holds only its stream.
 func newBaseTransport(tlsConf *tls.Config, requestTimeout time.Duration) *http.Transport {
 	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
@@ -412,7 +422,7 @@ func newBaseTransport(tlsConf *tls.Config, requestTimeout time.Duration) *http.T
 		ResponseHeaderTimeout: min(httpHeaderTimeout, requestTimeout/2),
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          4,
-		MaxIdleConnsPerHost:   2,
-		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   1,
+		IdleConnTimeout:       pollIdleTimeout,
 	}
 }

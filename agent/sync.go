@@ -60,7 +60,14 @@ func (r *rejection) Unwrap() error { return r.err }
 const expiredRetryMax = 15 * time.Second
 
 // syncLoop pulls the manifest every interval (with jitter), at once when
-// asked, and with backoff after errors, until ctx is done.
+// asked, and with backoff after errors, until ctx is done. The interval is
+// sync_interval while the stream is down and sync_interval_streaming while
+// it is up: the stream's SyncNow announces every change (and the server
+// sends one after a reconnect's Hello when the agent is behind), so the
+// interval poll is the backstop, and a fleet at rest holds one socket per
+// agent (the poll connection closes after pollIdleTimeout). When the stream
+// comes up or goes down during a wait, the wait is measured again from the
+// last poll with the other interval.
 func (a *Agent) syncLoop(ctx context.Context) {
 	bo := newBackoff(time.Second, a.cfg.MaxBackoff)
 	var waiting []chan SyncResult
@@ -74,8 +81,11 @@ func (a *Agent) syncLoop(ctx context.Context) {
 			w <- res
 		}
 		waiting = nil
+		done := time.Now()
+		failed := res.Outcome == OutcomeError
 		var d time.Duration
-		if res.Outcome == OutcomeError {
+		f := jitterFactor(0.1)
+		if failed {
 			d = bo.next()
 			if res.Expired {
 				d = min(d, expiredRetryMax)
@@ -83,16 +93,30 @@ func (a *Agent) syncLoop(ctx context.Context) {
 			a.log.Warn("sync failed; retrying", "err", res.Error, "retry_in", d.Round(time.Millisecond))
 		} else {
 			bo.reset()
-			d = jitter(a.cfg.SyncInterval, 0.1)
+			d = scaled(a.cfg.pollInterval(a.streamConnected()), f)
 		}
 		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case w := <-a.syncReq:
-			waiting = append(waiting, w)
-		case <-t.C:
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case w := <-a.syncReq:
+				waiting = append(waiting, w)
+				break wait
+			case <-a.streamChanged:
+				if failed {
+					continue
+				}
+				// The interval changed with the stream: the same jitter,
+				// from the same poll.
+				t.Stop()
+				next := scaled(a.cfg.pollInterval(a.streamConnected()), f)
+				t = time.NewTimer(max(0, time.Until(done.Add(next))))
+			case <-t.C:
+				break wait
+			}
 		}
 		t.Stop()
 		// Coalesce requests that arrived together.

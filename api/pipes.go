@@ -19,6 +19,20 @@ type PutPipeResponse struct {
 	Version uint64 `json:"version"`
 	Digest  string `json:"digest"`
 	Created bool   `json:"created"`
+	// Manifests is where the fleet's manifests stood when the answer was
+	// sent (a new version only).
+	Manifests *PublishState `json:"manifests,omitempty"`
+}
+
+// PublishState reports the recompile a pipe change started. The PUT waits
+// for it a bounded time (under a second): Done says every affected
+// manifest was signed and stored by then, Changed how many changed. When
+// not Done the version is stored and the recompile goes on in the
+// background; each agent's manifest serial (GET /api/v1/agents/{id})
+// shows it landing, and a failed recompile is retried and logged.
+type PublishState struct {
+	Done    bool `json:"done"`
+	Changed int  `json:"changed"`
 }
 
 // Pipe is a pipe as the API shows it.

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server/compile"
 	"github.com/drover/drover/server/pki"
@@ -293,4 +294,86 @@ func (c *compiler) secretChanged(ctx context.Context, name string) error {
 	}
 	_, err = c.resign(ctx, ids)
 	return err
+}
+
+// publishWait is how long a pipe PUT waits for the fleet's recompile: a
+// change to a few thousand agents is compiled, signed and stored within
+// it; a larger fleet's recompile goes on after the answer.
+const publishWait = 750 * time.Millisecond
+
+// publishRetries bounds the retries of a recompile that failed after the
+// answer; publishRetryBase is the first pause (doubling).
+const (
+	publishRetries   = 5
+	publishRetryBase = time.Second
+)
+
+// publishAll recompiles every manifest after a pipe change and waits for it
+// at most wait. Done: it finished (an error is returned as it is, the
+// caller answers with it, as before). Not done: it goes on in the
+// background (the server's drain waits for it); should it then fail, it
+// is logged and retried from the stored state, which is always safe (a
+// recompile of unchanged inputs changes nothing).
+func (s *Server) publishAll(ctx context.Context, wait time.Duration) (*api.PublishState, error) {
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	bg := context.WithoutCancel(ctx)
+	// Who answers for a failure: the caller (callerOwns) while it still
+	// waits, the background (backgroundOwns) once the caller has answered.
+	const (
+		callerOwns = iota + 1
+		backgroundOwns
+	)
+	var owner atomic.Int32
+	s.publishing.Add(1)
+	go func() {
+		defer s.publishing.Done()
+		n, err := s.compiler.Compile(bg, nil)
+		if err != nil && owner.CompareAndSwap(0, callerOwns) {
+			done <- result{n, err}
+			return
+		}
+		done <- result{n, err}
+		pause := publishRetryBase
+		for try := 1; err != nil && try <= publishRetries; try++ {
+			s.log.Error("recompiling the manifests after a pipe change; retrying", "err", err, "retry_in", pause, "try", try)
+			select {
+			case <-s.quit:
+				return
+			case <-time.After(pause):
+			}
+			pause *= 2
+			_, err = s.compiler.Compile(bg, nil)
+		}
+		if err != nil {
+			s.log.Error("recompiling the manifests after a pipe change failed; the next change or re-sign recompiles them", "err", err)
+		}
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return &api.PublishState{Done: true, Changed: r.n}, nil
+	case <-t.C:
+		if !owner.CompareAndSwap(0, backgroundOwns) {
+			// It failed just now, and the failure is ours to answer.
+			r := <-done
+			return nil, r.err
+		}
+		select {
+		case r := <-done: // it landed meanwhile
+			if r.err == nil {
+				return &api.PublishState{Done: true, Changed: r.n}, nil
+			}
+		default:
+		}
+		s.log.Info("the recompile after a pipe change goes on after the answer", "waited", wait)
+		return &api.PublishState{}, nil
+	}
 }

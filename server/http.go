@@ -342,6 +342,9 @@ type pool struct{ sem chan struct{} }
 
 func newPool(n int) *pool { return &pool{sem: make(chan struct{}, max(n, 1))} }
 
+// usage is how many of the pool's slots are in use, and how many it has.
+func (p *pool) usage() (inUse, slots int) { return len(p.sem), cap(p.sem) }
+
 func (p *pool) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	select {
 	case p.sem <- struct{}{}:

@@ -53,9 +53,10 @@ func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *store.Pip
 	if err != nil {
 		return err
 	}
+	var published *api.PublishState
 	if created {
 		s.log.Info("pipe version created", "pipe", pv.Name, "version", version)
-		if _, err := s.compiler.Compile(r.Context(), nil); err != nil {
+		if published, err = s.publishAll(r.Context(), publishWait); err != nil {
 			return err
 		}
 	}
@@ -68,7 +69,7 @@ func (s *Server) storePipe(w http.ResponseWriter, r *http.Request, pv *store.Pip
 	if created {
 		code = http.StatusCreated
 	}
-	return writeJSON(w, code, api.PutPipeResponse{Name: pv.Name, Version: version, Digest: pv.PayloadDigest, Created: created})
+	return writeJSON(w, code, api.PutPipeResponse{Name: pv.Name, Version: version, Digest: pv.PayloadDigest, Created: created, Manifests: published})
 }
 
 // YAML media types accepted by PUT /api/v1/pipes/{name}.

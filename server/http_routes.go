@@ -220,7 +220,10 @@ func (s *Server) routes() http.Handler {
 // also capped in size before any handler reads them.
 func (s *Server) classify(next http.Handler) http.Handler {
 	hc := s.cfg.HTTP
-	agents := newPool(hc.AgentMaxConcurrent)
+	agents := s.agentSlots
+	if agents == nil {
+		agents = newPool(hc.AgentMaxConcurrent)
+	}
 	tokens := newPool(hc.MaxConcurrent)
 	public := newPool(hc.PublicMaxConcurrent)
 	perToken := newKeyedLimit(hc.MaxConcurrentPerToken)

@@ -97,6 +97,9 @@ type Server struct {
 	payloadSem  chan struct{}        // bounds payload downloads in all
 	payloads    *payloadCache        // bundles by digest (payloadcache.go)
 	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
+	agentSlots  *pool                // the agents' request slots (http.agent_max_concurrent)
+	handshakes  connsInHandshake     // HTTPS connections accepted and not yet serving a request
+	publishing  sync.WaitGroup       // recompiles a pipe PUT left running (compiler.go publishAll)
 
 	httpLn  net.Listener
 	grpcLn  net.Listener
@@ -153,9 +156,14 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		refusals: newRefusalAuditor(), guard: newGuards(cfg),
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches),
 		payloads: newPayloadCache(payloadCacheBytes, payloadCacheMaxEntry)}
-	// Paced SyncNows go through the fleet, so that an agent streaming to
-	// another replica hears of its manifest too.
-	s.syncs = newSyncSpreader(func(id string, serial uint64) bool { s.fleet.SyncNow(id, serial); return true }, syncRate, syncBurst)
+	s.agentSlots = newPool(cfg.HTTP.AgentMaxConcurrent)
+	// Through the fleet (set below): an agent streaming to another replica
+	// is told by a sync signal.
+	s.syncs = newSyncSpreader(func(id string, serial uint64) bool { s.fleet.SyncNow(id, serial); return true },
+		hub.Count, func() bool {
+			inUse, slots := s.agentSlots.usage()
+			return agentsBusy(inUse, slots, s.handshakes.n.Load())
+		})
 	defer func() {
 		if err != nil {
 			s.release()
@@ -252,6 +260,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		IdleTimeout:       cfg.HTTP.IdleTimeout,
 		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+		ConnState:         s.handshakes.track,
 		TLSConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS12,
 			CipherSuites: signing.TLSCipherSuites(),
@@ -561,6 +570,7 @@ func (s *Server) shutdown() {
 	if err := s.httpSrv.Shutdown(tctx); err != nil {
 		s.httpSrv.Close()
 	}
+	s.publishing.Wait()
 	s.hub.CloseAll(stream.ErrDraining)
 	select {
 	case <-grpcDone:

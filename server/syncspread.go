@@ -1,7 +1,10 @@
 package server
 
 import (
+	"net"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -9,23 +12,49 @@ import (
 // chunks of saveChunk; telling every agent of a chunk at once sets off
 // thousands of manifest polls and payload fetches in the same millisecond
 // (a thundering herd that fills the agents' request pool). syncSpreader
-// queues the SyncNows instead and sends them at syncRate per second after
-// a first syncBurst, so a change to n agents is announced over about
-// n/syncRate seconds: the window grows with the fleet, and the agents'
-// fetches arrive at a pace the server serves without queueing. A small
-// change (one agent's enrollment, a few agents' tags) goes out at once.
+// queues the SyncNows instead and sends them from a token bucket after a
+// first syncBurst, at a rate sized to the fleet: the connected agents over
+// syncWindow, so that a change to the whole fleet is announced in about
+// syncWindow whatever its size, and never slower than syncMinRate (a
+// small fleet is told at once) nor faster than syncMaxRate. What the
+// server can serve bounds it too: while the agents' request slots
+// (http.agent_max_concurrent) are more than syncBusyFraction in use, or
+// more than syncHandshakeHold new HTTPS connections are still in their TLS
+// handshake (agents that close their idle poll connection open one per
+// change), no SyncNow goes out — the agents already told are still being
+// served, and telling more would only queue them (or, past the server's
+// header timeout, drop their connections). A small change (one agent's
+// enrollment, a few agents' tags) goes out at once.
 const (
-	syncRate  = 4000
-	syncBurst = 500
+	syncWindow  = 2 * time.Second
+	syncMinRate = 4000
+	syncMaxRate = 20000
+	syncBurst   = 500
+	// syncBusyFraction of the agents' request slots in use holds the queue,
+	// as do syncHandshakeHold connections in their handshake.
+	syncBusyFraction  = 0.5
+	syncHandshakeHold = 256
 	// syncTick is how often the queue is drained while it is not empty.
 	syncTick = 10 * time.Millisecond
 )
 
+// syncRate is the announcement rate for a fleet of n connected agents.
+func syncRate(n int) float64 {
+	return min(syncMaxRate, max(syncMinRate, float64(n)/syncWindow.Seconds()))
+}
+
 // syncSpreader paces SyncNow messages; send is the hub's SyncNow.
 type syncSpreader struct {
-	send        func(agentID string, serial uint64) bool
-	rate, burst float64
-	now         func() time.Time
+	send  func(agentID string, serial uint64) bool
+	burst float64
+	// rate is the current rate (per second); fleet, when set, sizes it
+	// (syncRate of the connected agents) at each take.
+	rate  float64
+	fleet func() int
+	// busy, when set, reports whether the server is still serving the
+	// agents already told (agentsBusy); while it is, take holds.
+	busy func() bool
+	now  func() time.Time
 
 	mu      sync.Mutex
 	queue   []string          // agents in announcement order
@@ -33,10 +62,20 @@ type syncSpreader struct {
 	tokens  float64
 	last    time.Time
 	running bool
+	held    int // takes held because the slots were busy (for tests and the log)
 }
 
-func newSyncSpreader(send func(string, uint64) bool, rate, burst int) *syncSpreader {
-	return &syncSpreader{send: send, rate: float64(rate), burst: float64(burst), tokens: float64(burst),
+// agentsBusy: more than syncBusyFraction of the agents' request slots in
+// use, or more than syncHandshakeHold connections in their handshake.
+func agentsBusy(inUse, slots int, handshaking int64) bool {
+	return slots > 0 && float64(inUse) > syncBusyFraction*float64(slots) || handshaking > syncHandshakeHold
+}
+
+// newSyncSpreader paces send by the fleet's size (fleet) and what the
+// server is still serving (busy); either may be nil (a fixed syncMinRate,
+// no hold).
+func newSyncSpreader(send func(string, uint64) bool, fleet func() int, busy func() bool) *syncSpreader {
+	return &syncSpreader{send: send, rate: syncMinRate, burst: syncBurst, tokens: syncBurst, fleet: fleet, busy: busy,
 		now: time.Now, serials: map[string]uint64{}}
 }
 
@@ -88,10 +127,17 @@ func (p *syncSpreader) take() []pendingSync {
 		return nil
 	}
 	now := p.now()
+	if p.fleet != nil {
+		p.rate = syncRate(p.fleet())
+	}
 	if !p.last.IsZero() {
 		p.tokens = min(p.burst, p.tokens+now.Sub(p.last).Seconds()*p.rate)
 	}
 	p.last = now
+	if p.busy != nil && p.busy() {
+		p.held++
+		return []pendingSync{}
+	}
 	n := min(len(p.queue), int(p.tokens))
 	out := make([]pendingSync, n)
 	for i, id := range p.queue[:n] {
@@ -108,4 +154,23 @@ func (p *syncSpreader) pending() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.queue)
+}
+
+// connsInHandshake counts the HTTPS connections accepted and not yet
+// serving their first request — for TLS, those still in their handshake
+// (http.Server.ConnState: StateNew until the first request's bytes).
+type connsInHandshake struct {
+	n   atomic.Int64
+	new sync.Map // net.Conn -> struct{}, while StateNew
+}
+
+func (c *connsInHandshake) track(conn net.Conn, st http.ConnState) {
+	if st == http.StateNew {
+		c.new.Store(conn, struct{}{})
+		c.n.Add(1)
+		return
+	}
+	if _, ok := c.new.LoadAndDelete(conn); ok {
+		c.n.Add(-1)
+	}
 }

@@ -2,9 +2,13 @@ package server
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/drover/drover/internal/testkit"
 )
 
 // The pacing itself, on a clock the test moves: a burst at once, then the
@@ -51,7 +55,7 @@ func TestSyncSpreaderDeliversAll(t *testing.T) {
 			close(done)
 		}
 		return true
-	}, 5000, 100)
+	}, nil, nil)
 	for i := range 300 {
 		p.add(fmt.Sprintf("a%d", i), 7)
 	}
@@ -76,4 +80,94 @@ func TestSyncSpreaderDeliversAll(t *testing.T) {
 	if len(got) != 300 || sends != 300 || got["a299"] != 7 {
 		t.Fatalf("%d agents, %d sends", len(got), sends)
 	}
+}
+
+// The rate follows the fleet: the connected agents over syncWindow, within
+// syncMinRate and syncMaxRate — a change to 19,500 agents is announced in
+// about 2 s instead of the ~4.9 s of a fixed 4,000/s.
+func TestSyncRateSizedToFleet(t *testing.T) {
+	for _, c := range []struct {
+		agents int
+		rate   float64
+	}{{0, syncMinRate}, {5000, syncMinRate}, {8000, 4000}, {19500, 9750}, {100000, syncMaxRate}} {
+		if got := syncRate(c.agents); got != c.rate {
+			t.Errorf("%d agents: %.0f/s, want %.0f/s", c.agents, got, c.rate)
+		}
+	}
+	window := func(n int) time.Duration {
+		return time.Duration(float64(n-syncBurst) / syncRate(n) * float64(time.Second))
+	}
+	if w := window(19500); w > 2*time.Second || w < 1900*time.Millisecond {
+		t.Errorf("19,500 agents announced over %s", w)
+	}
+}
+
+// While more than half the agents' request slots are in use, or more than
+// syncHandshakeHold connections are in their TLS handshake, nothing is
+// sent (the tokens still accrue, up to the burst); when they free up the
+// queue moves at the fleet's rate.
+func TestSyncSpreaderHoldsWhileSlotsBusy(t *testing.T) {
+	now := time.Unix(1000, 0)
+	inUse := 0
+	var handshaking int64
+	fleet := 19500
+	p := &syncSpreader{burst: 100, tokens: 100, now: func() time.Time { return now }, serials: map[string]uint64{},
+		fleet: func() int { return fleet }, busy: func() bool { return agentsBusy(inUse, 512, handshaking) }}
+	p.running = true
+	for i := range 2000 {
+		p.add(fmt.Sprintf("a%04d", i), 1)
+	}
+	if got := p.take(); len(got) != 100 {
+		t.Fatalf("burst: %d", len(got))
+	}
+	inUse = 300 // more than half of 512
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); got == nil || len(got) != 0 || p.held != 1 {
+		t.Fatalf("slots busy: %d sent (nil %v), held %d", len(got), got == nil, p.held)
+	}
+	inUse = 256 // half: not more
+	now = now.Add(10 * time.Millisecond)
+	// 20 ms at 9,750/s: 195 tokens, capped at the burst of 100.
+	if got := p.take(); len(got) != 100 || got[0].agentID != "a0100" {
+		t.Fatalf("slots free again: %d sent", len(got))
+	}
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 97 {
+		t.Fatalf("10 ms at the rate of 19,500 agents: %d sent, want 97", len(got))
+	}
+	fleet = 100
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 40 {
+		t.Fatalf("10 ms at the minimum rate: %d sent, want 40", len(got))
+	}
+	handshaking = syncHandshakeHold + 1 // connections the agents told opened, still in their handshake
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 0 || p.held != 2 {
+		t.Fatalf("handshakes pending: %d sent, held %d", len(got), p.held)
+	}
+	handshaking = syncHandshakeHold
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 80 {
+		t.Fatalf("handshakes done: %d sent, want 80 (20 ms at 4,000/s)", len(got))
+	}
+}
+
+// The server counts the HTTPS connections still in their TLS handshake
+// (which hold the announcements back): a connection that has sent nothing
+// counts until it is closed; one that made a request does not.
+func TestConnsInHandshakeCounted(t *testing.T) {
+	ts := startServer(t)
+	u, err := url.Parse(ts.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.do("GET", "/healthz", "", nil) // a request made: not in a handshake
+	base := ts.s.handshakes.n.Load()
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 5*time.Second, "the silent connection counted", func() bool { return ts.s.handshakes.n.Load() == base+1 })
+	c.Close()
+	testkit.WaitFor(t, 5*time.Second, "the closed connection uncounted", func() bool { return ts.s.handshakes.n.Load() == base })
 }

@@ -16,11 +16,13 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -57,7 +59,23 @@ type AgentParams struct {
 	// that follow a SyncNow (the next poll resumes the TLS session).
 	IdleTimeout time.Duration `json:"idle_timeout"`
 	Timeout     time.Duration `json:"timeout"`
+	// Probe models drover-agent's liveness probe of an idle stream (a gRPC
+	// health check on the stream's connection after probeIdle of silence):
+	// "" none, ProbeSilent whenever the server was silent that long (the
+	// agent before), ProbeUnanswered only while a record sent is not
+	// acknowledged (the agent now), ProbeHeartbeat also after each
+	// heartbeat (which the server does not answer).
+	Probe string `json:"probe,omitempty"`
 }
+
+// Probe modes (AgentParams.Probe) and the agent's timings.
+const (
+	ProbeSilent     = "silent"
+	ProbeUnanswered = "unanswered"
+	ProbeHeartbeat  = "heartbeat"
+	probeIdle       = 3 * time.Second
+	probeTimeout    = 3 * time.Second
+)
 
 // recKind says what an outbox record counts as once acknowledged.
 type recKind int
@@ -280,6 +298,11 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 	c.connected.Add(1)
 	defer c.connected.Add(-1)
 
+	var lastRecv, lastSent atomic.Int64
+	lastRecv.Store(time.Now().UnixNano())
+	if mode := a.w.cfg.Agent.Probe; mode != "" {
+		go a.probe(sctx, mode, &lastRecv, &lastSent)
+	}
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
@@ -288,6 +311,7 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 				recvErr <- err
 				return
 			}
+			lastRecv.Store(time.Now().UnixNano())
 			switch b := msg.GetBody().(type) {
 			case *agentpb.ServerMessage_Ack:
 				a.ack(b.Ack.GetSeq())
@@ -326,6 +350,7 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 			if err := st.Send(m); err != nil {
 				return fmt.Errorf("send: %w", err)
 			}
+			lastSent.Store(time.Now().UnixNano())
 			sent = m.GetSeq()
 		}
 		select {
@@ -340,9 +365,42 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 			if err := st.Send(msg); err != nil {
 				return fmt.Errorf("send heartbeat: %w", err)
 			}
+			if a.w.cfg.Agent.Probe == ProbeHeartbeat {
+				lastSent.Store(time.Now().UnixNano())
+			}
 			c.heartbeats.Add(1)
 			hb.Reset(jitter(a.w.cfg.Agent.Heartbeat, 0.1))
 		}
+	}
+}
+
+// probe sends a health check on the stream's connection, every second
+// that the mode finds one due, until ctx ends.
+func (a *simAgent) probe(ctx context.Context, mode string, lastRecv, lastSent *atomic.Int64) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	hc := healthpb.NewHealthClient(a.conn)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		recv := time.Unix(0, lastRecv.Load())
+		if time.Since(recv) < probeIdle || mode != ProbeSilent && !time.Unix(0, lastSent.Load()).After(recv) {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		_, err := hc.Check(pctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		a.w.rec.c.probes.Add(1)
+		if err != nil {
+			a.w.rec.fail("probe", err)
+		}
+		lastRecv.Store(time.Now().UnixNano())
 	}
 }
 

@@ -166,6 +166,7 @@ func (o *mainOptions) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.noVerify, "no-verify", false, "do not verify manifest signatures (saves the simulator's CPU)")
 	fs.BoolVar(&o.noKeepAlive, "no-keepalive", false, "close the poll connection after each poll (TLS sessions are resumed)")
 	fs.DurationVar(&o.cfg.Agent.IdleTimeout, "idle-timeout", o.cfg.Agent.IdleTimeout, "close a kept-alive poll connection after this long idle (below --poll-interval: no idle connection between polls, one reused for a change's fetches)")
+	fs.StringVar(&o.cfg.Agent.Probe, "probe", "", "model drover-agent's stream liveness probe (a gRPC health check): "+ProbeSilent+" (after 3 s of silence), "+ProbeUnanswered+" (only while a record is not acknowledged), "+ProbeHeartbeat+" (also after each heartbeat); empty: none")
 	fs.DurationVar(&o.cfg.Agent.Timeout, "timeout", o.cfg.Agent.Timeout, "timeout of one request")
 	fs.DurationVar(&o.cfg.Settle, "settle", o.cfg.Settle, "bound for every agent connected and applied after a step's enrollment")
 	fs.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
@@ -265,6 +266,9 @@ func (c *Config) validate() error {
 	if c.Agent.IdleTimeout < 100*time.Millisecond || c.Agent.IdleTimeout > time.Hour {
 		bad("idle_timeout", "100ms-1h")
 	}
+	if p := c.Agent.Probe; p != "" && p != ProbeSilent && p != ProbeUnanswered && p != ProbeHeartbeat {
+		bad("probe", "empty, "+ProbeSilent+", "+ProbeUnanswered+" or "+ProbeHeartbeat)
+	}
 	if c.Changes < 0 || c.Changes > 100 {
 		bad("changes", "0-100")
 	}
@@ -321,6 +325,7 @@ type StepReport struct {
 	Poll304Share   float64          `json:"poll_304_share"`
 	PollResumed    float64          `json:"poll_tls_resumed_share"`
 	HeartbeatsSec  float64          `json:"heartbeats_per_second"`
+	ProbesSec      float64          `json:"probes_per_second"`
 	IngestPerSec   float64          `json:"records_acked_per_second"`
 	LogBytesPerSec float64          `json:"log_bytes_acked_per_second"`
 	RunsPerSec     float64          `json:"runs_acked_per_second"`
@@ -741,6 +746,7 @@ func idleWindow(ctx context.Context, cfg Config, f *fleet, st *StepReport, w0 St
 		st.PollResumed = float64(w1.PollsResumed-w0.PollsResumed) / float64(polls)
 	}
 	st.HeartbeatsSec = d(w1.Heartbeats, w0.Heartbeats)
+	st.ProbesSec = d(w1.Probes, w0.Probes)
 	st.IngestPerSec = d(w1.RecordsAcked, w0.RecordsAcked)
 	st.LogBytesPerSec = d(w1.LogBytesAcked, w0.LogBytesAcked)
 	st.RunsPerSec = d(w1.RunsAcked, w0.RunsAcked)
@@ -879,8 +885,8 @@ func printStep(cfg Config, st StepReport) {
 			s.PID, mib(s.RSSBytes), kib(s.RSSPerAgent), kib(s.RSSDeltaPerAgent), s.CPUPercent, s.CPUPerAgent, s.Threads, s.FDs)
 	}
 	fmt.Fprintf(w, "  polls       %.1f/s, %.0f%% 304, %.0f%% on resumed TLS sessions: %s\n", st.PollsPerSec, 100*st.Poll304Share, 100*st.PollResumed, lat(st.Poll))
-	fmt.Fprintf(w, "  ingest      %.1f records/s acked (%.1f runs/s, %.0f log bytes/s), %.1f heartbeats/s; lag %s\n",
-		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, lat(st.IngestLag))
+	fmt.Fprintf(w, "  ingest      %.1f records/s acked (%.1f runs/s, %.0f log bytes/s), %.1f heartbeats/s, %.1f probes/s; lag %s\n",
+		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, st.ProbesSec, lat(st.IngestLag))
 	fmt.Fprintf(w, "  simulator   workers RSS %s, CPU %.1f%% of one core; own timer lag %s\n", mib(st.SimRSSBytes), st.SimCPUPercent, lat(st.SimLag))
 	for _, c := range st.Changes {
 		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches (%d deferred by 429); simulator lag meanwhile p99 %s, max %s\n",

@@ -166,6 +166,7 @@ type Counters struct {
 	PayloadsDeferred int64 `json:"payloads_deferred"`
 	SyncNows         int64 `json:"sync_nows"`
 	Heartbeats       int64 `json:"heartbeats"`
+	Probes           int64 `json:"probes"` // liveness probes of the stream (--probe)
 	StreamsOpened    int64 `json:"streams_opened"`
 	RecordsSent      int64 `json:"records_sent"` // durable records queued (each once)
 	RecordsAcked     int64 `json:"records_acked"`
@@ -182,7 +183,7 @@ type Counters struct {
 // counters is Counters updated with atomics.
 type counters struct {
 	agents, enrolled, connected, polls, polls200, polls304, pollsResumed, verified, payloads, payloadBytes, payloadsDeferred,
-	syncNows, heartbeats, streamsOpened, recordsSent, recordsAcked, runsFinished, runsAcked,
+	syncNows, heartbeats, probes, streamsOpened, recordsSent, recordsAcked, runsFinished, runsAcked,
 	logChunksAcked, logBytesAcked, statusesApplied, agentsApplied atomic.Int64
 }
 
@@ -191,7 +192,7 @@ func (c *counters) snapshot() Counters {
 		Agents: c.agents.Load(), Enrolled: c.enrolled.Load(), Connected: c.connected.Load(),
 		Polls: c.polls.Load(), Polls200: c.polls200.Load(), Polls304: c.polls304.Load(), PollsResumed: c.pollsResumed.Load(), Verified: c.verified.Load(),
 		Payloads: c.payloads.Load(), PayloadBytes: c.payloadBytes.Load(), PayloadsDeferred: c.payloadsDeferred.Load(), SyncNows: c.syncNows.Load(),
-		Heartbeats: c.heartbeats.Load(), StreamsOpened: c.streamsOpened.Load(), RecordsSent: c.recordsSent.Load(),
+		Heartbeats: c.heartbeats.Load(), Probes: c.probes.Load(), StreamsOpened: c.streamsOpened.Load(), RecordsSent: c.recordsSent.Load(),
 		RecordsAcked: c.recordsAcked.Load(), RunsFinished: c.runsFinished.Load(), RunsAcked: c.runsAcked.Load(),
 		LogChunksAcked: c.logChunksAcked.Load(), LogBytesAcked: c.logBytesAcked.Load(), StatusesApplied: c.statusesApplied.Load(),
 		AgentsApplied: c.agentsApplied.Load(),
@@ -212,6 +213,7 @@ func (c *Counters) add(o Counters) {
 	c.PayloadsDeferred += o.PayloadsDeferred
 	c.SyncNows += o.SyncNows
 	c.Heartbeats += o.Heartbeats
+	c.Probes += o.Probes
 	c.StreamsOpened += o.StreamsOpened
 	c.RecordsSent += o.RecordsSent
 	c.RecordsAcked += o.RecordsAcked
