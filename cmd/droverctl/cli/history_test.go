@@ -204,7 +204,7 @@ func TestHistory(t *testing.T) {
 		t.Fatalf("restore of the current version:\n%s", r)
 	}
 	r = ts.ctlOK("restore", "hist", "2", "-o", "yaml")
-	if !strings.HasPrefix(r.stdout, "name: hist\nversion: 5\ndigest: sha256:") || !strings.HasSuffix(r.stdout, "created: true\n") {
+	if !strings.HasPrefix(r.stdout, "name: hist\nversion: 5\ndigest: sha256:") || !strings.Contains(r.stdout, "\ncreated: true\nmanifests:\n  done: true\n") {
 		t.Fatalf("restore -o yaml:\n%s", r)
 	}
 
