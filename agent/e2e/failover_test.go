@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"github.com/drover/drover/server/pki"
 	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,7 +18,6 @@ import (
 	"github.com/drover/drover/agent"
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
-	"github.com/drover/drover/server"
 	"github.com/drover/drover/server/store/postgres/pgtest"
 )
 
@@ -267,20 +263,8 @@ var replicaPorts = struct {
 // sealed by the KEK file env names.
 func startReplica(t *testing.T, name, httpAddr, grpcAddr string, env []string) *serverProc {
 	t.Helper()
-	dir := t.TempDir()
-	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server-"+name), env: env}
-	s.start(httpAddr, grpcAddr)
+	s := launchServer(t, "drover-server-"+name, httpAddr, grpcAddr, env)
 	t.Cleanup(func() { s.proc.kill() })
-	caPEM, err := os.ReadFile(filepath.Join(s.dataDir, "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	if s.admin, err = server.ReadAdminToken(s.dataDir); err != nil {
-		t.Fatal(err)
-	}
-	s.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	return s
 }
 

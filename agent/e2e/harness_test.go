@@ -117,10 +117,19 @@ type serverProc struct {
 // kernel (it reports them in its "drover-server ready" log line).
 func startServer(t testing.TB, env ...string) *serverProc {
 	t.Helper()
-	dir := t.TempDir()
-	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, "drover-server"), env: env}
-	s.start("127.0.0.1:0", "127.0.0.1:0")
+	s := launchServer(t, "drover-server", "127.0.0.1:0", "127.0.0.1:0", env)
 	t.Cleanup(func() { s.stop() })
+	return s
+}
+
+// launchServer starts drover-server on a fresh data dir and the given
+// addresses, logging to name's log file, and gives it an API client that
+// trusts its CA with its admin token. The caller says how it ends.
+func launchServer(t testing.TB, name, httpAddr, grpcAddr string, env []string) *serverProc {
+	t.Helper()
+	dir := t.TempDir()
+	s := &serverProc{t: t, dataDir: filepath.Join(dir, "data"), log: newLogSink(t, dir, name), env: env}
+	s.start(httpAddr, grpcAddr)
 	caPEM, err := os.ReadFile(filepath.Join(s.dataDir, "ca.crt"))
 	if err != nil {
 		t.Fatal(err)
