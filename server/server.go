@@ -159,7 +159,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	s.agentSlots = newPool(cfg.HTTP.AgentMaxConcurrent)
 	// Through the fleet (set below): an agent streaming to another replica
 	// is told by a sync signal.
-	s.syncs = newSyncSpreader(func(id string, serial uint64) bool { s.fleet.SyncNow(id, serial); return true },
+	s.syncs = newSyncSpreader(func(id string, serial uint64) { s.fleet.SyncNow(id, serial) },
 		hub.Count, func() bool {
 			inUse, slots := s.agentSlots.usage()
 			return agentsBusy(inUse, slots, s.handshakes.n.Load())

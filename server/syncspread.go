@@ -43,9 +43,9 @@ func syncRate(n int) float64 {
 	return min(syncMaxRate, max(syncMinRate, float64(n)/syncWindow.Seconds()))
 }
 
-// syncSpreader paces SyncNow messages; send is the hub's SyncNow.
+// syncSpreader paces SyncNow messages; send is the fleet's SyncNow.
 type syncSpreader struct {
-	send  func(agentID string, serial uint64) bool
+	send  func(agentID string, serial uint64)
 	burst float64
 	// rate is the current rate (per second); fleet, when set, sizes it
 	// (syncRate of the connected agents) at each take.
@@ -74,7 +74,7 @@ func agentsBusy(inUse, slots int, handshaking int64) bool {
 // newSyncSpreader paces send by the fleet's size (fleet) and what the
 // server is still serving (busy); either may be nil (a fixed syncMinRate,
 // no hold).
-func newSyncSpreader(send func(string, uint64) bool, fleet func() int, busy func() bool) *syncSpreader {
+func newSyncSpreader(send func(string, uint64), fleet func() int, busy func() bool) *syncSpreader {
 	return &syncSpreader{send: send, rate: syncMinRate, burst: syncBurst, tokens: syncBurst, fleet: fleet, busy: busy,
 		now: time.Now, serials: map[string]uint64{}}
 }

@@ -47,14 +47,13 @@ func TestSyncSpreaderDeliversAll(t *testing.T) {
 	got := map[string]uint64{}
 	sends := 0
 	done := make(chan struct{})
-	p := newSyncSpreader(func(id string, serial uint64) bool {
+	p := newSyncSpreader(func(id string, serial uint64) {
 		mu.Lock()
 		defer mu.Unlock()
 		got[id] = serial
 		if sends++; sends == 300 {
 			close(done)
 		}
-		return true
 	}, nil, nil)
 	for i := range 300 {
 		p.add(fmt.Sprintf("a%d", i), 7)
