@@ -878,24 +878,10 @@ func TestRunsAsUnprivilegedUser(t *testing.T) {
 	}
 	const uid = 65534
 	f := newPipe(t, manifest.Spec{Script: "id -u\necho $PW\n", Secrets: []string{"PW"}})
-	root := filepath.Dir(f.pipeDir)
-	os.Chmod(root, 0o755)
-	os.Chmod(filepath.Dir(root), 0o755)
 	os.WriteFile(filepath.Join(f.secrets, "PW"), []byte("hidden-value"), 0o400)
 	os.Chown(f.secrets, uid, uid) // what LoadCredential= gives the service
 	os.Chown(filepath.Join(f.secrets, "PW"), uid, uid)
-	state := filepath.Join(root, "state")
-	os.Mkdir(state, 0o700)
-	os.Chown(state, uid, uid)
-	exe, _ := os.Executable()
-	b, _ := os.ReadFile(exe)
-	bin := filepath.Join(root, "drover-agent")
-	os.WriteFile(bin, b, 0o755)
-
-	cmd := exec.Command(bin, "demo", "--pipe-dir", f.pipeDir)
-	cmd.Env = []string{"RUNNER_TEST_MAIN=1", "PATH=" + os.Getenv("PATH"), "STATE_DIRECTORY=" + state,
-		"CREDENTIALS_DIRECTORY=" + f.secrets, "INVOCATION_ID=00112233445566778899aabbccddeeff"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	cmd, state := f.runnerAsUser(uid, "CREDENTIALS_DIRECTORY="+f.secrets)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("runner as uid %d: %v", uid, err)
@@ -908,6 +894,28 @@ func TestRunsAsUnprivilegedUser(t *testing.T) {
 	if r.finished.Status != agentpb.RunStatus_RUN_STATUS_SUCCEEDED || r.text(agentpb.LogStream_LOG_STREAM_STDOUT) != "65534\n***\n" {
 		t.Fatalf("finished %v, log %q", r.finished, r.text(agentpb.LogStream_LOG_STREAM_STDOUT))
 	}
+}
+
+// runnerAsUser prepares a run of the pipe as uid, as a service with
+// DynamicUser= and StateDirectory= runs it: a copy of the test binary the
+// user can execute and a state directory it owns. It returns the command
+// (env appended to the runner's environment) and the state directory.
+func (f *fixture) runnerAsUser(uid int, env ...string) (*exec.Cmd, string) {
+	root := filepath.Dir(f.pipeDir)
+	os.Chmod(root, 0o755)
+	os.Chmod(filepath.Dir(root), 0o755)
+	state := filepath.Join(root, "state")
+	os.Mkdir(state, 0o700)
+	os.Chown(state, uid, uid)
+	exe, _ := os.Executable()
+	b, _ := os.ReadFile(exe)
+	bin := filepath.Join(root, "drover-agent")
+	os.WriteFile(bin, b, 0o755)
+	cmd := exec.Command(bin, "demo", "--pipe-dir", f.pipeDir)
+	cmd.Env = append([]string{"RUNNER_TEST_MAIN=1", "PATH=" + os.Getenv("PATH"), "STATE_DIRECTORY=" + state,
+		"INVOCATION_ID=00112233445566778899aabbccddeeff"}, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	return cmd, state
 }
 
 // TestStopSignalsWholeCgroup is systemctl stop as systemd does it

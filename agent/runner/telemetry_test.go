@@ -2,10 +2,8 @@ package runner
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"unicode/utf8"
 
@@ -130,19 +128,7 @@ func TestTelemetryAsUnprivilegedUser(t *testing.T) {
 	}
 	const uid = 65534
 	f := newPipe(t, manifest.Spec{Script: "echo 'up 1' > $DROVER_METRICS\necho who=$(id -u) >> $DROVER_OUTPUT\n"})
-	root := filepath.Dir(f.pipeDir)
-	os.Chmod(root, 0o755)
-	os.Chmod(filepath.Dir(root), 0o755)
-	state := filepath.Join(root, "state")
-	os.Mkdir(state, 0o700)
-	os.Chown(state, uid, uid)
-	exe, _ := os.Executable()
-	b, _ := os.ReadFile(exe)
-	bin := filepath.Join(root, "drover-agent")
-	os.WriteFile(bin, b, 0o755)
-	cmd := exec.Command(bin, "demo", "--pipe-dir", f.pipeDir)
-	cmd.Env = []string{"RUNNER_TEST_MAIN=1", "PATH=" + os.Getenv("PATH"), "STATE_DIRECTORY=" + state, "INVOCATION_ID=00112233445566778899aabbccddeeff"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	cmd, state := f.runnerAsUser(uid)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("runner as uid %d: %v\n%s", uid, err, out)
 	}

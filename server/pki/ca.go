@@ -82,22 +82,11 @@ func LoadOrCreateCA(dir string, now time.Time) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load CA key: %w", err)
 	}
-	key, err := parseECKey(keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("load CA key: %w", err)
-	}
 	certPEM, err := os.ReadFile(certPath)
 	if err != nil {
 		return nil, fmt.Errorf("load CA certificate: %w", err)
 	}
-	cert, err := ParseCertPEM(certPEM)
-	if err != nil {
-		return nil, fmt.Errorf("load CA certificate: %w", err)
-	}
-	if !cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }).Equal(key.Public()) {
-		return nil, errors.New("load CA: ca.crt does not match ca.key")
-	}
-	return newCA(cert, key, certPEM), nil
+	return parseCA(keyPEM, certPEM)
 }
 
 func createCA(keyPath, certPath string, now time.Time) (*CA, error) {
