@@ -296,15 +296,7 @@ func TestCompletionFromServer(t *testing.T) {
 // get fires -w and get events -w: a run reported late changes its fire
 // time's line and adds an event.
 func TestWatchFiresAndEvents(t *testing.T) {
-	ts := startServer(t)
-	tags := map[string]string{"role": "mon"}
-	a := ts.enroll("mon-1", tags, true)
-	b := ts.enroll("mon-2", tags, true)
-	if code, body := ts.api("PUT", "/api/v1/pipes/nightly", map[string]any{"spec": map[string]any{
-		"schedule": "* * * * *", "script": "true", "targets": map[string]any{"tags": tags}}}); code != 201 {
-		t.Fatalf("put pipe: %d %s", code, body)
-	}
-	fire := time.Now().UTC().Truncate(time.Minute).Add(-3 * time.Minute)
+	ts, a, b, fire := monitoredPipe(t)
 	a.runFinished("r-a", "nightly", 1, agentpb.RunStatus_RUN_STATUS_SUCCEEDED, 0, fire, time.Second, 0)
 	since := fire.Add(-10 * time.Minute).Format(time.RFC3339)
 	fires, _, stopFires := startWatch(t, ts, "get", "fires", "nightly", "--since", since, "-w", "--watch-interval", "500ms")

@@ -8,18 +8,25 @@ import (
 	agentpb "github.com/drover/drover/proto"
 )
 
-// get fires prints one line per fire time with the agents expected and
-// their runs per status; get events lists the failure, filtered by kind.
-func TestGetFiresAndEvents(t *testing.T) {
-	ts := startServer(t)
+// monitoredPipe is a server with two agents tagged role=mon and the pipe
+// nightly on both, every minute; fire is a fire time three minutes ago.
+func monitoredPipe(t *testing.T) (ts *testServer, a, b *fakeAgent, fire time.Time) {
+	t.Helper()
+	ts = startServer(t)
 	tags := map[string]string{"role": "mon"}
-	a := ts.enroll("mon-1", tags, true)
-	b := ts.enroll("mon-2", tags, true)
+	a = ts.enroll("mon-1", tags, true)
+	b = ts.enroll("mon-2", tags, true)
 	if code, body := ts.api("PUT", "/api/v1/pipes/nightly", map[string]any{"spec": map[string]any{
 		"schedule": "* * * * *", "script": "true", "targets": map[string]any{"tags": tags}}}); code != 201 {
 		t.Fatalf("put pipe: %d %s", code, body)
 	}
-	fire := time.Now().UTC().Truncate(time.Minute).Add(-3 * time.Minute)
+	return ts, a, b, time.Now().UTC().Truncate(time.Minute).Add(-3 * time.Minute)
+}
+
+// get fires prints one line per fire time with the agents expected and
+// their runs per status; get events lists the failure, filtered by kind.
+func TestGetFiresAndEvents(t *testing.T) {
+	ts, a, b, fire := monitoredPipe(t)
 	a.runFinished("r-a", "nightly", 1, agentpb.RunStatus_RUN_STATUS_SUCCEEDED, 0, fire, time.Second, 0)
 	b.runFinished("r-b", "nightly", 1, agentpb.RunStatus_RUN_STATUS_FAILED, 1, fire, time.Second, 0)
 
