@@ -13,6 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"io"
+
+	"github.com/drover/drover/internal/testkit"
 )
 
 // failingListener returns its errors from Accept, then net.ErrClosed. Running
@@ -91,4 +95,137 @@ func counterValue(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestFDReserveKeepsOperatorAPI: agents' streams cannot take the file
+// descriptors HTTPS needs, and HTTPS stops keeping connections open between
+// requests when few are left. Running the server's process into a real
+// 20,000-file limit would starve every other test of the process, so the
+// budget's limit is set low here; the listeners, the connections and the
+// requests are real.
+func TestFDReserveKeepsOperatorAPI(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	clock := &testkit.Clock{}
+	s, err := New(cfg, testLogger(t), clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const streams = 10
+	s.fds.limit = s.fds.base + streamFDReserve + streams
+	ts := runTestServer(t, s, cfg, clock)
+	waitOpen := func(want int64) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); s.fds.open.Load() != want; {
+			if time.Now().After(deadline) {
+				t.Fatalf("budget counts %d open connections, want %d", s.fds.open.Load(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The operator's first request, on a kept-alive connection.
+	res, err := ts.client.Get(ts.base + "/healthz")
+	if err != nil || res.StatusCode != 200 || res.Close {
+		t.Fatalf("healthz before: %v %v", res, err)
+	}
+	res.Body.Close()
+	ts.client.CloseIdleConnections()
+	waitOpen(0)
+
+	// A flood of stream connections: streams of them are held, the rest
+	// refused at once.
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	refused := 0
+	for i := 0; i < streams+15; i++ {
+		c, err := net.Dial("tcp", s.GRPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	eofs := make(chan bool, len(conns))
+	for _, c := range conns {
+		go func() {
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			_, err := c.Read(make([]byte, 1))
+			eofs <- err == io.EOF
+		}()
+	}
+	for range conns {
+		if <-eofs {
+			refused++
+		}
+	}
+	if refused != 15 {
+		t.Fatalf("%d of %d stream connections refused, want 15", refused, len(conns))
+	}
+	waitOpen(streams)
+	if got := counterValue(s.metrics.acceptErrors.WithLabelValues("grpc", "fd_reserve")); got != 15 {
+		t.Fatalf("grpc fd_reserve count %v, want 15", got)
+	}
+
+	// The operator API still answers, and keeps its connection alive
+	// while descriptors are plentiful.
+	res, err = ts.client.Get(ts.base + "/healthz")
+	if err != nil || res.StatusCode != 200 || res.Close {
+		t.Fatalf("healthz with the streams full: %v %v", res, err)
+	}
+	res.Body.Close()
+	ts.client.CloseIdleConnections()
+	waitOpen(streams)
+
+	// Idle HTTPS connections (clients that have not sent a byte) until
+	// fewer than pressFDReserve descriptors are left: every answer now
+	// closes its connection.
+	idle := streamFDReserve - pressFDReserve + 1
+	for i := 0; i < idle; i++ {
+		c, err := net.Dial("tcp", s.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	waitOpen(streams + int64(idle))
+	if !s.fds.pressed() {
+		t.Fatalf("budget not pressed with %d free", s.fds.free())
+	}
+	res, err = ts.client.Get(ts.base + "/healthz")
+	if err != nil || res.StatusCode != 200 || !res.Close {
+		t.Fatalf("healthz when pressed: %v %v", res, err)
+	}
+	res.Body.Close()
+	waitOpen(streams + int64(idle)) // the request's connection is closed again
+
+	// HTTPS itself keeps the last httpFDReserve descriptors.
+	more := int(s.fds.free()) - httpFDReserve
+	for i := 0; i < more+3; i++ {
+		c, err := net.Dial("tcp", s.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	waitOpen(streams + int64(idle+more))
+	for deadline := time.Now().Add(5 * time.Second); counterValue(s.metrics.acceptErrors.WithLabelValues("https", "fd_reserve")) != 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("https fd_reserve count %v, want 3", counterValue(s.metrics.acceptErrors.WithLabelValues("https", "fd_reserve")))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// Once the connections are gone the budget is whole again.
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	waitOpen(0)
+	res, err = ts.client.Get(ts.base + "/healthz")
+	if err != nil || res.StatusCode != 200 || res.Close {
+		t.Fatalf("healthz after: %v %v", res, err)
+	}
+	res.Body.Close()
 }

@@ -99,9 +99,9 @@ func newMetrics(s *Server) *metrics {
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_refused_total", Help: "Agent records acknowledged and dropped, and agent streams refused, by reason."}, []string{"reason"})
 	m.throttled = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_agent_records_throttled_total", Help: "Agent records that waited for a quota, by quota."}, []string{"reason"})
 	m.identityConflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "drover_identity_conflicts_total", Help: "Streams refused because another machine presented an agent's certificate."})
-	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_listener_accept_errors_total", Help: "Failed accepts of new connections, by listener and reason (fd_limit: the process is out of file descriptors)."}, []string{"listener", "reason"})
+	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "drover_listener_accept_errors_total", Help: "Failed accepts of new connections, by listener and reason (fd_limit: the process is out of file descriptors; fd_reserve: refused to keep descriptors for the operator API and the store)."}, []string{"listener", "reason"})
 	for _, l := range []string{"https", "grpc"} {
-		for _, r := range []string{"fd_limit", "other"} {
+		for _, r := range []string{"fd_limit", "fd_reserve", "other"} {
 			m.acceptErrors.WithLabelValues(l, r)
 		}
 	}

@@ -99,6 +99,7 @@ type Server struct {
 	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
 	agentSlots  *pool                // the agents' request slots (http.agent_max_concurrent)
 	handshakes  connsInHandshake     // HTTPS connections accepted and not yet serving a request
+	fds         *fdBudget            // the open-files limit shared by both listeners (fdbudget.go)
 	publishing  sync.WaitGroup       // recompiles a pipe PUT left running (compiler.go publishAll)
 
 	httpLn  net.Listener
@@ -252,15 +253,19 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		logger.Info("manifests recompiled at start", "changed", n)
 	}
 
+	s.fds = newFDBudget()
 	s.httpSrv = &http.Server{
-		Handler:           s.routes(),
+		Handler:           s.fds.closeWhenPressed(s.routes()),
 		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
 		ReadTimeout:       cfg.HTTP.ReadTimeout,
 		WriteTimeout:      cfg.HTTP.WriteTimeout,
 		IdleTimeout:       cfg.HTTP.IdleTimeout,
 		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
-		ConnState:         s.handshakes.track,
+		ConnState: func(c net.Conn, st http.ConnState) {
+			s.handshakes.track(c, st)
+			s.fds.closeIdleWhenPressed(c, st)
+		},
 		TLSConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS12,
 			CipherSuites: signing.TLSCipherSuites(),
@@ -302,11 +307,11 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("listen https: %w", err)
 	}
-	s.httpLn = newWatchedListener(s.httpLn, "https", s.metrics.acceptErrors, logger)
+	s.httpLn = newWatchedListener(s.httpLn, "https", s.metrics.acceptErrors, logger).withBudget(s.fds, httpFDReserve)
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("listen grpc: %w", err)
 	}
-	s.grpcLn = newWatchedListener(s.grpcLn, "grpc", s.metrics.acceptErrors, logger)
+	s.grpcLn = newWatchedListener(s.grpcLn, "grpc", s.metrics.acceptErrors, logger).withBudget(s.fds, streamFDReserve)
 	return s, nil
 }
 
