@@ -31,7 +31,7 @@ import (
 // set LimitNOFILE=524288) none of this ever acts.
 type fdBudget struct {
 	limit int64        // RLIMIT_NOFILE when the server started (Go raises the soft limit to the hard one)
-	base  int64        // descriptors open before the listeners accepted anything
+	base  int64        // descriptors open before the listeners accepted anything, and PostgreSQL's pool
 	open  atomic.Int64 // connections accepted on either listener and not yet closed
 }
 

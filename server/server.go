@@ -254,6 +254,11 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	}
 
 	s.fds = newFDBudget()
+	if cfg.Store.Driver == "postgres" {
+		// The pool opens its connections as it needs them; two more are the
+		// leader's lock and the signal bus.
+		s.fds.base += int64(cfg.Store.MaxConns) + 2
+	}
 	s.httpSrv = &http.Server{
 		Handler:           s.fds.closeWhenPressed(s.routes()),
 		ReadHeaderTimeout: cfg.HTTP.ReadHeaderTimeout,
