@@ -37,12 +37,13 @@ var eventKinds = []string{EventRunFailed, EventRunMissed, EventRunLong, EventRun
 // report turns to them. The states live in the store, so a restart does not
 // repeat them.
 
-// observe records the events of a committed batch of agent records.
-func (m *monitor) observe(recs []*store.Record) {
+// observe records the events of a committed batch of agent records and
+// says whether it recorded any.
+func (m *monitor) observe(recs []*store.Record) bool {
 	ctx := context.Background()
 	if err := m.loadState(ctx); err != nil {
 		m.s.log.Error("events: loading monitor state", "err", err)
-		return
+		return false
 	}
 	var evs []*store.Event
 	dirty := map[string]string{}
@@ -92,12 +93,15 @@ func (m *monitor) observe(recs []*store.Record) {
 			}
 		}
 	}
+	added := len(evs) > 0
 	if err := m.store.AddEvents(ctx, evs); err != nil {
 		m.s.log.Error("recording events", "err", err)
+		added = false
 	}
 	if err := m.store.SetMonitorState(ctx, dirty, m.s.clock.Now()); err != nil {
 		m.s.log.Error("recording monitor state", "err", err)
 	}
+	return added
 }
 
 // onlineChange appends agent.offline or agent.online when the agent's

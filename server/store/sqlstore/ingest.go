@@ -54,6 +54,16 @@ func (t *ingestTx) query(query string, args ...any) (*sql.Rows, error) {
 	return st.QueryContext(t.ctx, args...)
 }
 
+// exists says whether query returns a row.
+func (t *ingestTx) exists(query string, args ...any) (bool, error) {
+	rows, err := t.query(query, args...)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	return rows.Next(), rows.Err()
+}
+
 // Preparer prepares a statement outside any transaction: the SQLite
 // store's writer pool.
 type Preparer interface {
@@ -65,7 +75,7 @@ type Preparer interface {
 // it opens (its one writer connection is free then; later a transaction
 // holds it). CloseIngest closes them.
 func (s *DB) PrepareIngest(ctx context.Context, w Preparer) error {
-	queries := []string{sqlHello, sqlStatus, sqlRunStarted, sqlRunFinished, s.sqlListed, s.sqlUnlisted, sqlSettle,
+	queries := []string{sqlHello, sqlStatus, sqlRunStarted, sqlRunFinished, sqlUnfinished, s.sqlListed, s.sqlUnlisted, sqlSettle,
 		sqlRunPlaceholder, sqlChunk, sqlRunLog, sqlRunLogState, sqlSeen, sqlDropMissed, sqlDropMissedOrNoHolder}
 	s.ingestStmts = make(map[string]*sql.Stmt, len(queries))
 	for _, q := range queries {
@@ -128,7 +138,11 @@ const (
 	// and settles those with lostStrikes strikes.
 	// (sqlListed and sqlUnlisted, built with the dialect's JSON list:
 	// listedQueries.)
-	sqlSettle = `UPDATE runs SET status='failed', reason='lost', written_by='server', finished_at=?, updated_at=?, unlisted=0,
+	// sqlUnfinished finds whether the agent has a run the three would touch:
+	// most heartbeats come from agents with none, and one indexed read
+	// (runs_agent_status) is cheaper than the three statements.
+	sqlUnfinished = `SELECT 1 FROM runs WHERE agent_id=? AND status IN ('pending','running') LIMIT 1`
+	sqlSettle     = `UPDATE runs SET status='failed', reason='lost', written_by='server', finished_at=?, updated_at=?, unlisted=0,
 			error='the agent no longer runs it and every record it had was committed: its end was never reported'
 		WHERE agent_id=? AND status IN ('pending','running') AND unlisted>=?
 		RETURNING id`
@@ -323,6 +337,10 @@ const lostStrikes = 2
 
 func (t *ingestTx) settle(r *store.Record) error {
 	st := r.Settle
+	st.Settled = st.Settled[:0]
+	if some, err := t.exists(sqlUnfinished, r.AgentID); err != nil || !some {
+		return err
+	}
 	sent := st.SentAt
 	if sent.IsZero() {
 		sent = r.Received
@@ -343,7 +361,6 @@ func (t *ingestTx) settle(r *store.Record) error {
 		return err
 	}
 	defer rows.Close()
-	st.Settled = st.Settled[:0]
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
