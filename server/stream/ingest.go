@@ -9,6 +9,10 @@ import (
 	"github.com/drover/drover/server/store"
 )
 
+// heartbeatDelay is how long a batch of heartbeats alone gathers. It only
+// delays last_seen and the lost-run check, which count in tens of seconds.
+const heartbeatDelay = 250 * time.Millisecond
+
 // ingestItem is one record on its way to the database. A nil rec is a
 // record that was refused as invalid: it is acknowledged in order with the
 // others so that the agent does not resend it forever.
@@ -18,17 +22,34 @@ type ingestItem struct {
 	seq  uint64 // 0: nothing to acknowledge
 }
 
+// waited says whether someone waits for the item's commit: an ack, or a
+// Hello (a new stream's agent details).
+func (it ingestItem) waited() bool { return it.seq > 0 || it.rec == nil || it.rec.Hello != nil }
+
+// anyWaited says whether an item of the batch is waited for.
+func anyWaited(items []ingestItem) bool {
+	for _, it := range items {
+		if it.waited() {
+			return true
+		}
+	}
+	return false
+}
+
 // Ingester commits records from every stream in batched transactions
 // (group commit): a batch gathers for up to delay after its first record,
 // or until it is full, and while one transaction commits the next batch
 // gathers, so one fsync'd commit serves the records of many agents and the
 // commit rate adapts to the load. Acks are sent only after the commit, in
-// seq order per stream.
+// seq order per stream. A batch of heartbeats alone, which nobody waits
+// for, gathers for up to heartbeatDelay: an idle fleet's heartbeats then
+// take a few commits a second instead of one per delay.
 type Ingester struct {
 	store    store.IngestStore
 	in       chan ingestItem
 	batch    int
 	delay    time.Duration
+	hbDelay  time.Duration // heartbeatDelay (tests set another)
 	lim      store.IngestLimits
 	log      *slog.Logger
 	quit     chan struct{}
@@ -40,7 +61,7 @@ type Ingester struct {
 // batch records, gathered for up to delay, within lim; onCommit, if set,
 // is called with every committed batch.
 func NewIngester(st store.IngestStore, batch int, delay time.Duration, lim store.IngestLimits, log *slog.Logger, onCommit func([]*store.Record)) *Ingester {
-	return &Ingester{store: st, onCommit: onCommit, in: make(chan ingestItem, 4*batch), batch: batch, delay: delay, lim: lim, log: log,
+	return &Ingester{store: st, onCommit: onCommit, in: make(chan ingestItem, 4*batch), batch: batch, delay: delay, hbDelay: heartbeatDelay, lim: lim, log: log,
 		quit: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -54,12 +75,17 @@ func (g *Ingester) Run() {
 		case it := <-g.in:
 			batch := g.gather(append(items[:0], it))
 			if len(batch) < g.batch && g.delay > 0 {
-				if timer == nil {
-					timer = time.NewTimer(g.delay)
-				} else {
-					timer.Reset(g.delay)
+				urgent := anyWaited(batch)
+				d := g.delay
+				if !urgent {
+					d = max(d, g.hbDelay)
 				}
-				batch = g.wait(batch, timer.C)
+				if timer == nil {
+					timer = time.NewTimer(d)
+				} else {
+					timer.Reset(d)
+				}
+				batch = g.wait(batch, timer, urgent)
 				timer.Stop()
 			}
 			g.commit(batch)
@@ -75,14 +101,22 @@ func (g *Ingester) Run() {
 	}
 }
 
-// wait adds records as they come until the batch is full, the delay is
-// over or the ingester is stopping.
-func (g *Ingester) wait(items []ingestItem, timeout <-chan time.Time) []ingestItem {
+// wait adds records as they come until the batch is full, the timer fires
+// or the ingester is stopping. The first waited-for record to join a batch
+// of heartbeats brings its end to delay from then.
+func (g *Ingester) wait(items []ingestItem, timer *time.Timer, urgent bool) []ingestItem {
 	for len(items) < g.batch {
 		select {
 		case it := <-g.in:
 			items = append(items, it)
-		case <-timeout:
+			if !urgent && it.waited() {
+				urgent = true
+				if !timer.Stop() {
+					return items // it fired meanwhile
+				}
+				timer.Reset(g.delay)
+			}
+		case <-timer.C:
 			return items
 		case <-g.quit:
 			return items

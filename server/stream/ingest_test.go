@@ -83,3 +83,59 @@ func TestIngesterGroupCommit(t *testing.T) {
 		t.Fatalf("after Stop: committed %d in %v", c.committed.Load(), time.Since(stopped))
 	}
 }
+
+// A batch of heartbeats alone gathers for the heartbeat delay; the first
+// record somebody waits for that joins it ends the wait after the delay.
+func TestIngesterHeartbeatsGatherLonger(t *testing.T) {
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "server.db"), "normal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st := &batchCounter{DB: db}
+	committed := make(chan time.Time, 10)
+	g := NewIngester(st, 100, 20*time.Millisecond, store.IngestLimits{MaxLogBytes: 1 << 20}, slog.New(slog.DiscardHandler),
+		func([]*store.Record) { committed <- time.Now() })
+	g.hbDelay = 800 * time.Millisecond
+	go g.Run()
+	defer g.Stop()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	c := &streamConn{agentID: "agt-1", ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 1), kick: make(chan struct{}, 1)}
+	heartbeat := func() {
+		c.inflight.Add(1)
+		g.in <- ingestItem{rec: &store.Record{AgentID: c.agentID, Received: time.Now()}, conn: c}
+	}
+
+	start := time.Now()
+	for range 3 {
+		heartbeat()
+	}
+	at := <-committed
+	if d := at.Sub(start); d < 750*time.Millisecond {
+		t.Fatalf("heartbeats committed after %v, before the heartbeat delay", d)
+	}
+
+	start = time.Now()
+	heartbeat()
+	c.inflight.Add(1)
+	g.in <- ingestItem{rec: &store.Record{AgentID: c.agentID, Received: time.Now(), Seq: 1}, conn: c, seq: 1}
+	at = <-committed
+	if d := at.Sub(start); d >= 700*time.Millisecond {
+		t.Fatalf("a heartbeat and a record committed after %v: the record waited with the heartbeats", d)
+	}
+	select {
+	case <-c.kick:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the record was never acknowledged")
+	}
+	if got := c.committed.Load(); got != 1 {
+		t.Fatalf("acknowledged seq %d, want 1", got)
+	}
+	st.mu.Lock()
+	batches := append([]int(nil), st.batches...)
+	st.mu.Unlock()
+	if len(batches) != 2 || batches[0] != 3 || batches[1] != 2 {
+		t.Fatalf("batches %v, want [3 2]", batches)
+	}
+}
