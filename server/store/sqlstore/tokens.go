@@ -49,33 +49,84 @@ func scanToken(row rowScanner, extra ...any) (*store.EnrollmentToken, error) {
 }
 
 func (s *DB) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *store.Agent) error {
-	return s.writeTx(ctx, func(tx Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`,
-			ns(now), a.ID, tokenID, ns(now))
-		if err != nil {
-			return fmt.Errorf("enroll: %w", err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			var used int64
-			err := tx.QueryRowContext(ctx, `SELECT used_at FROM enrollment_tokens WHERE id=?`, tokenID).Scan(&used)
-			switch {
-			case errors.Is(err, sql.ErrNoRows):
-				return errs.ErrInvalidToken
-			case err != nil:
+	failed, err := s.EnrollAgents(ctx, []store.Enrollment{{TokenID: tokenID, Now: now, Agent: a}})
+	if err != nil {
+		return err
+	}
+	return failed[0]
+}
+
+// MaxEnrollBatch bounds how many enrollments one EnrollAgents call commits.
+const MaxEnrollBatch = 1000
+
+// EnrollAgents runs each enrollment inside a savepoint of one write
+// transaction: an enrollment that fails (its token used, expired or
+// unknown, or any statement's error) is rolled back to its savepoint alone
+// and the others are committed together, with one fsync for the batch.
+func (s *DB) EnrollAgents(ctx context.Context, es []store.Enrollment) ([]error, error) {
+	if len(es) > MaxEnrollBatch {
+		return nil, fmt.Errorf("enroll: %d enrollments in one batch (at most %d)", len(es), MaxEnrollBatch)
+	}
+	failed := make([]error, len(es))
+	err := s.writeTx(ctx, func(tx Tx) error {
+		clear(failed) // the transaction may run more than once
+		for i := range es {
+			if _, err := tx.ExecContext(ctx, `SAVEPOINT enroll`); err != nil {
 				return fmt.Errorf("enroll: %w", err)
-			case used != 0:
-				return errs.ErrTokenUsed
 			}
-			return errs.ErrTokenExpired
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
-			VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`,
-			a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
-		if err != nil {
-			return fmt.Errorf("enroll: %w", err)
+			if failed[i] = enrollOne(ctx, tx, &es[i]); failed[i] != nil {
+				if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT enroll`); err != nil {
+					return fmt.Errorf("enroll: %w", err)
+				}
+			}
+			if _, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT enroll`); err != nil {
+				return fmt.Errorf("enroll: %w", err)
+			}
 		}
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return failed, nil
+}
+
+// enrollOne consumes e's token, creates its agent and writes its audit
+// entry in tx.
+func enrollOne(ctx context.Context, tx Tx, e *store.Enrollment) error {
+	a := e.Agent
+	res, err := tx.ExecContext(ctx, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`,
+		ns(e.Now), a.ID, e.TokenID, ns(e.Now))
+	if err != nil {
+		return fmt.Errorf("enroll: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT used_at FROM enrollment_tokens WHERE id=?`, e.TokenID).Scan(&used)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return errs.ErrInvalidToken
+		case err != nil:
+			return fmt.Errorf("enroll: %w", err)
+		case used != 0:
+			return errs.ErrTokenUsed
+		}
+		return errs.ErrTokenExpired
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
+		VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`,
+		a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
+	if err != nil {
+		return fmt.Errorf("enroll: %w", err)
+	}
+	if au := e.Audit; au != nil {
+		err := tx.QueryRowContext(ctx, `INSERT INTO audit_log(at, actor_id, actor_name, role, action, target, before_digest, after_digest, source)
+			VALUES(?,?,?,?,?,?,?,?,?) RETURNING id`, ns(au.At), au.ActorID, au.ActorName, au.Role, au.Action, au.Target, au.BeforeDigest, au.AfterDigest, au.Source).Scan(&au.ID)
+		if err != nil {
+			return fmt.Errorf("enroll: audit entry: %w", err)
+		}
+	}
+	return nil
 }
 
 func (s *DB) ListTokens(ctx context.Context) ([]*store.EnrollmentToken, error) {
