@@ -59,74 +59,137 @@ func (s *DB) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *
 // MaxEnrollBatch bounds how many enrollments one EnrollAgents call commits.
 const MaxEnrollBatch = 1000
 
-// EnrollAgents runs each enrollment inside a savepoint of one write
-// transaction: an enrollment that fails (its token used, expired or
-// unknown, or any statement's error) is rolled back to its savepoint alone
-// and the others are committed together, with one fsync for the batch.
+// EnrollAgents commits the enrollments in one write transaction, one
+// fsync for the batch. A refused enrollment (its token used, expired or
+// unknown) changes nothing and is skipped. An enrollment whose statements
+// fail otherwise (a constraint, say) aborts the transaction: writeTx retries
+// it whole if the store finds the error transient (a PostgreSQL
+// serialization failure), and if the error stays, that enrollment is given
+// the error and the others are committed again without it. The statements
+// are prepared once per transaction, not once per enrollment.
 func (s *DB) EnrollAgents(ctx context.Context, es []store.Enrollment) ([]error, error) {
 	if len(es) > MaxEnrollBatch {
 		return nil, fmt.Errorf("enroll: %d enrollments in one batch (at most %d)", len(es), MaxEnrollBatch)
 	}
 	failed := make([]error, len(es))
-	err := s.writeTx(ctx, func(tx Tx) error {
-		clear(failed) // the transaction may run more than once
-		for i := range es {
-			if _, err := tx.ExecContext(ctx, `SAVEPOINT enroll`); err != nil {
+	excluded := make([]bool, len(es))
+	for {
+		refused := make([]error, len(es))
+		err := s.writeTx(ctx, func(tx Tx) error {
+			clear(refused) // the transaction may run more than once
+			st, err := prepareEnroll(ctx, tx)
+			if err != nil {
 				return fmt.Errorf("enroll: %w", err)
 			}
-			if failed[i] = enrollOne(ctx, tx, &es[i]); failed[i] != nil {
-				if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT enroll`); err != nil {
-					return fmt.Errorf("enroll: %w", err)
+			defer st.close()
+			for i := range es {
+				if excluded[i] {
+					continue
+				}
+				ref, err := st.enroll(ctx, &es[i])
+				if err != nil {
+					return &enrollError{i: i, err: err}
+				}
+				refused[i] = ref
+			}
+			return nil
+		})
+		var ee *enrollError
+		switch {
+		case err == nil:
+			for i, ref := range refused {
+				if !excluded[i] {
+					failed[i] = ref
 				}
 			}
-			if _, err := tx.ExecContext(ctx, `RELEASE SAVEPOINT enroll`); err != nil {
-				return fmt.Errorf("enroll: %w", err)
-			}
+			return failed, nil
+		case errors.As(err, &ee):
+			failed[ee.i], excluded[ee.i] = ee.err, true
+		default:
+			return nil, err
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	return failed, nil
 }
 
-// enrollOne consumes e's token, creates its agent and writes its audit
-// entry in tx.
-func enrollOne(ctx context.Context, tx Tx, e *store.Enrollment) error {
+// enrollError is the error of enrollment i, which aborted its transaction.
+type enrollError struct {
+	i   int
+	err error
+}
+
+func (e *enrollError) Error() string { return e.err.Error() }
+func (e *enrollError) Unwrap() error { return e.err }
+
+// enrollStmts are EnrollAgents' statements, prepared in its transaction.
+type enrollStmts struct {
+	useToken, tokenUsed, agent, audit *sql.Stmt
+}
+
+func prepareEnroll(ctx context.Context, tx Tx) (*enrollStmts, error) {
+	st := &enrollStmts{}
+	for _, p := range []struct {
+		to  **sql.Stmt
+		sql string
+	}{
+		{&st.useToken, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`},
+		{&st.tokenUsed, `SELECT used_at FROM enrollment_tokens WHERE id=?`},
+		{&st.agent, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
+			VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`},
+		{&st.audit, `INSERT INTO audit_log(at, actor_id, actor_name, role, action, target, before_digest, after_digest, source)
+			VALUES(?,?,?,?,?,?,?,?,?) RETURNING id`},
+	} {
+		stmt, err := tx.PrepareContext(ctx, p.sql)
+		if err != nil {
+			st.close()
+			return nil, err
+		}
+		*p.to = stmt
+	}
+	return st, nil
+}
+
+func (st *enrollStmts) close() {
+	for _, s := range []*sql.Stmt{st.useToken, st.tokenUsed, st.agent, st.audit} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// enroll consumes e's token, creates its agent and writes its audit entry.
+// refused is ErrTokenUsed, ErrTokenExpired or ErrInvalidToken when the
+// token cannot be used (nothing was changed); err is a statement's error
+// (the transaction is to be abandoned).
+func (st *enrollStmts) enroll(ctx context.Context, e *store.Enrollment) (refused, err error) {
 	a := e.Agent
-	res, err := tx.ExecContext(ctx, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`,
-		ns(e.Now), a.ID, e.TokenID, ns(e.Now))
+	res, err := st.useToken.ExecContext(ctx, ns(e.Now), a.ID, e.TokenID, ns(e.Now))
 	if err != nil {
-		return fmt.Errorf("enroll: %w", err)
+		return nil, fmt.Errorf("enroll: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n != 1 {
 		var used int64
-		err := tx.QueryRowContext(ctx, `SELECT used_at FROM enrollment_tokens WHERE id=?`, e.TokenID).Scan(&used)
+		err := st.tokenUsed.QueryRowContext(ctx, e.TokenID).Scan(&used)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			return errs.ErrInvalidToken
+			return errs.ErrInvalidToken, nil
 		case err != nil:
-			return fmt.Errorf("enroll: %w", err)
+			return nil, fmt.Errorf("enroll: %w", err)
 		case used != 0:
-			return errs.ErrTokenUsed
+			return errs.ErrTokenUsed, nil
 		}
-		return errs.ErrTokenExpired
+		return errs.ErrTokenExpired, nil
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
-		VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`,
-		a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
+	_, err = st.agent.ExecContext(ctx, a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
 	if err != nil {
-		return fmt.Errorf("enroll: %w", err)
+		return nil, fmt.Errorf("enroll: %w", err)
 	}
 	if au := e.Audit; au != nil {
-		err := tx.QueryRowContext(ctx, `INSERT INTO audit_log(at, actor_id, actor_name, role, action, target, before_digest, after_digest, source)
-			VALUES(?,?,?,?,?,?,?,?,?) RETURNING id`, ns(au.At), au.ActorID, au.ActorName, au.Role, au.Action, au.Target, au.BeforeDigest, au.AfterDigest, au.Source).Scan(&au.ID)
+		err := st.audit.QueryRowContext(ctx, ns(au.At), au.ActorID, au.ActorName, au.Role, au.Action, au.Target, au.BeforeDigest, au.AfterDigest, au.Source).Scan(&au.ID)
 		if err != nil {
-			return fmt.Errorf("enroll: audit entry: %w", err)
+			return nil, fmt.Errorf("enroll: audit entry: %w", err)
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 func (s *DB) ListTokens(ctx context.Context) ([]*store.EnrollmentToken, error) {
