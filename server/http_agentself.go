@@ -112,13 +112,13 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	}
 	a := &store.Agent{ID: id, Name: name, Hostname: req.Hostname, OS: req.OS, Arch: req.Arch, AgentVersion: req.AgentVersion,
 		Tags: tok.Tags, CreatedAt: now, CertSerial: serial, CertExpiresAt: notAfter, MachineID: strings.ToLower(req.MachineID)}
-	actor := &principal{ID: "enrollment-token/" + tok.ID, Name: "enrollment token", Role: rolePublic}
-	setAuditActor(r, actor)
+	setAuditActor(r, &principal{ID: "enrollment-token/" + tok.ID, Name: "enrollment token", Role: rolePublic})
 	setAudit(r, "agent/"+id, nil, map[string]any{"id": id, "name": name, "hostname": req.Hostname, "tags": tok.Tags, "cert_serial": serial, "machine_id": a.MachineID})
 	// The audit entry is committed with the enrollment, in its batch's
 	// transaction (enroll_batch.go).
 	var audit *store.AuditEntry
-	if rec, ok := r.Context().Value(auditKey{}).(*auditRec); ok {
+	rec, _ := r.Context().Value(auditKey{}).(*auditRec)
+	if rec != nil {
 		audit = s.auditEntry(r, actionEnroll, rec)
 	}
 	if err := s.enrolls.enroll(store.Enrollment{TokenID: tok.ID, Now: now, Agent: a, Audit: audit}); err != nil {
@@ -132,7 +132,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	if rec, ok := r.Context().Value(auditKey{}).(*auditRec); ok {
+	if rec != nil {
 		rec.committed = true
 	}
 	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
