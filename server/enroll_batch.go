@@ -136,6 +136,7 @@ func (q *enrollQueue) commit(ctx context.Context, batch []*pendingEnroll, retry 
 			ids = append(ids, p.e.Agent.ID)
 		}
 	}
+	q.log.Debug("enrollments committed", "batch", len(batch), "enrolled", len(ids)-len(retry))
 	if len(ids) == 0 {
 		return
 	}
