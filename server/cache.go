@@ -163,6 +163,15 @@ func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.
 	return c.Store.EnrollAgent(ctx, tokenID, now, a)
 }
 
+func (c *cachedStore) EnrollAgents(ctx context.Context, es []store.Enrollment) ([]error, error) {
+	defer func() {
+		for _, e := range es {
+			c.written(e.Agent.ID)
+		}
+	}()
+	return c.Store.EnrollAgents(ctx, es)
+}
+
 // SaveManifests saves ms and, once committed, caches the ones saved: they
 // are what a read would now return. Those another replica saved over
 // meanwhile (stale, refused) and all of them when the save failed (the

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -208,5 +209,103 @@ func TestCrashKeepsAcknowledgedRecords(t *testing.T) {
 	<-st2.recvDone
 	if st2.err() == nil {
 		t.Fatal("the stream did not end when the server stopped")
+	}
+}
+
+// TestCrashDuringEnrollments kills a real drover-server process with
+// SIGKILL while enrollments are being batched, restarts it on the same data
+// dir and checks that every enrollment is whole or absent: each answered
+// one has its agent and its token used by it, and every token is either
+// unused (and still enrolls) or used by an agent that exists.
+func TestCrashDuringEnrollments(t *testing.T) {
+	bin := buildServer(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	p := startProcess(t, bin, dir)
+	client, admin := adminClient(t, dir)
+	ts := &testServer{t: t, admin: admin, base: "https://" + p.https, client: client}
+
+	const n = 120
+	toks := make([]string, n)
+	for i := range toks {
+		toks[i] = ts.token(nil)
+	}
+	var mu sync.Mutex
+	answered := map[int]string{} // token index -> agent id
+	next, done := 0, 0
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= n {
+					return
+				}
+				a, err := enroll(ts.base, toks[i], fmt.Sprintf("crash-%d", i))
+				if err != nil {
+					return // the server died
+				}
+				a.close()
+				mu.Lock()
+				answered[i] = a.id
+				done++
+				mu.Unlock()
+			}
+		}()
+	}
+	testkit.WaitFor(t, 60*time.Second, "20 enrollments answered", func() bool { mu.Lock(); defer mu.Unlock(); return done >= 20 })
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	wg.Wait()
+	t.Logf("killed with %d of %d enrollments answered", len(answered), n)
+
+	p2 := startProcess(t, bin, dir)
+	ts.base = "https://" + p2.https
+	client.CloseIdleConnections()
+	var list api.EnrollmentTokenList
+	ts.adminOK("GET", "/api/v1/enrollment-tokens?limit=1000", nil, &list)
+	byID := map[string]api.EnrollmentToken{}
+	for _, tk := range list.Tokens {
+		byID[tk.ID] = tk
+	}
+	var agents struct{ Agents []api.Agent }
+	ts.adminOK("GET", "/api/v1/agents?limit=1000", nil, &agents)
+	exists := map[string]bool{}
+	for _, a := range agents.Agents {
+		exists[a.ID] = true
+	}
+	used := 0
+	for i, tok := range toks {
+		tk, ok := byID[strings.Split(tok, ".")[1]]
+		if !ok {
+			t.Fatalf("token %d is gone", i)
+		}
+		if id, ok := answered[i]; ok && tk.AgentID != id {
+			t.Fatalf("enrollment %d was answered with agent %s but its token names %q", i, id, tk.AgentID)
+		}
+		switch {
+		case tk.UsedAt != nil:
+			used++
+			if tk.AgentID == "" || !exists[tk.AgentID] {
+				t.Fatalf("token %d is used but its agent %q does not exist", i, tk.AgentID)
+			}
+		case tk.AgentID != "":
+			t.Fatalf("token %d names agent %s but is unused", i, tk.AgentID)
+		default:
+			a, err := enroll(ts.base, tok, fmt.Sprintf("crash-%d", i))
+			if err != nil {
+				t.Fatalf("token %d was not used before the crash but does not enroll after it: %v", i, err)
+			}
+			a.close()
+		}
+	}
+	if used != len(agents.Agents) {
+		t.Fatalf("%d tokens used, %d agents: an agent without its token", used, len(agents.Agents))
 	}
 }

@@ -112,7 +112,16 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	}
 	a := &store.Agent{ID: id, Name: name, Hostname: req.Hostname, OS: req.OS, Arch: req.Arch, AgentVersion: req.AgentVersion,
 		Tags: tok.Tags, CreatedAt: now, CertSerial: serial, CertExpiresAt: notAfter, MachineID: strings.ToLower(req.MachineID)}
-	if err := s.store.EnrollAgent(r.Context(), tok.ID, now, a); err != nil {
+	setAuditActor(r, &principal{ID: "enrollment-token/" + tok.ID, Name: "enrollment token", Role: rolePublic})
+	setAudit(r, "agent/"+id, nil, map[string]any{"id": id, "name": name, "hostname": req.Hostname, "tags": tok.Tags, "cert_serial": serial, "machine_id": a.MachineID})
+	// The audit entry is committed with the enrollment, in its batch's
+	// transaction (enroll_batch.go).
+	var audit *store.AuditEntry
+	rec, _ := r.Context().Value(auditKey{}).(*auditRec)
+	if rec != nil {
+		audit = s.auditEntry(r, actionEnroll, rec)
+	}
+	if err := s.enrolls.enroll(store.Enrollment{TokenID: tok.ID, Now: now, Agent: a, Audit: audit}); err != nil {
 		switch {
 		case errors.Is(err, errs.ErrTokenUsed):
 			return errs.New(errs.ErrTokenUsed, "the enrollment token was already used")
@@ -123,12 +132,10 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
-	setAuditActor(r, &principal{ID: "enrollment-token/" + tok.ID, Name: "enrollment token", Role: rolePublic})
-	setAudit(r, "agent/"+id, nil, map[string]any{"id": id, "name": name, "hostname": req.Hostname, "tags": tok.Tags, "cert_serial": serial, "machine_id": a.MachineID})
-	if _, err := s.compiler.Compile(r.Context(), []string{id}); err != nil {
-		return err
+	if rec != nil {
+		rec.committed = true
 	}
+	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
 	return writeJSON(w, http.StatusOK, api.EnrollResponse{
 		AgentID: id, Certificate: string(certPEM), CABundle: string(s.ca.PEM()), TrustRoot: s.keys.TrustRoot(),
 		GRPCAddr: s.grpcPublicAddr(r), CertExpiresAt: notAfter,

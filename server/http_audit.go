@@ -30,6 +30,9 @@ type auditRec struct {
 	actor         *principal
 	target        string
 	before, after any
+	// committed: the handler wrote the entry itself, in the transaction
+	// of its change (enrollment), so the wrapper writes none.
+	committed bool
 }
 
 // setAudit records the target of a mutation and the object before and
@@ -64,6 +67,18 @@ func digestOf(v any) string {
 }
 
 func (s *Server) writeAudit(r *http.Request, action string, rec *auditRec) {
+	if rec.committed {
+		return
+	}
+	e := s.auditEntry(r, action, rec)
+	if err := s.store.AddAudit(r.Context(), e); err != nil {
+		s.log.Error("writing the audit log failed", "action", action, "target", e.Target, "err", err)
+		s.metrics.auditFailures.Inc()
+	}
+}
+
+// auditEntry is the audit entry of a successful mutation.
+func (s *Server) auditEntry(r *http.Request, action string, rec *auditRec) *store.AuditEntry {
 	e := &store.AuditEntry{At: s.clock.Now(), Action: action, Target: rec.target, Source: sourceIP(r),
 		BeforeDigest: digestOf(rec.before), AfterDigest: digestOf(rec.after)}
 	if p := rec.actor; p != nil {
@@ -72,10 +87,7 @@ func (s *Server) writeAudit(r *http.Request, action string, rec *auditRec) {
 	if e.Target == "" {
 		e.Target = r.URL.Path
 	}
-	if err := s.store.AddAudit(r.Context(), e); err != nil {
-		s.log.Error("writing the audit log failed", "action", action, "target", e.Target, "err", err)
-		s.metrics.auditFailures.Inc()
-	}
+	return e
 }
 
 func (s *Server) handleListAudit(w http.ResponseWriter, r *http.Request) error {

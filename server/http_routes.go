@@ -74,7 +74,7 @@ func (s *Server) routeTable() []route {
 		{method: "GET", path: "/api/v1/openapi.json", role: rolePublic, summary: "This API's OpenAPI 3.1 document", status: 200, resp: map[string]any{}, h: s.handleOpenAPI},
 
 		// Agents (see doc.go for their contract).
-		{method: "POST", path: "/api/v1/agents/enroll", role: rolePublic, action: "agents.enroll", summary: "Enroll an agent with a one-time token (rate-limited per source)",
+		{method: "POST", path: "/api/v1/agents/enroll", role: rolePublic, action: actionEnroll, summary: "Enroll an agent with a one-time token (rate-limited per source)",
 			body: api.EnrollRequest{}, status: 200, resp: api.EnrollResponse{}, h: s.handleEnroll},
 		{method: "POST", path: "/api/v1/agents/self/renew", role: roleAgent, action: "agents.renew", summary: "Renew the agent's certificate with a fresh key",
 			body: api.RenewRequest{}, status: 200, resp: api.RenewResponse{}, ah: s.handleRenew},

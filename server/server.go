@@ -89,6 +89,7 @@ type Server struct {
 
 	enrollLimiter  rateLimit
 	enrollRequests atomic.Int64
+	enrolls        *enrollQueue    // enroll_batch.go
 	refusals       *refusalAuditor // http_audit.go
 	guard          *guards         // http_guards.go
 
@@ -231,6 +232,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		comp.syncKeys = s.syncKeys
 	}
 	s.compiler = compilerSeam{comp}
+	s.enrolls = s.newEnrollQueue()
 	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, cfg.Store.IngestDelay, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	if ls, ok := st.(interface {

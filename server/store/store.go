@@ -43,6 +43,14 @@ type TokenStore interface {
 	// transaction; it fails with ErrTokenUsed or ErrTokenExpired when the
 	// token can no longer be used at now.
 	EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *Agent) error
+	// EnrollAgents commits several enrollments in one transaction (group
+	// commit). Each one consumes its token, creates its agent and writes
+	// its audit entry, or does none of that: failed[i] is ErrTokenUsed,
+	// ErrTokenExpired, ErrInvalidToken or another error for an enrollment
+	// that was not applied, and the others are applied all the same. err
+	// is the transaction's: when it is not nil nothing was applied (or, for
+	// a failed commit, the caller cannot know; it answers as if not).
+	EnrollAgents(ctx context.Context, es []Enrollment) (failed []error, err error)
 	// ListTokens lists every token, newest first (secrets are only hashes).
 	ListTokens(ctx context.Context) ([]*EnrollmentToken, error)
 	DeleteToken(ctx context.Context, id string) error

@@ -183,6 +183,16 @@ type APIToken struct {
 	RevokedAt  time.Time
 }
 
+// Enrollment is one agent enrolled with a one-time token (EnrollAgents).
+type Enrollment struct {
+	TokenID string
+	Now     time.Time // the token must not have expired at Now
+	Agent   *Agent
+	// Audit, if not nil, is written in the same transaction; its ID is
+	// set.
+	Audit *AuditEntry
+}
+
 // AuditEntry is one line of the audit log.
 type AuditEntry struct {
 	ID           int64

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -40,19 +41,37 @@ func tokenPin(tok string) (string, error) {
 	return parts[3], nil
 }
 
-// enroll runs the enrollment protocol once: a fresh ECDSA P-256 key, the
-// server's CA checked against the token's pin in the handshake, the CSR
-// posted, the certificate checked against the key and the CA bundle, the
-// trust root verified.
-func enroll(ctx context.Context, server, host, token, hostname string, src net.IP, timeout time.Duration) (*identity, error) {
-	pin, err := tokenPin(token)
-	if err != nil {
-		return nil, err
-	}
+// keyCSR is an agent's key and its certificate request, made before the
+// enrollment (as a host's own agent does on its own CPU).
+type keyCSR struct {
+	key *ecdsa.PrivateKey
+	csr string
+}
+
+// newKeyCSR makes a fresh ECDSA P-256 key and its CSR.
+func newKeyCSR(hostname string) (*keyCSR, error) {
 	key, csr, err := pemutil.NewKeyAndCSR(hostname)
 	if err != nil {
 		return nil, fmt.Errorf("key: %w", err)
 	}
+	return &keyCSR{key: key, csr: csr}, nil
+}
+
+// enroll runs the enrollment protocol once: kc's key (a fresh one when kc
+// is nil), the server's CA checked against the token's pin in the
+// handshake, the CSR posted, the certificate checked against the key and
+// the CA bundle, the trust root verified.
+func enroll(ctx context.Context, server, host, token, hostname string, kc *keyCSR, src net.IP, timeout time.Duration) (*identity, error) {
+	pin, err := tokenPin(token)
+	if err != nil {
+		return nil, err
+	}
+	if kc == nil {
+		if kc, err = newKeyCSR(hostname); err != nil {
+			return nil, err
+		}
+	}
+	key, csr := kc.key, kc.csr
 	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim", CSR: csr})
 	tr := &http.Transport{TLSClientConfig: pemutil.PinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()

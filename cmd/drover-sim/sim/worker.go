@@ -186,20 +186,23 @@ func (w *worker) grow(to int) (from, until time.Time) {
 	w.growing.Lock()
 	defer w.growing.Unlock()
 	n := max(to-w.started, 0)
-	// The tokens first, as an operator would hand them out: the
+	// The tokens first, as an operator would hand them out, and each
+	// agent's key and CSR, as every host makes its own on its own CPU: the
 	// enrollment phase that follows is what the server's rate is timed on.
 	toks := make([]string, n)
+	keys := make([]*keyCSR, n)
 	tags := map[string]string{fleetTag: w.cfg.Fleet}
+	first := w.started
 	w.parallel(n, func(k int) {
 		tok, err := w.admin.createToken(w.runCtx, tags)
 		if err != nil && w.runCtx.Err() == nil {
 			w.rec.fail("token", err)
 		}
 		toks[k] = tok
+		keys[k], _ = newKeyCSR(w.hostname(w.cfg.First + first + k)) // nil on failure: enroll makes one
 	})
 	from = time.Now()
-	first := w.started
-	w.parallel(n, func(k int) { w.startAgent(w.cfg.First+first+k, toks[k]) })
+	w.parallel(n, func(k int) { w.startAgent(w.cfg.First+first+k, toks[k], keys[k]) })
 	w.started += n
 	return from, time.Now()
 }
@@ -219,9 +222,12 @@ func (w *worker) parallel(n int, f func(int)) {
 	wg.Wait()
 }
 
-// startAgent enrolls agent i with tok (bounded retries, each with a new
-// token) and starts its loops.
-func (w *worker) startAgent(i int, tok string) {
+// hostname is agent i's host name.
+func (w *worker) hostname(i int) string { return fmt.Sprintf("sim-%s-%d", w.cfg.Fleet, i) }
+
+// startAgent enrolls agent i with tok and kc (bounded retries, each with a
+// new token and key) and starts its loops.
+func (w *worker) startAgent(i int, tok string, kc *keyCSR) {
 	w.rec.c.agents.Add(1)
 	var src net.IP
 	if w.cfg.SpreadSources {
@@ -229,7 +235,7 @@ func (w *worker) startAgent(i int, tok string) {
 	}
 	ctx := w.runCtx
 	tags := map[string]string{fleetTag: w.cfg.Fleet}
-	hostname := fmt.Sprintf("sim-%s-%d", w.cfg.Fleet, i)
+	hostname := w.hostname(i)
 	var id *identity
 	bo := 500 * time.Millisecond
 	for attempt := 1; ; attempt++ {
@@ -239,7 +245,7 @@ func (w *worker) startAgent(i int, tok string) {
 		}
 		if err == nil {
 			start := time.Now()
-			id, err = enroll(ctx, w.cfg.Server, w.cfg.Host, tok, hostname, src, w.cfg.Agent.Timeout)
+			id, err = enroll(ctx, w.cfg.Server, w.cfg.Host, tok, hostname, kc, src, w.cfg.Agent.Timeout)
 			w.rec.observe(&w.rec.enroll, time.Since(start))
 			if err == nil {
 				break
@@ -253,7 +259,7 @@ func (w *worker) startAgent(i int, tok string) {
 		} else {
 			w.rec.fail("enroll", err)
 		}
-		tok = "" // a retry takes a new token: the failed attempt may have used this one
+		tok, kc = "", nil // a retry takes a new token (the failed attempt may have used this one) and key
 		if attempt == 5 {
 			w.rec.failKind("enroll: gave up after retries")
 			return

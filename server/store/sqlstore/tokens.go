@@ -49,33 +49,147 @@ func scanToken(row rowScanner, extra ...any) (*store.EnrollmentToken, error) {
 }
 
 func (s *DB) EnrollAgent(ctx context.Context, tokenID string, now time.Time, a *store.Agent) error {
-	return s.writeTx(ctx, func(tx Tx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`,
-			ns(now), a.ID, tokenID, ns(now))
-		if err != nil {
-			return fmt.Errorf("enroll: %w", err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			var used int64
-			err := tx.QueryRowContext(ctx, `SELECT used_at FROM enrollment_tokens WHERE id=?`, tokenID).Scan(&used)
-			switch {
-			case errors.Is(err, sql.ErrNoRows):
-				return errs.ErrInvalidToken
-			case err != nil:
+	failed, err := s.EnrollAgents(ctx, []store.Enrollment{{TokenID: tokenID, Now: now, Agent: a}})
+	if err != nil {
+		return err
+	}
+	return failed[0]
+}
+
+// MaxEnrollBatch bounds how many enrollments one EnrollAgents call commits.
+const MaxEnrollBatch = 1000
+
+// EnrollAgents commits the enrollments in one write transaction, one
+// fsync for the batch. A refused enrollment (its token used, expired or
+// unknown) changes nothing and is skipped. An enrollment whose statements
+// fail otherwise (a constraint, say) aborts the transaction: writeTx retries
+// it whole if the store finds the error transient (a PostgreSQL
+// serialization failure), and if the error stays, that enrollment is given
+// the error and the others are committed again without it. The statements
+// are prepared once per transaction, not once per enrollment.
+func (s *DB) EnrollAgents(ctx context.Context, es []store.Enrollment) ([]error, error) {
+	if len(es) > MaxEnrollBatch {
+		return nil, fmt.Errorf("enroll: %d enrollments in one batch (at most %d)", len(es), MaxEnrollBatch)
+	}
+	failed := make([]error, len(es))
+	excluded := make([]bool, len(es))
+	for {
+		refused := make([]error, len(es))
+		err := s.writeTx(ctx, func(tx Tx) error {
+			clear(refused) // the transaction may run more than once
+			st, err := prepareEnroll(ctx, tx)
+			if err != nil {
 				return fmt.Errorf("enroll: %w", err)
-			case used != 0:
-				return errs.ErrTokenUsed
 			}
-			return errs.ErrTokenExpired
+			defer st.close()
+			for i := range es {
+				if excluded[i] {
+					continue
+				}
+				ref, err := st.enroll(ctx, &es[i])
+				if err != nil {
+					return &enrollError{i: i, err: err}
+				}
+				refused[i] = ref
+			}
+			return nil
+		})
+		var ee *enrollError
+		switch {
+		case err == nil:
+			for i, ref := range refused {
+				if !excluded[i] {
+					failed[i] = ref
+				}
+			}
+			return failed, nil
+		case errors.As(err, &ee):
+			failed[ee.i], excluded[ee.i] = ee.err, true
+		default:
+			return nil, err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
-			VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`,
-			a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
+	}
+}
+
+// enrollError is the error of enrollment i, which aborted its transaction.
+type enrollError struct {
+	i   int
+	err error
+}
+
+func (e *enrollError) Error() string { return e.err.Error() }
+func (e *enrollError) Unwrap() error { return e.err }
+
+// enrollStmts are EnrollAgents' statements, prepared in its transaction.
+type enrollStmts struct {
+	useToken, tokenUsed, agent, audit *sql.Stmt
+}
+
+func prepareEnroll(ctx context.Context, tx Tx) (*enrollStmts, error) {
+	st := &enrollStmts{}
+	for _, p := range []struct {
+		to  **sql.Stmt
+		sql string
+	}{
+		{&st.useToken, `UPDATE enrollment_tokens SET used_at=?, agent_id=? WHERE id=? AND used_at=0 AND expires_at>?`},
+		{&st.tokenUsed, `SELECT used_at FROM enrollment_tokens WHERE id=?`},
+		{&st.agent, `INSERT INTO agents(id, name, hostname, os, arch, agent_version, tags, created_at, updated_at, cert_serial, cert_expires_at, machine_id)
+			VALUES(?,?,?,?,?,?,?,?,?,?,?,?)`},
+		{&st.audit, `INSERT INTO audit_log(at, actor_id, actor_name, role, action, target, before_digest, after_digest, source)
+			VALUES(?,?,?,?,?,?,?,?,?) RETURNING id`},
+	} {
+		stmt, err := tx.PrepareContext(ctx, p.sql)
 		if err != nil {
-			return fmt.Errorf("enroll: %w", err)
+			st.close()
+			return nil, err
 		}
-		return nil
-	})
+		*p.to = stmt
+	}
+	return st, nil
+}
+
+func (st *enrollStmts) close() {
+	for _, s := range []*sql.Stmt{st.useToken, st.tokenUsed, st.agent, st.audit} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// enroll consumes e's token, creates its agent and writes its audit entry.
+// refused is ErrTokenUsed, ErrTokenExpired or ErrInvalidToken when the
+// token cannot be used (nothing was changed); err is a statement's error
+// (the transaction is to be abandoned).
+func (st *enrollStmts) enroll(ctx context.Context, e *store.Enrollment) (refused, err error) {
+	a := e.Agent
+	res, err := st.useToken.ExecContext(ctx, ns(e.Now), a.ID, e.TokenID, ns(e.Now))
+	if err != nil {
+		return nil, fmt.Errorf("enroll: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		var used int64
+		err := st.tokenUsed.QueryRowContext(ctx, e.TokenID).Scan(&used)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return errs.ErrInvalidToken, nil
+		case err != nil:
+			return nil, fmt.Errorf("enroll: %w", err)
+		case used != 0:
+			return errs.ErrTokenUsed, nil
+		}
+		return errs.ErrTokenExpired, nil
+	}
+	_, err = st.agent.ExecContext(ctx, a.ID, a.Name, a.Hostname, a.OS, a.Arch, a.AgentVersion, jsonText(a.Tags), ns(a.CreatedAt), ns(a.CreatedAt), a.CertSerial, ns(a.CertExpiresAt), a.MachineID)
+	if err != nil {
+		return nil, fmt.Errorf("enroll: %w", err)
+	}
+	if au := e.Audit; au != nil {
+		err := st.audit.QueryRowContext(ctx, ns(au.At), au.ActorID, au.ActorName, au.Role, au.Action, au.Target, au.BeforeDigest, au.AfterDigest, au.Source).Scan(&au.ID)
+		if err != nil {
+			return nil, fmt.Errorf("enroll: audit entry: %w", err)
+		}
+	}
+	return nil, nil
 }
 
 func (s *DB) ListTokens(ctx context.Context) ([]*store.EnrollmentToken, error) {

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		fn   func(t *testing.T, st store.Store)
 	}{
 		{"Enrollment", testEnrollment},
+		{"EnrollmentBatch", testEnrollmentBatch},
+		{"EnrollmentConcurrent", testEnrollmentConcurrent},
 		{"Agents", testAgents},
 		{"Pipes", testPipes},
 		{"Secrets", testSecrets},
@@ -111,6 +114,132 @@ func testEnrollment(t *testing.T, st store.Store) {
 	}
 	must(t, st.DeleteToken(ctx, "tok-2"))
 	wantKind(t, "DeleteToken(deleted)", st.DeleteToken(ctx, "tok-2"), errs.ErrNotFound)
+}
+
+// testEnrollmentBatch: one EnrollAgents call commits the enrollments that
+// can be applied and rolls back the others alone, each one whole (token,
+// agent and audit entry, or none of them).
+func testEnrollmentBatch(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	for _, id := range []string{"b1", "b2", "b3", "b4"} {
+		must(t, st.CreateToken(ctx, &store.EnrollmentToken{ID: id, SecretHash: []byte(id), CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)}))
+	}
+	now := t0.Add(time.Minute)
+	enr := func(tok, agent string, at time.Time) store.Enrollment {
+		return store.Enrollment{TokenID: tok, Now: at, Agent: &store.Agent{ID: agent, Name: agent, Hostname: agent, CreatedAt: at, CertSerial: "s-" + agent},
+			Audit: &store.AuditEntry{At: at, ActorID: "enrollment-token/" + tok, Action: "agents.enroll", Target: "agent/" + agent}}
+	}
+	es := []store.Enrollment{
+		enr("b1", "agt-b1", now),
+		enr("b1", "agt-b1-again", now),           // the same token twice in one batch
+		enr("nope", "agt-unknown", now),          // no such token
+		enr("b2", "agt-b1", now),                 // the agent's insert fails (its id is taken): b2 stays unused
+		enr("b3", "agt-b3", t0.Add(2*time.Hour)), // expired
+		enr("b4", "agt-b4", now),
+	}
+	failed, err := st.EnrollAgents(ctx, es)
+	must(t, err)
+	if len(failed) != len(es) {
+		t.Fatalf("EnrollAgents: %d results for %d enrollments", len(failed), len(es))
+	}
+	must(t, failed[0])
+	wantKind(t, "the same token again", failed[1], errs.ErrTokenUsed)
+	wantKind(t, "an unknown token", failed[2], errs.ErrInvalidToken)
+	if failed[3] == nil {
+		t.Fatal("an enrollment whose agent id is taken succeeded")
+	}
+	wantKind(t, "an expired token", failed[4], errs.ErrTokenExpired)
+	must(t, failed[5])
+	for _, id := range []string{"agt-b1", "agt-b4"} {
+		if _, err := st.GetAgent(ctx, id); err != nil {
+			t.Fatalf("enrolled agent %s: %v", id, err)
+		}
+	}
+	for _, id := range []string{"agt-b1-again", "agt-unknown", "agt-b3"} {
+		if _, err := st.GetAgent(ctx, id); !errors.Is(err, errs.ErrNotFound) {
+			t.Fatalf("a refused enrollment made agent %s: %v", id, err)
+		}
+	}
+	if got, err := st.GetToken(ctx, "b1"); err != nil || got.AgentID != "agt-b1" {
+		t.Fatalf("token b1: %+v %v", got, err)
+	}
+	for _, id := range []string{"b2", "b3"} {
+		if got, err := st.GetToken(ctx, id); err != nil || !got.UsedAt.IsZero() || got.AgentID != "" {
+			t.Fatalf("token %s of a refused enrollment was used: %+v %v", id, got, err)
+		}
+	}
+	audit, err := st.ListAudit(ctx, store.AuditFilter{Action: "agents.enroll", Limit: 100})
+	must(t, err)
+	var targets []string
+	for _, e := range audit {
+		targets = append(targets, e.Target)
+	}
+	if len(targets) != 2 || targets[0] != "agent/agt-b4" || targets[1] != "agent/agt-b1" {
+		t.Fatalf("audit entries of the batch: %v (want those of the two applied enrollments)", targets)
+	}
+	if es[0].Audit.ID == 0 || es[5].Audit.ID == 0 {
+		t.Fatal("the audit entries' ids were not set")
+	}
+	// b2 is still usable, in a batch of its own.
+	failed, err = st.EnrollAgents(ctx, []store.Enrollment{enr("b2", "agt-b2", now)})
+	must(t, err)
+	must(t, failed[0])
+
+	// A batch above the bound is refused whole.
+	big := make([]store.Enrollment, 1001)
+	for i := range big {
+		big[i] = enr("b4", fmt.Sprintf("agt-big-%d", i), now)
+	}
+	if _, err := st.EnrollAgents(ctx, big); err == nil {
+		t.Fatal("a batch of 1001 enrollments was accepted")
+	}
+}
+
+// testEnrollmentConcurrent: batches racing for the same tokens use each
+// token exactly once.
+func testEnrollmentConcurrent(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	const tokens, racers = 8, 6
+	for i := range tokens {
+		must(t, st.CreateToken(ctx, &store.EnrollmentToken{ID: fmt.Sprintf("c%d", i), SecretHash: []byte("h"), CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)}))
+	}
+	now := t0.Add(time.Minute)
+	var wg sync.WaitGroup
+	results := make([][]error, racers)
+	errsOf := make([]error, racers)
+	for r := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			es := make([]store.Enrollment, tokens)
+			for i := range es {
+				id := fmt.Sprintf("agt-c%d-r%d", i, r)
+				es[i] = store.Enrollment{TokenID: fmt.Sprintf("c%d", (i+r)%tokens), Now: now, Agent: &store.Agent{ID: id, Name: id, CreatedAt: now, CertSerial: id}}
+			}
+			results[r], errsOf[r] = st.EnrollAgents(ctx, es)
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for r := range racers {
+		must(t, errsOf[r])
+		for _, err := range results[r] {
+			switch {
+			case err == nil:
+				ok++
+			case !errors.Is(err, errs.ErrTokenUsed):
+				t.Fatalf("racer %d: %v (want nil or ErrTokenUsed)", r, err)
+			}
+		}
+	}
+	if ok != tokens {
+		t.Fatalf("%d enrollments succeeded with %d tokens", ok, tokens)
+	}
+	agents, err := st.ListAgents(ctx)
+	must(t, err)
+	if len(agents) != tokens {
+		t.Fatalf("%d agents for %d tokens", len(agents), tokens)
+	}
 }
 
 func testAgents(t *testing.T, st store.Store) {
