@@ -134,7 +134,7 @@ type agentMem struct {
 	current, prev  map[string]bool // pipe names of the manifest and its predecessor
 
 	known    map[string]struct{}
-	ring     []string
+	ring     []string // grows to knownRunsMemory: an agent that runs nothing holds none
 	ringNext int
 
 	audited map[string]time.Time // refusal reason -> last audit
@@ -152,7 +152,7 @@ func (s *Server) agentMem(id string) *agentMem {
 		l := s.cfg.Agents
 		st = &agentMem{runs: newBucket(float64(l.RunRecordsPerSecond), float64(l.RunRecordsBurst)),
 			logBytes: newBucket(float64(l.LogBytesPerSecond), float64(l.LogBytesBurst)),
-			pipes:    map[string]*tokenBucket{}, known: map[string]struct{}{}, ring: make([]string, knownRunsMemory),
+			pipes:    map[string]*tokenBucket{}, known: map[string]struct{}{},
 			audited: map[string]time.Time{}}
 		s.agentStates[id] = st
 	}
@@ -189,11 +189,13 @@ func (a *agentMem) noteRun(id string) bool {
 	if _, ok := a.known[id]; ok {
 		return false
 	}
-	if old := a.ring[a.ringNext]; old != "" {
-		delete(a.known, old)
+	if len(a.ring) < knownRunsMemory {
+		a.ring = append(a.ring, id)
+	} else {
+		delete(a.known, a.ring[a.ringNext])
+		a.ring[a.ringNext] = id
+		a.ringNext = (a.ringNext + 1) % len(a.ring)
 	}
-	a.ring[a.ringNext] = id
-	a.ringNext = (a.ringNext + 1) % len(a.ring)
 	a.known[id] = struct{}{}
 	return true
 }
