@@ -15,6 +15,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -313,6 +315,23 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	return s, nil
 }
 
+// applyRuntime sets the collector's settings the configuration gives; they
+// are the process's, so in a process that runs several servers (tests) the
+// last one started sets them. It logs the settings in effect.
+func applyRuntime(c RuntimeConfig, log *slog.Logger) {
+	if c.GCPercent != 0 {
+		debug.SetGCPercent(c.GCPercent)
+	}
+	if c.MemoryLimitBytes != 0 {
+		debug.SetMemoryLimit(c.MemoryLimitBytes)
+	}
+	samples := []rtmetrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	rtmetrics.Read(samples)
+	if samples[0].Value.Kind() == rtmetrics.KindUint64 && samples[1].Value.Kind() == rtmetrics.KindUint64 {
+		log.Info("go runtime", "gc_percent", samples[0].Value.Uint64(), "memory_limit_bytes", samples[1].Value.Uint64())
+	}
+}
+
 // grpcWriteBufferBytes is the size of an agent connection's gRPC write
 // buffer, taken from a shared pool while a write is flushed.
 const grpcWriteBufferBytes = 8 << 10
@@ -495,6 +514,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if !s.ran.CompareAndSwap(false, true) {
 		return errors.New("server: Run called twice")
 	}
+	applyRuntime(s.cfg.Runtime, s.log)
 	go s.ingest.Run()
 	errc := make(chan error, 2)
 	go func() {
