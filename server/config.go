@@ -96,8 +96,11 @@ type Config struct {
 // idle agent costs the server").
 type RuntimeConfig struct {
 	// GCPercent is GOGC: how far, in percent of the live heap and the
-	// goroutine stacks, the heap may grow before the next collection. 0
-	// leaves Go's setting alone (the GOGC environment variable, else 100).
+	// goroutine stacks, the heap may grow before the next collection; 50
+	// by default, where Go's is 100: an idle agent's stacks count twice
+	// at 100 (held, and as room for the heap to grow), and a collection
+	// at rest is cheap. 0 leaves Go's setting alone (the GOGC environment
+	// variable, else 100).
 	GCPercent int `yaml:"gc_percent"`
 	// MemoryLimitBytes is a soft limit on the memory the Go runtime holds
 	// (GOMEMLIMIT): near it the collector runs more often, whatever
@@ -292,6 +295,7 @@ func DefaultConfig() Config {
 			OfflineAfter:   90 * time.Second,
 		},
 		Placement: PlacementConfig{Lease: 5 * time.Minute, SkewMargin: time.Minute},
+		Runtime:   RuntimeConfig{GCPercent: 50},
 		Enrollment: EnrollmentConfig{
 			DefaultTTL:    time.Hour,
 			MaxTTL:        30 * 24 * time.Hour,

@@ -15,6 +15,7 @@ import (
 	"github.com/drover/drover/manifest"
 	"math"
 	"runtime/debug"
+	rtmetrics "runtime/metrics"
 )
 
 func TestConfigDefaultsFileEnvAndValidation(t *testing.T) {
@@ -329,18 +330,23 @@ func TestRuntimeSettings(t *testing.T) {
 
 	oldGC, oldLimit := debug.SetGCPercent(100), debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetGCPercent(oldGC); debug.SetMemoryLimit(oldLimit) })
+	if def := DefaultConfig().Runtime; def != (RuntimeConfig{GCPercent: 50}) {
+		t.Errorf("default runtime settings %+v", def)
+	}
 	debug.SetMemoryLimit(math.MaxInt64)
-	startServer(t)
+	startServer(t, func(c *Config) { c.Runtime = RuntimeConfig{} })
 	time.Sleep(100 * time.Millisecond) // Run has applied its (no) settings
 	if gc, limit := debug.SetGCPercent(-1), debug.SetMemoryLimit(-1); gc != 100 || limit != math.MaxInt64 {
-		t.Errorf("the defaults changed Go's settings: GOGC %d, limit %d", gc, limit)
+		t.Errorf("0 changed Go's settings: GOGC %d, limit %d", gc, limit)
 	}
 	debug.SetGCPercent(100)
 	startServer(t, func(c *Config) { c.Runtime = RuntimeConfig{GCPercent: 40, MemoryLimitBytes: 3 << 30} })
 	// Run, in its own goroutine, applies them.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		gc, limit := debug.SetGCPercent(-1), debug.SetMemoryLimit(-1)
-		debug.SetGCPercent(gc)
+		// Read without setting, so as not to race with Run.
+		samples := []rtmetrics.Sample{{Name: "/gc/gogc:percent"}}
+		rtmetrics.Read(samples)
+		gc, limit := samples[0].Value.Uint64(), debug.SetMemoryLimit(-1)
 		if gc == 40 && limit == 3<<30 {
 			break
 		}
