@@ -87,6 +87,25 @@ type Config struct {
 	LiveLogs LiveLogsConfig `yaml:"live_logs"`
 	// Placement sets the leases of placement: one pipes (docs/placement.md).
 	Placement PlacementConfig `yaml:"placement"`
+	// Runtime tunes the Go runtime of the server process (server.go, applyRuntime).
+	Runtime RuntimeConfig `yaml:"runtime"`
+}
+
+// RuntimeConfig tunes the server's garbage collector: what an idle agent
+// costs in memory against what collecting costs in CPU (README, "What an
+// idle agent costs the server").
+type RuntimeConfig struct {
+	// GCPercent is GOGC: how far, in percent of the live heap and the
+	// goroutine stacks, the heap may grow before the next collection; 50
+	// by default, where Go's is 100: an idle agent's stacks count twice
+	// at 100 (held, and as room for the heap to grow), and a collection
+	// at rest is cheap. 0 leaves Go's setting alone (the GOGC environment
+	// variable, else 100).
+	GCPercent int `yaml:"gc_percent"`
+	// MemoryLimitBytes is a soft limit on the memory the Go runtime holds
+	// (GOMEMLIMIT): near it the collector runs more often, whatever
+	// gc_percent says. 0 leaves Go's setting alone (GOMEMLIMIT, else none).
+	MemoryLimitBytes int64 `yaml:"memory_limit_bytes"`
 }
 
 // PlacementConfig sets the leases of placement: one pipes.
@@ -276,6 +295,7 @@ func DefaultConfig() Config {
 			OfflineAfter:   90 * time.Second,
 		},
 		Placement: PlacementConfig{Lease: 5 * time.Minute, SkewMargin: time.Minute},
+		Runtime:   RuntimeConfig{GCPercent: 50},
 		Enrollment: EnrollmentConfig{
 			DefaultTTL:    time.Hour,
 			MaxTTL:        30 * 24 * time.Hour,
@@ -593,6 +613,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Store.MaxConnIdleTime < time.Second {
 		add("store.max_conn_idle_time", "must be at least 1s")
+	}
+	if g := c.Runtime.GCPercent; g != 0 && (g < 10 || g > 1000) {
+		add("runtime.gc_percent", "%d is not 0 (Go's setting) or 10 to 1000", g)
+	}
+	if m := c.Runtime.MemoryLimitBytes; m != 0 && m < 64<<20 {
+		add("runtime.memory_limit_bytes", "%d is not 0 (none) or at least 64 MiB (67108864)", m)
 	}
 	return ps.Err()
 }

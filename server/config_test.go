@@ -13,6 +13,9 @@ import (
 	"github.com/drover/drover/api"
 
 	"github.com/drover/drover/manifest"
+	"math"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
 )
 
 func TestConfigDefaultsFileEnvAndValidation(t *testing.T) {
@@ -280,5 +283,75 @@ func TestConfigReplicaAddresses(t *testing.T) {
 	}
 	if err := many.Validate(); err == nil || !strings.Contains(err.Error(), "grpc_public_addrs") {
 		t.Fatalf("%d addresses accepted: %v", len(many.GRPCPublicAddrs), err)
+	}
+}
+
+// TestRuntimeSettings: the collector's settings are checked with their
+// field paths, read from the environment, and applied when the server
+// runs; 0 leaves Go's own settings alone.
+func TestRuntimeSettings(t *testing.T) {
+	for _, c := range []struct {
+		gc    int
+		limit int64
+		bad   []string
+	}{
+		{0, 0, nil}, {10, 64 << 20, nil}, {1000, 1 << 40, nil},
+		{9, 0, []string{"runtime.gc_percent"}}, {-1, 0, []string{"runtime.gc_percent"}}, {1001, 0, []string{"runtime.gc_percent"}},
+		{0, 1, []string{"runtime.memory_limit_bytes"}}, {50, -5, []string{"runtime.memory_limit_bytes"}},
+		{5, 1 << 20, []string{"runtime.gc_percent", "runtime.memory_limit_bytes"}},
+	} {
+		cfg := DefaultConfig()
+		cfg.Runtime = RuntimeConfig{GCPercent: c.gc, MemoryLimitBytes: c.limit}
+		err := cfg.Validate()
+		var ve *manifest.ValidationError
+		if len(c.bad) == 0 {
+			if err != nil {
+				t.Errorf("%+v: %v", cfg.Runtime, err)
+			}
+			continue
+		}
+		if !errors.As(err, &ve) || len(ve.Problems) != len(c.bad) {
+			t.Errorf("%+v: %v, want problems for %v", cfg.Runtime, err, c.bad)
+			continue
+		}
+		for _, f := range c.bad {
+			if !strings.Contains(ve.Error(), f+":") {
+				t.Errorf("%+v: no problem for %s in %v", cfg.Runtime, f, ve)
+			}
+		}
+	}
+	cfg, err := LoadConfig("", false, []string{"DROVER_RUNTIME_GC_PERCENT=50", "DROVER_RUNTIME_MEMORY_LIMIT_BYTES=1073741824"})
+	if err != nil || cfg.Runtime != (RuntimeConfig{GCPercent: 50, MemoryLimitBytes: 1 << 30}) {
+		t.Fatalf("from the environment: %+v %v", cfg.Runtime, err)
+	}
+	if _, err := LoadConfig("", false, []string{"DROVER_RUNTIME_GC_PERCENT=5"}); err == nil || !strings.Contains(err.Error(), "runtime.gc_percent") {
+		t.Fatalf("a bad gc_percent from the environment: %v", err)
+	}
+
+	oldGC, oldLimit := debug.SetGCPercent(100), debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetGCPercent(oldGC); debug.SetMemoryLimit(oldLimit) })
+	if def := DefaultConfig().Runtime; def != (RuntimeConfig{GCPercent: 50}) {
+		t.Errorf("default runtime settings %+v", def)
+	}
+	debug.SetMemoryLimit(math.MaxInt64)
+	startServer(t, func(c *Config) { c.Runtime = RuntimeConfig{} })
+	time.Sleep(100 * time.Millisecond) // Run has applied its (no) settings
+	if gc, limit := debug.SetGCPercent(-1), debug.SetMemoryLimit(-1); gc != 100 || limit != math.MaxInt64 {
+		t.Errorf("0 changed Go's settings: GOGC %d, limit %d", gc, limit)
+	}
+	debug.SetGCPercent(100)
+	startServer(t, func(c *Config) { c.Runtime = RuntimeConfig{GCPercent: 40, MemoryLimitBytes: 3 << 30} })
+	// Run, in its own goroutine, applies them.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		// Read without setting, so as not to race with Run.
+		samples := []rtmetrics.Sample{{Name: "/gc/gogc:percent"}}
+		rtmetrics.Read(samples)
+		gc, limit := samples[0].Value.Uint64(), debug.SetMemoryLimit(-1)
+		if gc == 40 && limit == 3<<30 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runtime settings not applied: GOGC %d, limit %d", gc, limit)
+		}
 	}
 }

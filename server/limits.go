@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"hash/maphash"
+	"slices"
 	"sync"
 	"time"
 
@@ -121,6 +123,9 @@ func wait(ctx context.Context, d time.Duration) error {
 // that the log chunks of a known run do not count as new runs.
 const knownRunsMemory = 1024
 
+// runIDSeed hashes the run ids agents' quotas remember.
+var runIDSeed = maphash.MakeSeed()
+
 // agentMem is the server's in-memory state of one agent: its quotas
 // (kept across reconnects), the pipes its manifests name, and when
 // refusals were last audited.
@@ -133,8 +138,12 @@ type agentMem struct {
 	manifestDigest string
 	current, prev  map[string]bool // pipe names of the manifest and its predecessor
 
-	known    map[string]struct{}
-	ring     []string
+	// The recent run ids, as 64-bit hashes under a seed of this process
+	// (an agent cannot aim for a collision), newest at ringNext-1: 8 bytes
+	// each instead of the ~110 of the string in a map, and the newest is
+	// looked at first (a log chunk is nearly always of the latest run). It grows to
+	// knownRunsMemory: an agent that runs nothing holds none.
+	ring     []uint64
 	ringNext int
 
 	audited map[string]time.Time // refusal reason -> last audit
@@ -152,8 +161,8 @@ func (s *Server) agentMem(id string) *agentMem {
 		l := s.cfg.Agents
 		st = &agentMem{runs: newBucket(float64(l.RunRecordsPerSecond), float64(l.RunRecordsBurst)),
 			logBytes: newBucket(float64(l.LogBytesPerSecond), float64(l.LogBytesBurst)),
-			pipes:    map[string]*tokenBucket{}, known: map[string]struct{}{}, ring: make([]string, knownRunsMemory),
-			audited: map[string]time.Time{}}
+			pipes:    map[string]*tokenBucket{},
+			audited:  map[string]time.Time{}}
 		s.agentStates[id] = st
 	}
 	return st
@@ -186,15 +195,18 @@ func (a *agentMem) pipeBucket(pipe string, l AgentLimits) *tokenBucket {
 func (a *agentMem) noteRun(id string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, ok := a.known[id]; ok {
+	h := maphash.String(runIDSeed, id)
+	n := len(a.ring)
+	if n > 0 && a.ring[(a.ringNext+n-1)%n] == h || slices.Contains(a.ring, h) {
 		return false
 	}
-	if old := a.ring[a.ringNext]; old != "" {
-		delete(a.known, old)
+	if n < knownRunsMemory {
+		a.ring = append(a.ring, h)
+		a.ringNext = len(a.ring) % knownRunsMemory
+	} else {
+		a.ring[a.ringNext] = h
+		a.ringNext = (a.ringNext + 1) % knownRunsMemory
 	}
-	a.ring[a.ringNext] = id
-	a.ringNext = (a.ringNext + 1) % len(a.ring)
-	a.known[id] = struct{}{}
 	return true
 }
 

@@ -14,6 +14,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -295,14 +297,17 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		grpc.ConnectionTimeout(cfg.GRPC.ConnectTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.GRPC.KeepaliveTime, Timeout: cfg.GRPC.KeepaliveWait, MaxConnectionIdle: cfg.GRPC.IdleTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		// Per-connection buffers sized for a fleet of mostly idle streams:
-		// gRPC's default 32 KiB read buffer is held by every connection
-		// (the write buffer goes back to a shared pool after each flush).
-		// A log chunk larger than them takes several syscalls. The
+		// Per-connection buffers sized for a fleet of mostly idle streams.
+		// No read buffer: gRPC's (32 KiB by default) would be held by every
+		// connection for its life, and it would only copy again what the
+		// TLS connection already holds decrypted (crypto/tls buffers a
+		// whole record), so the HTTP/2 framer reads the TLS connection
+		// directly. The write buffer goes back to a shared pool after each
+		// flush; a log chunk larger than it takes several writes. The
 		// flow-control windows keep their defaults (64 KiB, grown by gRPC's
 		// bandwidth estimator), which a fixed window would switch off.
-		grpc.ReadBufferSize(grpcBufferBytes),
-		grpc.WriteBufferSize(grpcBufferBytes),
+		grpc.ReadBufferSize(0),
+		grpc.WriteBufferSize(grpcWriteBufferBytes),
 	)
 	agentpb.RegisterAgentServer(s.grpcSrv, s.streams)
 	// The standard gRPC health service, for the agents' liveness probe of
@@ -322,9 +327,26 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	return s, nil
 }
 
-// grpcBufferBytes is the size of each agent connection's gRPC read and
-// write buffers.
-const grpcBufferBytes = 8 << 10
+// applyRuntime sets the collector's settings the configuration gives; they
+// are the process's, so in a process that runs several servers (tests) the
+// last one started sets them. It logs the settings in effect.
+func applyRuntime(c RuntimeConfig, log *slog.Logger) {
+	if c.GCPercent != 0 {
+		debug.SetGCPercent(c.GCPercent)
+	}
+	if c.MemoryLimitBytes != 0 {
+		debug.SetMemoryLimit(c.MemoryLimitBytes)
+	}
+	samples := []rtmetrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	rtmetrics.Read(samples)
+	if samples[0].Value.Kind() == rtmetrics.KindUint64 && samples[1].Value.Kind() == rtmetrics.KindUint64 {
+		log.Info("go runtime", "gc_percent", samples[0].Value.Uint64(), "memory_limit_bytes", samples[1].Value.Uint64())
+	}
+}
+
+// grpcWriteBufferBytes is the size of an agent connection's gRPC write
+// buffer, taken from a shared pool while a write is flushed.
+const grpcWriteBufferBytes = 8 << 10
 
 // loadKeys loads (creating on first start) the CA, the keyring, the
 // secrets key and the admin token from the data dir, and returns the
@@ -509,6 +531,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if !s.ran.CompareAndSwap(false, true) {
 		return errors.New("server: Run called twice")
 	}
+	applyRuntime(s.cfg.Runtime, s.log)
 	go s.ingest.Run()
 	errc := make(chan error, 2)
 	go func() {
