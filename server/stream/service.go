@@ -358,7 +358,7 @@ func (g *Service) syncIfBehind(conn *streamConn, accepted uint64) {
 		return
 	}
 	select {
-	case conn.out <- syncNow(serial):
+	case conn.out <- g.hub.syncNow(conn.ctx, conn.agentID, serial):
 	default:
 	}
 }
