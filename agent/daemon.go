@@ -66,7 +66,7 @@ type Agent struct {
 	http          *resty.Client
 	replicas      *replicas // the server's replicas and the ones in use (replicas.go)
 	etag          string
-	pushed        *pushedManifest // came with a SyncNow, for the next sync (sync.go)
+	pushed        *pushedManifest    // came with a SyncNow, for the next sync (sync.go)
 	current       *manifest.Manifest // manifest in force (accepted and applied)
 	currentEnv    []byte
 	currentDigest string
