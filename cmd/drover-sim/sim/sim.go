@@ -295,16 +295,20 @@ type ServerFigures struct {
 
 // ChangeFigures time one pipe PUT reaching the fleet.
 type ChangeFigures struct {
-	Version       uint64  `json:"version"`
-	PutMS         float64 `json:"put_ms"`
-	SimLag        Latency `json:"simulator_lag"`
-	Fetched       Latency `json:"fetched"` // from the PUT's start to the verified manifest with the new version
-	Applied       Latency `json:"applied"` // to the server's ack of the agent's ManifestStatus
-	NotFetched    int64   `json:"not_fetched"`
-	NotApplied    int64   `json:"not_applied"`
-	SyncNows      int64   `json:"sync_nows"`
-	PayloadsFetch int64   `json:"payload_fetches"`
-	Deferred      int64   `json:"payloads_deferred"` // 429 answers waited out
+	Version    uint64  `json:"version"`
+	PutMS      float64 `json:"put_ms"`
+	SimLag     Latency `json:"simulator_lag"`
+	Fetched    Latency `json:"fetched"` // from the PUT's start to the verified manifest with the new version
+	Applied    Latency `json:"applied"` // to the server's ack of the agent's ManifestStatus
+	NotFetched int64   `json:"not_fetched"`
+	NotApplied int64   `json:"not_applied"`
+	SyncNows   int64   `json:"sync_nows"`
+	// ByStream and ByPoll: agents that first saw the change in a manifest
+	// the stream carried, or in a poll's answer.
+	ByStream      int64 `json:"by_stream"`
+	ByPoll        int64 `json:"by_poll"`
+	PayloadsFetch int64 `json:"payload_fetches"`
+	Deferred      int64 `json:"payloads_deferred"` // 429 answers waited out
 }
 
 // StepReport is what one step measured.
@@ -837,6 +841,8 @@ func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Repor
 	ch.NotApplied = max(s.Enrolled-int64(len(s.Applied)), 0)
 	ch.SimLag = s.Lag.sub(s0.Lag).summary()
 	ch.SyncNows = s.SyncNows - s0.SyncNows
+	ch.ByStream = s.ChangesStream - s0.ChangesStream
+	ch.ByPoll = s.ChangesPoll - s0.ChangesPoll
 	ch.PayloadsFetch = s.Payloads - s0.Payloads
 	ch.Deferred = s.PayloadsDeferred - s0.PayloadsDeferred
 	return ch, s, nil
@@ -889,8 +895,8 @@ func printStep(cfg Config, st StepReport) {
 		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, st.ProbesSec, lat(st.IngestLag))
 	fmt.Fprintf(w, "  simulator   workers RSS %s, CPU %.1f%% of one core; own timer lag %s\n", mib(st.SimRSSBytes), st.SimCPUPercent, lat(st.SimLag))
 	for _, c := range st.Changes {
-		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches (%d deferred by 429); simulator lag meanwhile p99 %s, max %s\n",
-			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch, c.Deferred, ms(c.SimLag.P99), ms(c.SimLag.Max))
+		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d by stream, %d by poll, %d payload fetches (%d deferred by 429); simulator lag meanwhile p99 %s, max %s\n",
+			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.ByStream, c.ByPoll, c.PayloadsFetch, c.Deferred, ms(c.SimLag.P99), ms(c.SimLag.Max))
 	}
 	fmt.Fprintf(w, "  errors      %s\n", errorList(st.Errors))
 }

@@ -82,12 +82,18 @@ func TestFleetAgainstRealServer(t *testing.T) {
 		if c.Fetched.Count != int64(st.Agents) || c.Applied.Count != int64(st.Agents) || c.NotFetched != 0 || c.NotApplied != 0 {
 			t.Fatalf("step %d: change v%d fetched by %d, applied by %d", st.Agents, c.Version, c.Fetched.Count, c.Applied.Count)
 		}
+		// The change came on the stream with its SyncNow (an agent whose
+		// interval poll came first saw it by poll).
+		if c.ByStream+c.ByPoll != int64(st.Agents) || c.ByStream < int64(st.Agents)/2 {
+			t.Fatalf("step %d: change v%d seen by stream %d, by poll %d", st.Agents, c.Version, c.ByStream, c.ByPoll)
+		}
 		if st.Server == nil || st.Server.RSSBytes == 0 || st.PollsPerSec == 0 || st.HeartbeatsSec == 0 {
 			t.Fatalf("step %d: figures missing: %+v", st.Agents, st)
 		}
 	}
 	f := rep.Final
-	if f.Enrolled != 150 || f.RecordsSent != f.RecordsAcked || f.RunsAcked != f.RunsFinished || f.RunsAcked == 0 {
+	if f.Enrolled != 150 || f.RecordsSent != f.RecordsAcked || f.RunsAcked != f.RunsFinished || f.RunsAcked == 0 ||
+		f.StreamManifests == 0 || f.StreamRefused != 0 {
 		t.Fatalf("final counts: %+v", f)
 	}
 
