@@ -151,7 +151,7 @@ func (a *admin) putPipe(ctx context.Context, name, fleet, kind string, step int)
 	}
 	if kind == ChangeEnv {
 		spec["script"] = "echo drover-sim fleet " + fleet
-		spec["env"] = map[string]string{"DROVER_SIM_STEP": fmt.Sprint(step)}
+		spec["env"] = map[string]string{"SIM_STEP": fmt.Sprint(step)}
 	}
 	var out api.PutPipeResponse
 	if err := a.call(ctx, "PUT", "/api/v1/pipes/"+url.PathEscape(name), map[string]any{"spec": spec}, &out); err != nil {
