@@ -58,19 +58,20 @@ type Status struct {
 	// ManifestExpired: the manifest in force passed its expires_at and the
 	// server sent no newer one (a stuck server or a proxy answering 304):
 	// its pipes keep running, and the agent retries hard.
-	ManifestExpired   bool      `json:"manifest_expired,omitempty"`
-	ManifestExpiresAt time.Time `json:"manifest_expires_at,omitzero"`
-	LastSync          time.Time `json:"last_sync,omitzero"`
-	LastSyncError     string    `json:"last_sync_error,omitempty"`
-	StreamConnected   bool      `json:"stream_connected"`
+	ManifestExpired   bool       `json:"manifest_expired,omitempty"`
+	ManifestExpiresAt time.Time  `json:"manifest_expires_at,omitzero"`
+	LastSync          time.Time  `json:"last_sync,omitzero"`
+	LastSyncError     string     `json:"last_sync_error,omitempty"`
+	StreamConnected   bool       `json:"stream_connected"`
+	OutboxRecords     uint64     `json:"outbox_records"`
+	OutboxBytes       uint64     `json:"outbox_bytes"`
+	Pipes             []PipeInfo `json:"pipes"`
+
 	// StreamManifests counts the manifests taken from the stream's SyncNow
 	// since the daemon started; StreamManifestsRefused those not used (the
 	// agent polled instead).
-	StreamManifests        uint64     `json:"stream_manifests"`
-	StreamManifestsRefused uint64     `json:"stream_manifests_refused"`
-	OutboxRecords          uint64     `json:"outbox_records"`
-	OutboxBytes            uint64     `json:"outbox_bytes"`
-	Pipes                  []PipeInfo `json:"pipes"`
+	StreamManifests        uint64 `json:"stream_manifests"`
+	StreamManifestsRefused uint64 `json:"stream_manifests_refused"`
 }
 
 // PipeInfo is one pipe in Status.
