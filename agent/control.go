@@ -66,6 +66,12 @@ type Status struct {
 	OutboxRecords     uint64     `json:"outbox_records"`
 	OutboxBytes       uint64     `json:"outbox_bytes"`
 	Pipes             []PipeInfo `json:"pipes"`
+
+	// StreamManifests counts the manifests taken from the stream's SyncNow
+	// since the daemon started; StreamManifestsRefused those not used (the
+	// agent polled instead).
+	StreamManifests        uint64 `json:"stream_manifests"`
+	StreamManifestsRefused uint64 `json:"stream_manifests_refused"`
 }
 
 // PipeInfo is one pipe in Status.
@@ -274,6 +280,7 @@ func (a *Agent) Status(ctx context.Context) Status {
 		st.Serial, st.Digest, st.AppliedSerial = ms.Serial, ms.Digest, ms.AppliedSerial
 	}
 	st.OutboxRecords, st.OutboxBytes, _ = a.store.OutboxStats()
+	st.StreamManifests, st.StreamManifestsRefused = a.streamManifests.Load(), a.streamRefused.Load()
 
 	pipes := map[string]*PipeInfo{}
 	get := func(name string) *PipeInfo {

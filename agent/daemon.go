@@ -56,12 +56,17 @@ type Agent struct {
 	loadAvg     string        // host load file (default /proc/loadavg)
 
 	alive atomic.Int64 // unix nanos of the last main-loop turn, for the watchdog
+	// streamManifests counts the syncs that took the manifest a SyncNow
+	// carried; streamRefused those carried manifests not used (out of
+	// bounds, or not verified: the agent polled instead).
+	streamManifests, streamRefused atomic.Uint64
 
 	mu            sync.Mutex
 	id            *Identity
 	http          *resty.Client
 	replicas      *replicas // the server's replicas and the ones in use (replicas.go)
 	etag          string
+	pushed        *pushedManifest    // came with a SyncNow, for the next sync (sync.go)
 	current       *manifest.Manifest // manifest in force (accepted and applied)
 	currentEnv    []byte
 	currentDigest string

@@ -21,8 +21,9 @@
 //     server's Ack, and carries out SyncNow, RunNow (runnow.go) and
 //     CancelRun; collectLoop (collect.go) moves runner records from the
 //     spools into the outbox; reenrollLoop (reenroll.go) watches for an
-//     identity the server no longer accepts; syncLoop (sync.go) pulls,
-//     verifies (signing.AcceptManifest, before anything is parsed),
+//     identity the server no longer accepts; syncLoop (sync.go) takes the
+//     manifest a SyncNow carried or else pulls it, verifies it either way
+//     on one path (signing.AcceptManifest, before anything is parsed),
 //     fetches payloads by digest and secrets, and applies.
 //
 // # Guarantees

@@ -118,6 +118,9 @@ func (a *Agent) dialStream(ctx context.Context, id *Identity, addr string, watch
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: streamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.DefaultConfig, MinConnectTimeout: connectTimeout}),
 		grpc.WithUserAgent("drover-agent/" + Version),
+		// A SyncNow may carry the manifest (at most
+		// MaxSyncNowManifestBytes); nothing else the server sends is large.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(agentpb.MaxServerMessageBytes)),
 	}
 	if d := streamDialer(addr); watch && d != nil {
 		opts = append(opts, grpc.WithContextDialer(d))
@@ -453,7 +456,8 @@ func (a *Agent) heartbeat(ctx context.Context) *agentpb.AgentMessage {
 func (a *Agent) handleCommand(ctx context.Context, msg *agentpb.ServerMessage) {
 	switch b := msg.GetBody().(type) {
 	case *agentpb.ServerMessage_SyncNow:
-		a.log.Info("server asked for a sync", "serial", b.SyncNow.GetSerial())
+		carried := a.pushManifest(b.SyncNow)
+		a.log.Info("server asked for a sync", "serial", b.SyncNow.GetSerial(), "manifest_carried", carried)
 		a.RequestSync()
 	case *agentpb.ServerMessage_RunNow:
 		pipe, req := b.RunNow.GetPipe(), b.RunNow.GetRequestId()

@@ -32,6 +32,8 @@ type SyncResult struct {
 	// Expired: the manifest in force has expired (see ManifestStatus's
 	// manifest_expired); the sync loop retries within expiredRetryMax.
 	Expired bool `json:"expired,omitempty"`
+	// FromStream: the manifest came on the stream with SyncNow (no poll).
+	FromStream bool `json:"from_stream,omitempty"`
 }
 
 // Sync outcomes.
@@ -155,8 +157,103 @@ func (a *Agent) syncOnce(ctx context.Context) SyncResult {
 	return res
 }
 
+// pushedManifest is a manifest the server sent on the stream with SyncNow,
+// not yet looked at: the exact body a poll's 200 would carry, its ETag and
+// the serial the server says it has (a hint; the envelope decides).
+type pushedManifest struct {
+	env    []byte
+	etag   string
+	serial uint64
+}
+
+// pushManifest keeps a manifest that came with a SyncNow for the next sync,
+// after checking its sizes (the envelope is checked in full by the sync);
+// it reports whether the manifest was kept. A later one replaces an
+// earlier one unless its serial is lower.
+func (a *Agent) pushManifest(sn *agentpb.SyncNow) bool {
+	env, tag := sn.GetManifest(), sn.GetManifestEtag()
+	if len(env) == 0 {
+		return false
+	}
+	var problem string
+	switch {
+	case len(env) > agentpb.MaxSyncNowManifestBytes || len(env) > a.cfg.MaxManifestBytes:
+		problem = fmt.Sprintf("sync_now.manifest: %d bytes, more than %d", len(env), min(agentpb.MaxSyncNowManifestBytes, a.cfg.MaxManifestBytes))
+	case len(tag) > agentpb.MaxSyncNowManifestETag:
+		problem = fmt.Sprintf("sync_now.manifest_etag: %d bytes, more than %d", len(tag), agentpb.MaxSyncNowManifestETag)
+	case sn.GetManifestSerial() < sn.GetSerial():
+		problem = fmt.Sprintf("sync_now.manifest_serial: %d is lower than the serial announced, %d", sn.GetManifestSerial(), sn.GetSerial())
+	}
+	if problem != "" {
+		a.streamRefused.Add(1)
+		a.log.Warn("the manifest on the stream is out of bounds; polling", "problem", problem)
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.pushed == nil || sn.GetManifestSerial() >= a.pushed.serial {
+		a.pushed = &pushedManifest{env: env, etag: tag, serial: sn.GetManifestSerial()}
+	}
+	return true
+}
+
+// takePushed returns the manifest the stream brought and forgets it.
+func (a *Agent) takePushed() *pushedManifest {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pushed
+	a.pushed = nil
+	return p
+}
+
+// doSync takes the manifest the stream brought, if any, and otherwise (or
+// when that one is not usable) polls the server for it.
 func (a *Agent) doSync(ctx context.Context) SyncResult {
 	id := a.identity()
+	if p := a.takePushed(); p != nil {
+		if res, ok := a.syncPushed(ctx, id, p); ok {
+			return res
+		}
+	}
+	return a.poll(ctx, id)
+}
+
+// syncPushed takes a manifest that came on the stream exactly as a poll's
+// answer: the ETag the agent holds is a 304, anything else goes through
+// accept as a 200 does. It reports false when the manifest is not usable
+// (it did not verify, or verifying needed the server and failed): it was
+// logged and counted, and the caller polls at once. A verified manifest
+// older than the one accepted is ignored (a SyncNow queued before a poll
+// brought a newer one).
+func (a *Agent) syncPushed(ctx context.Context, id *Identity, p *pushedManifest) (SyncResult, bool) {
+	a.mu.Lock()
+	held := a.etag
+	a.mu.Unlock()
+	if held != "" && p.etag == held {
+		res := a.notModified(ctx)
+		res.FromStream = true
+		a.streamManifests.Add(1)
+		return res, true
+	}
+	res, err := a.accept(ctx, id, p.env, p.etag, true)
+	if err != nil {
+		if errors.Is(err, signing.ErrRollback) {
+			a.log.Info("ignoring an older manifest from the stream", "serial", p.serial)
+			ms, _ := a.manifestState()
+			return SyncResult{Outcome: OutcomeUnchanged, Serial: ms.Serial, FromStream: true}, true
+		}
+		a.streamRefused.Add(1)
+		a.log.Warn("the manifest on the stream was not accepted; polling", "serial", p.serial, "err", err)
+		return SyncResult{}, false
+	}
+	a.streamManifests.Add(1)
+	res.FromStream = true
+	return res, true
+}
+
+// poll gets the manifest from the server (If-None-Match: the ETag held)
+// and accepts a 200's body.
+func (a *Agent) poll(ctx context.Context, id *Identity) SyncResult {
 	a.mu.Lock()
 	etag := a.etag
 	a.mu.Unlock()
@@ -184,17 +281,30 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 	if resp.StatusCode() == 304 {
 		return a.notModified(ctx)
 	}
-	env := resp.Body()
-	newTag := resp.Header().Get("ETag")
+	res, _ := a.accept(ctx, id, resp.Body(), resp.Header().Get("ETag"), false)
+	return res
+}
 
+// accept is the one path of a new manifest envelope, however it came (a
+// poll's 200, or a SyncNow that carried it): verify (signature first,
+// against the trust root and key list held; serial and expiry rules), and
+// when it is new fetch its payloads by digest and its secrets, store it
+// and apply it; on success the ETag it came with is remembered for the
+// next poll. From the stream (pushed), a manifest that does not verify is
+// not reported as rejected: it is returned as an error, and the caller
+// polls for the server's answer.
+func (a *Agent) accept(ctx context.Context, id *Identity, env []byte, newTag string, pushed bool) (SyncResult, error) {
 	acc, tr, err := a.verify(ctx, id, env)
 	if err != nil {
+		if pushed {
+			return SyncResult{}, err
+		}
 		var rj *rejection
 		if errors.As(err, &rj) {
 			a.reportRejected(env, rj.err)
-			return SyncResult{Outcome: OutcomeRejected, Error: rj.Error()}
+			return SyncResult{Outcome: OutcomeRejected, Error: rj.Error()}, nil
 		}
-		return SyncResult{Outcome: OutcomeError, Error: err.Error()}
+		return SyncResult{Outcome: OutcomeError, Error: err.Error()}, nil
 	}
 	a.mu.Lock()
 	inForce := a.current != nil && a.applyOK && acc.Digest == a.currentDigest
@@ -204,7 +314,7 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		if res.Outcome == OutcomeUnchanged {
 			a.setETag(newTag)
 		}
-		return res
+		return res, nil
 	}
 
 	payloads, err := a.fetchPayloads(ctx, acc.Manifest)
@@ -212,16 +322,16 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		var rj *rejection
 		if errors.As(err, &rj) {
 			a.reportRejected(env, rj.err)
-			return SyncResult{Outcome: OutcomeRejected, Serial: acc.Manifest.Serial, Error: rj.Error()}
+			return SyncResult{Outcome: OutcomeRejected, Serial: acc.Manifest.Serial, Error: rj.Error()}, nil
 		}
-		return SyncResult{Outcome: OutcomeError, Error: err.Error()}
+		return SyncResult{Outcome: OutcomeError, Error: err.Error()}, nil
 	}
 	secrets, err := a.fetchSecrets(ctx, acc.Manifest)
 	if err != nil {
-		return SyncResult{Outcome: OutcomeError, Error: err.Error()}
+		return SyncResult{Outcome: OutcomeError, Error: err.Error()}, nil
 	}
 	if err := a.store.AcceptManifest(id.AgentID, env, acc.Manifest.Serial, acc.Digest, tr); err != nil {
-		return SyncResult{Outcome: OutcomeError, Error: fmt.Sprintf("store manifest: %v", err)}
+		return SyncResult{Outcome: OutcomeError, Error: fmt.Sprintf("store manifest: %v", err)}, nil
 	}
 	a.mu.Lock()
 	a.lastReject = ""
@@ -231,7 +341,7 @@ func (a *Agent) doSync(ctx context.Context) SyncResult {
 		a.setETag(newTag)
 		a.prunePayloads(acc.Manifest)
 	}
-	return res
+	return res, nil
 }
 
 // notModified handles the server's 304: the manifest in force is applied

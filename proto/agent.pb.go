@@ -1427,12 +1427,25 @@ func (x *MetricSample) GetHelp() string {
 	return ""
 }
 
-// SyncNow asks the agent to pull its manifest at once.
+// SyncNow asks the agent to pull its manifest at once. It may carry the
+// manifest itself: then manifest is exactly the body that
+// GET /api/v1/agents/self/manifest answers with 200 for this agent (the
+// signed DSSE envelope, byte for byte, never re-serialised),
+// manifest_etag that answer's ETag header and manifest_serial its
+// X-Drover-Manifest-Serial (>= serial). The agent verifies and applies it
+// exactly as a poll's 200 (signature first), remembers the ETag for its
+// next poll, and polls at once when it does not verify. The server
+// attaches the manifest only when it is at most MaxSyncNowManifestBytes
+// (limits.go); without it, or for an agent that ignores the fields, the
+// agent polls as before.
 type SyncNow struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Serial        uint64                 `protobuf:"varint,1,opt,name=serial,proto3" json:"serial,omitempty"` // the serial now published, for logging
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Serial         uint64                 `protobuf:"varint,1,opt,name=serial,proto3" json:"serial,omitempty"`                                       // the serial now published, for logging
+	Manifest       []byte                 `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`                                    // the signed envelope; empty: poll
+	ManifestEtag   string                 `protobuf:"bytes,3,opt,name=manifest_etag,json=manifestEtag,proto3" json:"manifest_etag,omitempty"`        // the ETag a poll's 200 would carry
+	ManifestSerial uint64                 `protobuf:"varint,4,opt,name=manifest_serial,json=manifestSerial,proto3" json:"manifest_serial,omitempty"` // the envelope's serial
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SyncNow) Reset() {
@@ -1468,6 +1481,27 @@ func (*SyncNow) Descriptor() ([]byte, []int) {
 func (x *SyncNow) GetSerial() uint64 {
 	if x != nil {
 		return x.Serial
+	}
+	return 0
+}
+
+func (x *SyncNow) GetManifest() []byte {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *SyncNow) GetManifestEtag() string {
+	if x != nil {
+		return x.ManifestEtag
+	}
+	return ""
+}
+
+func (x *SyncNow) GetManifestSerial() uint64 {
+	if x != nil {
+		return x.ManifestSerial
 	}
 	return 0
 }
@@ -1746,9 +1780,12 @@ const file_agent_proto_rawDesc = "" +
 	"\x04help\x18\x05 \x01(\tR\x04help\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
 	"\aSyncNow\x12\x16\n" +
-	"\x06serial\x18\x01 \x01(\x04R\x06serial\";\n" +
+	"\x06serial\x18\x01 \x01(\x04R\x06serial\x12\x1a\n" +
+	"\bmanifest\x18\x02 \x01(\fR\bmanifest\x12#\n" +
+	"\rmanifest_etag\x18\x03 \x01(\tR\fmanifestEtag\x12'\n" +
+	"\x0fmanifest_serial\x18\x04 \x01(\x04R\x0emanifestSerial\";\n" +
 	"\x06RunNow\x12\x12\n" +
 	"\x04pipe\x18\x01 \x01(\tR\x04pipe\x12\x1d\n" +
 	"\n" +

@@ -232,7 +232,8 @@
 // affected manifests are recompiled; the serial rises only when the content
 // (pipes, key-list version) changed, to re-sign a manifest at half its
 // lifetime, or when a secret its pipes reference changed. The exact signed bytes are stored and served, and the agent's
-// stream gets SyncNow. Key rotation lists the new key first and keeps the
+// stream gets SyncNow, carrying those bytes when they are at most
+// agentpb.MaxSyncNowManifestBytes (the agent then needs no GET). Key rotation lists the new key first and keeps the
 // previous one listed until the next rotation.
 //
 // # Telemetry stream (gRPC on :8444, mTLS, same CA and certificate checks)

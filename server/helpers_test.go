@@ -465,6 +465,7 @@ type testStream struct {
 	mu       sync.Mutex
 	acked    uint64
 	syncs    []uint64
+	syncMsgs []*agentpb.SyncNow // every SyncNow, with what it carried
 	runNows  []*agentpb.RunNow
 	cancels  []string
 	ackCh    chan uint64
@@ -521,6 +522,7 @@ func (s *testStream) recv() {
 			}
 		case *agentpb.ServerMessage_SyncNow:
 			s.syncs = append(s.syncs, b.SyncNow.GetSerial())
+			s.syncMsgs = append(s.syncMsgs, b.SyncNow)
 		case *agentpb.ServerMessage_RunNow:
 			s.runNows = append(s.runNows, b.RunNow)
 		case *agentpb.ServerMessage_CancelRun:

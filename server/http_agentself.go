@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"crypto/x509"
 	"errors"
 	"net"
@@ -232,7 +233,7 @@ func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agen
 		s.metrics.manifestErr.Inc()
 		return err
 	}
-	etag := `"` + m.Digest + `"`
+	etag := manifestETag(m)
 	h := w.Header()
 	s.setReplicaHeaders(h)
 	h.Set("ETag", etag)
@@ -249,6 +250,21 @@ func (s *Server) handleSelfManifest(w http.ResponseWriter, r *http.Request, agen
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(m.Envelope)
 	return nil
+}
+
+// manifestETag is the ETag of a stored manifest: its envelope's digest,
+// quoted. The manifest GET sends it and a SyncNow carries it.
+func manifestETag(m *store.StoredManifest) string { return `"` + m.Digest + `"` }
+
+// publishedManifest is what a SyncNow carries for the agent
+// (stream.ManifestSource): the stored envelope the manifest GET answers
+// with, from the cache the compiler's saves fill, else the store.
+func (s *Server) publishedManifest(ctx context.Context, agentID string) (*stream.Published, error) {
+	m, err := s.store.GetManifest(ctx, agentID)
+	if err != nil {
+		return nil, err
+	}
+	return &stream.Published{Envelope: m.Envelope, ETag: manifestETag(m), Serial: m.Serial}, nil
 }
 
 // etagMatch implements If-None-Match: "*" or any listed tag, weak or strong.

@@ -28,6 +28,9 @@ import (
 //	                                                        last manifest was rejected or failed
 //	drover_manifest_requests_total{code="200|304|error"}    counter: agents' manifest GETs
 //	drover_stream_connections                               gauge: live agent streams
+//	drover_sync_now_total{carried}                          counter: SyncNows sent here, by what they
+//	                                                        carried (manifest; too_large, behind,
+//	                                                        unavailable: announced alone, the agent polls)
 //	drover_stream_records_total{type}                       counter: records committed
 //	                                                        (hello, heartbeat, manifest_status,
 //	                                                        run_started, log_chunk, run_finished,
@@ -131,6 +134,19 @@ func newMetrics(s *Server) *metrics {
 	dropped := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_signals_dropped_total", Help: "Signals to the other replicas that could not be sent."},
 		func() float64 { return float64(s.fleet.dropped.Load()) })
 	m.reg.MustRegister(busUp, dropped, leaderGauge)
+	for _, c := range []struct {
+		label string
+		n     func(stream.SyncNowCounts) uint64
+	}{
+		{"manifest", func(c stream.SyncNowCounts) uint64 { return c.Manifest }},
+		{"too_large", func(c stream.SyncNowCounts) uint64 { return c.TooLarge }},
+		{"behind", func(c stream.SyncNowCounts) uint64 { return c.Behind }},
+		{"unavailable", func(c stream.SyncNowCounts) uint64 { return c.Unavailable }},
+	} {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_sync_now_total",
+			Help: "SyncNows sent on this replica's streams, by what they carried (manifest: the signed manifest; else the agent polls).", ConstLabels: prometheus.Labels{"carried": c.label}},
+			func() float64 { return float64(c.n(s.fleet.hub.SyncNowCounts())) }))
+	}
 	m.reg.MustRegister(m.runsLost, m.acceptErrors, m.refused, m.throttled, m.identityConflicts, m.pipes)
 	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

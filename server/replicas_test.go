@@ -88,6 +88,9 @@ func TestReplicasSignals(t *testing.T) {
 	a.adminOK("GET", "/api/v1/agents/"+ag.id, nil, &m)
 	st.waitSync(t, before, m.Manifest.Serial, 5*time.Second)
 	t.Logf("apply on A -> SyncNow on C: %v (from the PUT)", time.Since(applied))
+	// C attached the manifest from its own store: what C serves, byte for
+	// byte, never older than announced.
+	checkCarried(t, ag, st.lastSyncAtLeast(t, m.Manifest.Serial, time.Second))
 	acc, err := ag.pullManifest()
 	if err != nil || acc.Manifest.Serial != m.Manifest.Serial {
 		t.Fatalf("manifest pulled from C after the apply: %v, %v (want serial %d)", acc, err, m.Manifest.Serial)

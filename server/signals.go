@@ -22,7 +22,8 @@ import (
 // longer lists are split. The kinds:
 //
 //	sync    agents whose manifest changed, with its serial: drop them from
-//	        the cache, send SyncNow on their live stream
+//	        the cache, send SyncNow on their live stream (carrying the
+//	        manifest as this replica reads it, never older than the serial)
 //	inv     agents whose cached certificate or manifest changed
 //	close   agents revoked or deleted: end their live stream
 //	retire  an agent whose renewal was promoted: end a stream opened with
@@ -59,6 +60,10 @@ const (
 	followCatchup = time.Second
 	// maxOutbox bounds the signals waiting to be published.
 	maxOutbox = 100000
+	// syncSignalWorkers bounds the sync signals whose SyncNows (each a
+	// manifest read for an agent streaming here) are sent at once; more
+	// wait, holding the bus's receive loop.
+	syncSignalWorkers = 4
 )
 
 // sigBody is a signal's payload (JSON, short keys).
@@ -136,11 +141,13 @@ type fleet struct {
 
 	followMu sync.Mutex
 	followed map[string]time.Time // runs followed on other replicas -> until
+
+	syncing chan struct{} // sync signals being sent (syncSignalWorkers)
 }
 
 func newFleet(s *Server, hub *stream.Hub, b bus.Bus, logs *logWatchers) *fleet {
 	f := &fleet{s: s, hub: hub, bus: b, logs: logs, outKick: make(chan struct{}, 1), presQ: map[string]bool{}, presKick: make(chan struct{}, 1),
-		waiting: map[string]chan []string{}, followed: map[string]time.Time{}}
+		waiting: map[string]chan []string{}, followed: map[string]time.Time{}, syncing: make(chan struct{}, syncSignalWorkers)}
 	hub.Watch(f.streamChanged)
 	return f
 }
@@ -393,11 +400,18 @@ func (f *fleet) Signal(sig bus.Signal) {
 		if cs != nil {
 			cs.invalidate(b.IDs...)
 		}
-		for i, id := range b.IDs {
-			if i < len(b.Serials) {
-				f.hub.SyncNow(id, b.Serials[i])
+		// The SyncNow carries the manifest read here (the cache was just
+		// evicted, so the store's): off the bus's goroutine, a few
+		// signals at a time.
+		f.syncing <- struct{}{}
+		go func() {
+			defer func() { <-f.syncing }()
+			for i, id := range b.IDs {
+				if i < len(b.Serials) {
+					f.hub.SyncNow(id, b.Serials[i])
+				}
 			}
-		}
+		}()
 	case "inv":
 		if cs != nil {
 			cs.invalidate(b.IDs...)

@@ -38,6 +38,9 @@ var _ Notifier = (*Hub)(nil)
 type Hub struct {
 	mu    sync.Mutex
 	conns map[string]*streamConn
+	// manifests, if set, gives the manifest a SyncNow carries.
+	manifests ManifestSource
+	carried   syncNowCounters
 	// watch, if set, is told each time an agent's live stream opens
 	// (open) or ends without a replacement, in order; it is called with
 	// the hub's lock held and must not block.
@@ -70,8 +73,52 @@ type streamConn struct {
 	draining atomic.Bool
 }
 
+// ManifestSource returns the manifest published for an agent as a SyncNow
+// carries it: the exact envelope, ETag and serial the agent's manifest GET
+// answers with. The server's is its manifest cache (read through to the
+// store).
+type ManifestSource func(ctx context.Context, agentID string) (*Published, error)
+
+// Published is an agent's published manifest: Envelope is the stored
+// signed bytes, never re-serialised.
+type Published struct {
+	Envelope []byte
+	ETag     string
+	Serial   uint64
+}
+
+// manifestLookupTimeout bounds one ManifestSource call (a store read when
+// the cache does not hold the agent's manifest).
+const manifestLookupTimeout = 2 * time.Second
+
+// SyncNowCounts counts the SyncNows sent, by what they carried.
+type SyncNowCounts struct {
+	// Manifest: the manifest went with the announcement.
+	Manifest uint64
+	// TooLarge: the envelope was larger than MaxSyncNowManifestBytes.
+	TooLarge uint64
+	// Behind: the manifest at hand was older than the serial announced
+	// (another replica's save not seen here yet).
+	Behind uint64
+	// Unavailable: no manifest source, or it failed.
+	Unavailable uint64
+}
+
+type syncNowCounters struct{ manifest, tooLarge, behind, unavailable atomic.Uint64 }
+
 // NewHub returns a hub with no streams.
 func NewHub() *Hub { return &Hub{conns: map[string]*streamConn{}} }
+
+// CarryManifests makes every SyncNow carry the agent's manifest from src
+// when it is at most agentpb.MaxSyncNowManifestBytes and not older than
+// the serial announced (before any stream is served).
+func (h *Hub) CarryManifests(src ManifestSource) { h.manifests = src }
+
+// SyncNowCounts reports the SyncNows sent so far by what they carried.
+func (h *Hub) SyncNowCounts() SyncNowCounts {
+	return SyncNowCounts{Manifest: h.carried.manifest.Load(), TooLarge: h.carried.tooLarge.Load(),
+		Behind: h.carried.behind.Load(), Unavailable: h.carried.unavailable.Load()}
+}
 
 // Watch sets the function told of streams opening and ending (before any
 // stream is served).
@@ -134,9 +181,16 @@ func (h *Hub) Count() int {
 	return len(h.conns)
 }
 
-// SyncNow queues a SyncNow for serial; it reports whether the agent had a
-// live stream with room for it.
-func (h *Hub) SyncNow(agentID string, serial uint64) bool { return h.send(agentID, syncNow(serial)) }
+// SyncNow queues a SyncNow for serial, carrying the agent's manifest when
+// it can (CarryManifests); it reports whether the agent had a live stream
+// with room for it. The manifest is looked up only for an agent whose
+// stream is here.
+func (h *Hub) SyncNow(agentID string, serial uint64) bool {
+	if !h.Online(agentID) {
+		return false
+	}
+	return h.send(agentID, h.syncNow(context.Background(), agentID, serial))
+}
 
 // RunNow queues a RunNow of pipe.
 func (h *Hub) RunNow(agentID, pipe, requestID string) bool {
@@ -148,8 +202,31 @@ func (h *Hub) Cancel(agentID, runID string) bool {
 	return h.send(agentID, &agentpb.ServerMessage{Body: &agentpb.ServerMessage_CancelRun{CancelRun: &agentpb.CancelRun{RunId: runID}}})
 }
 
-func syncNow(serial uint64) *agentpb.ServerMessage {
-	return &agentpb.ServerMessage{Body: &agentpb.ServerMessage_SyncNow{SyncNow: &agentpb.SyncNow{Serial: serial}}}
+// syncNow builds the SyncNow announcing serial: with the agent's
+// published manifest when the source has one at least that new and no
+// larger than the bound, else alone (the agent polls).
+func (h *Hub) syncNow(ctx context.Context, agentID string, serial uint64) *agentpb.ServerMessage {
+	sn := &agentpb.SyncNow{Serial: serial}
+	msg := &agentpb.ServerMessage{Body: &agentpb.ServerMessage_SyncNow{SyncNow: sn}}
+	if h.manifests == nil {
+		h.carried.unavailable.Add(1)
+		return msg
+	}
+	ctx, cancel := context.WithTimeout(ctx, manifestLookupTimeout)
+	defer cancel()
+	p, err := h.manifests(ctx, agentID)
+	switch {
+	case err != nil || p == nil || len(p.Envelope) == 0:
+		h.carried.unavailable.Add(1)
+	case p.Serial < serial:
+		h.carried.behind.Add(1)
+	case len(p.Envelope) > agentpb.MaxSyncNowManifestBytes || len(p.ETag) > agentpb.MaxSyncNowManifestETag:
+		h.carried.tooLarge.Add(1)
+	default:
+		sn.Manifest, sn.ManifestEtag, sn.ManifestSerial = p.Envelope, p.ETag, p.Serial
+		h.carried.manifest.Add(1)
+	}
+	return msg
 }
 
 // send queues msg on the agent's live stream and reports whether there was

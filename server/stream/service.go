@@ -350,15 +350,16 @@ func PeerAddr(ctx context.Context) string {
 	return ""
 }
 
-// syncIfBehind sends SyncNow when the agent's last accepted manifest is
-// older than the one published for it.
+// syncIfBehind sends SyncNow (with the manifest, as the hub attaches it)
+// when the agent's last accepted manifest is older than the one published
+// for it.
 func (g *Service) syncIfBehind(conn *streamConn, accepted uint64) {
 	serial, err := g.host.PublishedSerial(conn.ctx, conn.agentID)
 	if err != nil || serial <= accepted {
 		return
 	}
 	select {
-	case conn.out <- syncNow(serial):
+	case conn.out <- g.hub.syncNow(conn.ctx, conn.agentID, serial):
 	default:
 	}
 }

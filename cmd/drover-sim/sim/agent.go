@@ -104,6 +104,13 @@ type manifestPipe struct {
 	size    int64
 }
 
+// pushedEnv is a manifest that came on the stream with SyncNow.
+type pushedEnv struct {
+	env    []byte
+	etag   string
+	serial uint64
+}
+
 // simAgent is one simulated agent: a stream, a poll loop and a run loop.
 type simAgent struct {
 	w         *worker
@@ -120,6 +127,7 @@ type simAgent struct {
 	wakeCh chan struct{}
 
 	mu         sync.Mutex
+	pushed     *pushedEnv // a manifest a SyncNow carried, for the poll loop
 	etag       string
 	serial     uint64
 	digest     string
@@ -164,6 +172,7 @@ func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, err
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: max(2*p.Heartbeat, 20*time.Second), Timeout: 20 * time.Second}),
 		grpc.WithUserAgent("drover-sim"),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(agentpb.MaxServerMessageBytes)), // as drover-agent
 	)
 	if err != nil {
 		return nil, fmt.Errorf("grpc client: %w", err)
@@ -317,6 +326,7 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 				a.ack(b.Ack.GetSeq())
 			case *agentpb.ServerMessage_SyncNow:
 				c.syncNows.Add(1)
+				a.push(b.SyncNow)
 				select {
 				case a.syncCh <- struct{}{}:
 				default:
@@ -404,10 +414,61 @@ func (a *simAgent) probe(ctx context.Context, mode string, lastRecv, lastSent *a
 	}
 }
 
-// pollLoop polls the manifest on a jittered interval and at once on SyncNow.
+// pollLoop polls the manifest on a jittered interval and at once on
+// SyncNow, taking the manifest the SyncNow carried instead when it can.
 func (a *simAgent) pollLoop(ctx context.Context) {
 	p := a.w.cfg.Agent
-	everyJittered(ctx, p.PollInterval, p.PollJitter, a.syncCh, func() { a.poll(ctx) })
+	everyJittered(ctx, p.PollInterval, p.PollJitter, a.syncCh, func() {
+		a.mu.Lock()
+		pe := a.pushed
+		a.pushed = nil
+		a.mu.Unlock()
+		if pe != nil && a.acceptPushed(ctx, pe) {
+			return
+		}
+		a.poll(ctx)
+	})
+}
+
+// push keeps the manifest a SyncNow carried for the poll loop, as
+// drover-agent does: bounded before any work, a later one replacing an
+// earlier one unless its serial is lower.
+func (a *simAgent) push(sn *agentpb.SyncNow) {
+	env := sn.GetManifest()
+	if len(env) == 0 {
+		return
+	}
+	c := &a.w.rec.c
+	c.streamManifests.Add(1)
+	if len(env) > agentpb.MaxSyncNowManifestBytes || len(sn.GetManifestEtag()) > agentpb.MaxSyncNowManifestETag || sn.GetManifestSerial() < sn.GetSerial() {
+		c.streamRefused.Add(1)
+		a.w.rec.failKind("stream manifest out of bounds")
+		return
+	}
+	a.mu.Lock()
+	if a.pushed == nil || sn.GetManifestSerial() >= a.pushed.serial {
+		a.pushed = &pushedEnv{env: env, etag: sn.GetManifestEtag(), serial: sn.GetManifestSerial()}
+	}
+	a.mu.Unlock()
+}
+
+// acceptPushed takes a manifest from the stream as a poll's answer: the
+// ETag held is a 304, anything else is accepted as a 200's body. It
+// reports false when the manifest did not verify (counted): the caller
+// polls.
+func (a *simAgent) acceptPushed(ctx context.Context, pe *pushedEnv) bool {
+	a.mu.Lock()
+	held := a.etag
+	a.mu.Unlock()
+	if held != "" && pe.etag == held {
+		return true
+	}
+	if !a.accept(ctx, pe.env, pe.etag, true) {
+		a.w.rec.c.streamRefused.Add(1)
+		a.w.rec.failKind("stream manifest not verified")
+		return false
+	}
+	return true
 }
 
 // everyJittered calls fn first at a uniformly random point of every (so
@@ -483,26 +544,28 @@ func (a *simAgent) poll(ctx context.Context) {
 		return
 	}
 	rec.c.polls200.Add(1)
-	a.accept(ctx, env, resp.Header.Get("ETag"))
+	a.accept(ctx, env, resp.Header.Get("ETag"), false)
 }
 
 // accept verifies (or, with --no-verify, only decodes) a manifest, fetches
-// the payloads it names that the agent does not hold, and reports it applied.
-func (a *simAgent) accept(ctx context.Context, env []byte, etag string) {
+// the payloads it names that the agent does not hold, and reports it
+// applied. The manifest came on the stream when pushed; accept reports
+// false only for such a one that did not verify (the caller polls then).
+func (a *simAgent) accept(ctx context.Context, env []byte, etag string, pushed bool) bool {
 	rec := a.w.rec
 	a.mu.Lock()
 	state := signing.State{AgentID: a.id.agentID, Serial: a.serial, Digest: a.digest}
 	a.mu.Unlock()
-	m, digest := a.openManifest(ctx, env, etag, state)
+	m, digest, ok := a.openManifest(ctx, env, etag, state, pushed)
 	if m == nil {
-		return
+		return ok
 	}
 	pipes := make([]manifestPipe, 0, len(m.Pipes))
 	for _, p := range m.Pipes {
 		pipes = append(pipes, manifestPipe{name: p.Name, version: p.Version, digest: p.Payload.Digest, size: p.Payload.Size})
 	}
 	if !a.fetchPayloads(ctx, pipes) {
-		return // nothing changes; the next poll tries again
+		return true // nothing changes; the next poll tries again
 	}
 	var statuses []*agentpb.PipeStatus
 	kept := map[string]bool{}
@@ -521,29 +584,41 @@ func (a *simAgent) accept(ctx context.Context, env []byte, etag string) {
 	if ch := a.w.change.Load(); ch != nil && a.changeSeen != ch.ID && hasVersion(pipes, ch.Pipe, ch.MinVersion) {
 		a.changeSeen = ch.ID
 		rec.changeSample(ch.ID, false)
+		if pushed {
+			rec.c.changesStream.Add(1)
+		} else {
+			rec.c.changesPoll.Add(1)
+		}
 		onAck = func() { rec.changeSample(ch.ID, true) }
 	}
 	a.mu.Unlock()
 	a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_APPLIED, m.Serial, digest, "", m.Serial, statuses, m.ExpiresAt), onAck)
+	return true
 }
 
 // openManifest verifies the envelope (or, without Verify, only decodes it)
 // against the manifest in force. It returns the manifest to apply and its
 // digest, or nil: rejected (reported), undecodable, or not newer (the etag
-// is kept then).
-func (a *simAgent) openManifest(ctx context.Context, env []byte, etag string, state signing.State) (*manifest.Manifest, string) {
+// is kept then). A pushed manifest (from the stream) that does not verify
+// or decode is not reported: ok is false, and the caller polls.
+func (a *simAgent) openManifest(ctx context.Context, env []byte, etag string, state signing.State, pushed bool) (m *manifest.Manifest, digest string, ok bool) {
 	rec := a.w.rec
 	if !a.w.cfg.Agent.Verify {
 		m, digest, err := decodeUnverified(env)
 		if err != nil {
+			if pushed {
+				return nil, "", false
+			}
 			rec.fail("decode", err)
-			return nil, ""
+			return nil, "", true
 		}
 		if m.Serial <= state.Serial {
-			a.setETag(etag)
-			return nil, ""
+			if m.Serial == state.Serial {
+				a.setETag(etag)
+			}
+			return nil, "", true
 		}
-		return m, digest
+		return m, digest, true
 	}
 	acc, err := signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
 	if err != nil && (errors.Is(err, signing.ErrKeyListStale) || errors.Is(err, signing.ErrUnknownKey) || errors.Is(err, signing.ErrKeyListExpired)) {
@@ -553,17 +628,22 @@ func (a *simAgent) openManifest(ctx context.Context, env []byte, etag string, st
 			acc, err = signing.AcceptManifest(env, a.id.trust, state, time.Now(), maxManifest)
 		}
 	}
+	if err != nil && pushed {
+		// An older manifest from the stream is ignored; anything else
+		// that fails goes to a poll.
+		return nil, "", errors.Is(err, signing.ErrRollback)
+	}
 	if err != nil {
 		rec.failKind("verify: " + verifyKind(err))
 		a.queue(recStatus, 0, statusMsg(agentpb.ManifestStatus_STATE_REJECTED, 0, "", err.Error(), state.Serial, nil, time.Time{}), nil)
-		return nil, ""
+		return nil, "", true
 	}
 	rec.c.verified.Add(1)
 	if acc.Unchanged {
 		a.setETag(etag)
-		return nil, ""
+		return nil, "", true
 	}
-	return acc.Manifest, acc.Digest
+	return acc.Manifest, acc.Digest, true
 }
 
 func (a *simAgent) setETag(etag string) {

@@ -140,12 +140,18 @@ func (a *admin) createToken(ctx context.Context, tags map[string]string) (string
 	return out.Token, nil
 }
 
-// putPipe creates or updates the fleet's pipe and returns its version.
-func (a *admin) putPipe(ctx context.Context, name, fleet string, step int) (uint64, error) {
+// putPipe creates or updates the fleet's pipe and returns its version;
+// step goes into its script (ChangeScript: a new payload) or an env value
+// (ChangeEnv: the same payload).
+func (a *admin) putPipe(ctx context.Context, name, fleet, kind string, step int) (uint64, error) {
 	spec := map[string]any{
 		"schedule": "17 3 * * *",
 		"script":   fmt.Sprintf("echo drover-sim fleet %s step %d", fleet, step),
 		"targets":  map[string]any{"tags": map[string]string{fleetTag: fleet}},
+	}
+	if kind == ChangeEnv {
+		spec["script"] = "echo drover-sim fleet " + fleet
+		spec["env"] = map[string]string{"SIM_STEP": fmt.Sprint(step)}
 	}
 	var out api.PutPipeResponse
 	if err := a.call(ctx, "PUT", "/api/v1/pipes/"+url.PathEscape(name), map[string]any{"spec": spec}, &out); err != nil {

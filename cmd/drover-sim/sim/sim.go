@@ -58,10 +58,14 @@ type Config struct {
 	AllowRemote       bool
 	Agent             AgentParams
 
-	Settle        time.Duration // bound for every agent connected and applied after a step's enrollment
-	Warmup        time.Duration // wait after settling, before the window (negative: one poll interval × (1 + jitter))
-	Window        time.Duration // idle measurement window per step
-	Changes       int           // pipe changes per step (0: none)
+	Settle  time.Duration // bound for every agent connected and applied after a step's enrollment
+	Warmup  time.Duration // wait after settling, before the window (negative: one poll interval × (1 + jitter))
+	Window  time.Duration // idle measurement window per step
+	Changes int           // pipe changes per step (0: none)
+	// ChangeKind is what a change edits: ChangeScript (the script: a new
+	// payload every agent fetches) or ChangeEnv (an env value: the same
+	// payload, only the manifest changes).
+	ChangeKind    string
 	ChangeTimeout time.Duration // bound for a change to reach every agent
 	DrainTimeout  time.Duration // bound for outboxes to empty at the end
 	MaxDuration   time.Duration // the whole run
@@ -73,6 +77,12 @@ type Config struct {
 	WorkerExe string
 }
 
+// What a timed change edits (Config.ChangeKind).
+const (
+	ChangeScript = "script"
+	ChangeEnv    = "env"
+)
+
 // DefaultConfig is the command line's defaults.
 func DefaultConfig() Config {
 	return Config{
@@ -80,7 +90,7 @@ func DefaultConfig() Config {
 		EnrollConcurrency: 16,
 		Agent: AgentParams{PollInterval: 30 * time.Second, PollJitter: 0.5, Heartbeat: 30 * time.Second,
 			LogChunks: 1, LogBytes: 4096, Verify: true, KeepAlive: true, IdleTimeout: 90 * time.Second, Timeout: 30 * time.Second},
-		Settle: 5 * time.Minute, Warmup: -1, Window: 30 * time.Second, Changes: 1, ChangeTimeout: 2 * time.Minute,
+		Settle: 5 * time.Minute, Warmup: -1, Window: 30 * time.Second, Changes: 1, ChangeKind: ChangeScript, ChangeTimeout: 2 * time.Minute,
 		DrainTimeout: 30 * time.Second, MaxDuration: 2 * time.Hour,
 	}
 }
@@ -172,6 +182,7 @@ func (o *mainOptions) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.cfg.Warmup, "warmup", o.cfg.Warmup, "wait after a step's agents settled, before the window, so that the polls SyncNow set off at enrollment have spread out (negative: poll interval × (1 + jitter))")
 	fs.DurationVar(&o.cfg.Window, "window", o.cfg.Window, "idle measurement window per step")
 	fs.IntVar(&o.cfg.Changes, "changes", o.cfg.Changes, "pipe changes timed per step (0: none)")
+	fs.StringVar(&o.cfg.ChangeKind, "change-kind", o.cfg.ChangeKind, "what a change edits: script (a new payload for every agent to fetch) or env (the manifest only)")
 	fs.DurationVar(&o.cfg.ChangeTimeout, "change-timeout", o.cfg.ChangeTimeout, "bound for a change to reach every agent")
 	fs.DurationVar(&o.cfg.DrainTimeout, "drain-timeout", o.cfg.DrainTimeout, "bound for the outboxes to be acknowledged at the end")
 	fs.DurationVar(&o.cfg.MaxDuration, "max-duration", o.cfg.MaxDuration, "bound for the whole run")
@@ -272,6 +283,9 @@ func (c *Config) validate() error {
 	if c.Changes < 0 || c.Changes > 100 {
 		bad("changes", "0-100")
 	}
+	if c.ChangeKind != ChangeScript && c.ChangeKind != ChangeEnv {
+		bad("change_kind", ChangeScript+" or "+ChangeEnv)
+	}
 	if c.MaxDuration <= 0 || c.Settle <= 0 || c.ChangeTimeout <= 0 || c.Agent.Timeout <= 0 {
 		bad("durations", "max_duration, settle, change_timeout and timeout must be positive")
 	}
@@ -295,16 +309,20 @@ type ServerFigures struct {
 
 // ChangeFigures time one pipe PUT reaching the fleet.
 type ChangeFigures struct {
-	Version       uint64  `json:"version"`
-	PutMS         float64 `json:"put_ms"`
-	SimLag        Latency `json:"simulator_lag"`
-	Fetched       Latency `json:"fetched"` // from the PUT's start to the verified manifest with the new version
-	Applied       Latency `json:"applied"` // to the server's ack of the agent's ManifestStatus
-	NotFetched    int64   `json:"not_fetched"`
-	NotApplied    int64   `json:"not_applied"`
-	SyncNows      int64   `json:"sync_nows"`
-	PayloadsFetch int64   `json:"payload_fetches"`
-	Deferred      int64   `json:"payloads_deferred"` // 429 answers waited out
+	Version    uint64  `json:"version"`
+	PutMS      float64 `json:"put_ms"`
+	SimLag     Latency `json:"simulator_lag"`
+	Fetched    Latency `json:"fetched"` // from the PUT's start to the verified manifest with the new version
+	Applied    Latency `json:"applied"` // to the server's ack of the agent's ManifestStatus
+	NotFetched int64   `json:"not_fetched"`
+	NotApplied int64   `json:"not_applied"`
+	SyncNows   int64   `json:"sync_nows"`
+	// ByStream and ByPoll: agents that first saw the change in a manifest
+	// the stream carried, or in a poll's answer.
+	ByStream      int64 `json:"by_stream"`
+	ByPoll        int64 `json:"by_poll"`
+	PayloadsFetch int64 `json:"payload_fetches"`
+	Deferred      int64 `json:"payloads_deferred"` // 429 answers waited out
 }
 
 // StepReport is what one step measured.
@@ -539,7 +557,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Fleet: cfg.Fleet, Pipe: "sim-" + cfg.Fleet, Errors: map[string]int64{}}
-	version, err := adm.putPipe(ctx, rep.Pipe, cfg.Fleet, 0)
+	version, err := adm.putPipe(ctx, rep.Pipe, cfg.Fleet, cfg.ChangeKind, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -801,7 +819,7 @@ func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Repor
 		return nil, Stats{}, err
 	}
 	t0 := time.Now()
-	v, err := adm.putPipe(ctx, rep.Pipe, cfg.Fleet, int(f.changes)*1000+step)
+	v, err := adm.putPipe(ctx, rep.Pipe, cfg.Fleet, cfg.ChangeKind, int(f.changes)*1000+step)
 	put := time.Since(t0)
 	if err != nil {
 		return nil, s0, err
@@ -837,6 +855,8 @@ func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Repor
 	ch.NotApplied = max(s.Enrolled-int64(len(s.Applied)), 0)
 	ch.SimLag = s.Lag.sub(s0.Lag).summary()
 	ch.SyncNows = s.SyncNows - s0.SyncNows
+	ch.ByStream = s.ChangesStream - s0.ChangesStream
+	ch.ByPoll = s.ChangesPoll - s0.ChangesPoll
 	ch.PayloadsFetch = s.Payloads - s0.Payloads
 	ch.Deferred = s.PayloadsDeferred - s0.PayloadsDeferred
 	return ch, s, nil
@@ -889,8 +909,8 @@ func printStep(cfg Config, st StepReport) {
 		st.IngestPerSec, st.RunsPerSec, st.LogBytesPerSec, st.HeartbeatsSec, st.ProbesSec, lat(st.IngestLag))
 	fmt.Fprintf(w, "  simulator   workers RSS %s, CPU %.1f%% of one core; own timer lag %s\n", mib(st.SimRSSBytes), st.SimCPUPercent, lat(st.SimLag))
 	for _, c := range st.Changes {
-		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d payload fetches (%d deferred by 429); simulator lag meanwhile p99 %s, max %s\n",
-			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.PayloadsFetch, c.Deferred, ms(c.SimLag.P99), ms(c.SimLag.Max))
+		fmt.Fprintf(w, "  change      v%d: PUT %s; fetched %s; applied %s; %d SyncNow, %d by stream, %d by poll, %d payload fetches (%d deferred by 429); simulator lag meanwhile p99 %s, max %s\n",
+			c.Version, ms(c.PutMS), lat(c.Fetched), lat(c.Applied), c.SyncNows, c.ByStream, c.ByPoll, c.PayloadsFetch, c.Deferred, ms(c.SimLag.P99), ms(c.SimLag.Max))
 	}
 	fmt.Fprintf(w, "  errors      %s\n", errorList(st.Errors))
 }

@@ -36,6 +36,43 @@ func startServer(t *testing.T) (*server.Server, string, *admin) {
 	return ss.Server, ss.AdminToken, adm
 }
 
+// TestEnvChangeOnStream: a change that keeps the payload (--change-kind
+// env) reaches every agent on the stream with no manifest poll and no
+// payload fetch.
+func TestEnvChangeOnStream(t *testing.T) {
+	s, tok, _ := startServer(t)
+	var out, errout bytes.Buffer
+	cfg := DefaultConfig()
+	cfg.Server = "https://" + s.HTTPAddr()
+	cfg.CAPEM = s.CACertPEM()
+	cfg.AdminToken = tok
+	cfg.Fleet = "env"
+	cfg.Steps = []int{20}
+	cfg.Changes = 2
+	cfg.ChangeKind = ChangeEnv
+	cfg.ServerPID = os.Getpid()
+	cfg.Agent.PollInterval = 10 * time.Minute // no interval poll in the test
+	cfg.Warmup = 500 * time.Millisecond
+	cfg.Window = time.Second
+	cfg.Settle = time.Minute
+	cfg.ChangeTimeout = time.Minute
+	cfg.MaxDuration = 2 * time.Minute
+	cfg.Out, cfg.Errout = &out, &errout
+	rep, err := Run(t.Context(), cfg)
+	t.Logf("drover-sim output:\n%s%s", out.String(), errout.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rep.ErrorCount(); n != 0 || len(rep.Steps) != 1 || len(rep.Steps[0].Changes) != 2 {
+		t.Fatalf("%d errors %v, %d steps", n, rep.Errors, len(rep.Steps))
+	}
+	for _, c := range rep.Steps[0].Changes {
+		if c.Fetched.Count != 20 || c.ByStream != 20 || c.ByPoll != 0 || c.PayloadsFetch != 0 {
+			t.Fatalf("change v%d: fetched by %d, by stream %d, by poll %d, %d payload fetches", c.Version, c.Fetched.Count, c.ByStream, c.ByPoll, c.PayloadsFetch)
+		}
+	}
+}
+
 // TestFleetAgainstRealServer runs 150 simulated agents in two worker
 // processes against a real server, in two steps with a pipe change each:
 // every agent enrolls, every agent fetches and applies every change, the
@@ -82,12 +119,18 @@ func TestFleetAgainstRealServer(t *testing.T) {
 		if c.Fetched.Count != int64(st.Agents) || c.Applied.Count != int64(st.Agents) || c.NotFetched != 0 || c.NotApplied != 0 {
 			t.Fatalf("step %d: change v%d fetched by %d, applied by %d", st.Agents, c.Version, c.Fetched.Count, c.Applied.Count)
 		}
+		// The change came on the stream with its SyncNow (an agent whose
+		// interval poll came first saw it by poll).
+		if c.ByStream+c.ByPoll != int64(st.Agents) || c.ByStream < int64(st.Agents)/2 {
+			t.Fatalf("step %d: change v%d seen by stream %d, by poll %d", st.Agents, c.Version, c.ByStream, c.ByPoll)
+		}
 		if st.Server == nil || st.Server.RSSBytes == 0 || st.PollsPerSec == 0 || st.HeartbeatsSec == 0 {
 			t.Fatalf("step %d: figures missing: %+v", st.Agents, st)
 		}
 	}
 	f := rep.Final
-	if f.Enrolled != 150 || f.RecordsSent != f.RecordsAcked || f.RunsAcked != f.RunsFinished || f.RunsAcked == 0 {
+	if f.Enrolled != 150 || f.RecordsSent != f.RecordsAcked || f.RunsAcked != f.RunsFinished || f.RunsAcked == 0 ||
+		f.StreamManifests == 0 || f.StreamRefused != 0 {
 		t.Fatalf("final counts: %+v", f)
 	}
 

@@ -165,25 +165,34 @@ type Counters struct {
 	// concurrent downloads) that the agent waited out and retried.
 	PayloadsDeferred int64 `json:"payloads_deferred"`
 	SyncNows         int64 `json:"sync_nows"`
-	Heartbeats       int64 `json:"heartbeats"`
-	Probes           int64 `json:"probes"` // liveness probes of the stream (--probe)
-	StreamsOpened    int64 `json:"streams_opened"`
-	RecordsSent      int64 `json:"records_sent"` // durable records queued (each once)
-	RecordsAcked     int64 `json:"records_acked"`
-	RunsFinished     int64 `json:"runs_finished"` // RunFinished records queued
-	RunsAcked        int64 `json:"runs_acked"`    // RunFinished records acknowledged
-	LogChunksAcked   int64 `json:"log_chunks_acked"`
-	LogBytesAcked    int64 `json:"log_bytes_acked"`
-	StatusesApplied  int64 `json:"statuses_applied_acked"`
-	AgentsApplied    int64 `json:"agents_applied"`      // agents whose first applied status was acknowledged
-	SimRSS           int64 `json:"simulator_rss_bytes"` // the workers' own RSS (gauge)
-	SimCPUTicks      int64 `json:"simulator_cpu_ticks"` // the workers' own CPU time, in clock ticks
+	// StreamManifests counts SyncNows that carried the manifest;
+	// StreamRefused those manifests not used (out of bounds, or not
+	// verified: the agent polled).
+	StreamManifests int64 `json:"sync_nows_with_manifest"`
+	StreamRefused   int64 `json:"stream_manifests_refused"`
+	// ChangesStream and ChangesPoll count the changes (--changes) each
+	// agent first saw in a manifest from the stream or from a poll.
+	ChangesStream   int64 `json:"changes_by_stream"`
+	ChangesPoll     int64 `json:"changes_by_poll"`
+	Heartbeats      int64 `json:"heartbeats"`
+	Probes          int64 `json:"probes"` // liveness probes of the stream (--probe)
+	StreamsOpened   int64 `json:"streams_opened"`
+	RecordsSent     int64 `json:"records_sent"` // durable records queued (each once)
+	RecordsAcked    int64 `json:"records_acked"`
+	RunsFinished    int64 `json:"runs_finished"` // RunFinished records queued
+	RunsAcked       int64 `json:"runs_acked"`    // RunFinished records acknowledged
+	LogChunksAcked  int64 `json:"log_chunks_acked"`
+	LogBytesAcked   int64 `json:"log_bytes_acked"`
+	StatusesApplied int64 `json:"statuses_applied_acked"`
+	AgentsApplied   int64 `json:"agents_applied"`      // agents whose first applied status was acknowledged
+	SimRSS          int64 `json:"simulator_rss_bytes"` // the workers' own RSS (gauge)
+	SimCPUTicks     int64 `json:"simulator_cpu_ticks"` // the workers' own CPU time, in clock ticks
 }
 
 // counters is Counters updated with atomics.
 type counters struct {
 	agents, enrolled, connected, polls, polls200, polls304, pollsResumed, verified, payloads, payloadBytes, payloadsDeferred,
-	syncNows, heartbeats, probes, streamsOpened, recordsSent, recordsAcked, runsFinished, runsAcked,
+	syncNows, streamManifests, streamRefused, changesStream, changesPoll, heartbeats, probes, streamsOpened, recordsSent, recordsAcked, runsFinished, runsAcked,
 	logChunksAcked, logBytesAcked, statusesApplied, agentsApplied atomic.Int64
 }
 
@@ -192,6 +201,7 @@ func (c *counters) snapshot() Counters {
 		Agents: c.agents.Load(), Enrolled: c.enrolled.Load(), Connected: c.connected.Load(),
 		Polls: c.polls.Load(), Polls200: c.polls200.Load(), Polls304: c.polls304.Load(), PollsResumed: c.pollsResumed.Load(), Verified: c.verified.Load(),
 		Payloads: c.payloads.Load(), PayloadBytes: c.payloadBytes.Load(), PayloadsDeferred: c.payloadsDeferred.Load(), SyncNows: c.syncNows.Load(),
+		StreamManifests: c.streamManifests.Load(), StreamRefused: c.streamRefused.Load(), ChangesStream: c.changesStream.Load(), ChangesPoll: c.changesPoll.Load(),
 		Heartbeats: c.heartbeats.Load(), Probes: c.probes.Load(), StreamsOpened: c.streamsOpened.Load(), RecordsSent: c.recordsSent.Load(),
 		RecordsAcked: c.recordsAcked.Load(), RunsFinished: c.runsFinished.Load(), RunsAcked: c.runsAcked.Load(),
 		LogChunksAcked: c.logChunksAcked.Load(), LogBytesAcked: c.logBytesAcked.Load(), StatusesApplied: c.statusesApplied.Load(),
@@ -212,6 +222,10 @@ func (c *Counters) add(o Counters) {
 	c.PayloadBytes += o.PayloadBytes
 	c.PayloadsDeferred += o.PayloadsDeferred
 	c.SyncNows += o.SyncNows
+	c.StreamManifests += o.StreamManifests
+	c.StreamRefused += o.StreamRefused
+	c.ChangesStream += o.ChangesStream
+	c.ChangesPoll += o.ChangesPoll
 	c.Heartbeats += o.Heartbeats
 	c.Probes += o.Probes
 	c.StreamsOpened += o.StreamsOpened

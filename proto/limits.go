@@ -1,0 +1,21 @@
+package agentpb
+
+// The bounds of a SyncNow that carries the manifest (written by hand).
+const (
+	// MaxSyncNowManifestBytes is the largest manifest envelope the server
+	// puts on the stream with a SyncNow; a larger one is announced alone
+	// and the agent polls. 256 KiB holds a manifest of a few hundred
+	// pipes (a 1,000-pipe envelope is ~900 KB), which is nearly every
+	// host's; past it the envelope's transfer, parse and verify, not the
+	// poll's TLS handshake, are what a change costs, while a larger
+	// message would hold the stream's flow-control window (and the
+	// server's send memory, once per agent of a fleet-wide change) for
+	// longer.
+	MaxSyncNowManifestBytes = 256 << 10
+	// MaxSyncNowManifestETag bounds the ETag a SyncNow carries.
+	MaxSyncNowManifestETag = 256
+	// MaxServerMessageBytes is the largest ServerMessage an agent accepts
+	// (its gRPC receive limit): a SyncNow with the largest manifest and
+	// room for the message's other fields.
+	MaxServerMessageBytes = MaxSyncNowManifestBytes + 64<<10
+)
