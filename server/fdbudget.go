@@ -15,14 +15,15 @@ import (
 // limit), and a server out of descriptors accepts nothing at all, not even
 // the operator who has come to see why. fdBudget keeps descriptors back:
 //
-//   - the stream listener refuses a new connection (closes it as soon as it
-//     is accepted) when fewer than streamFDReserve descriptors would be left,
-//     so agents' streams never take what HTTPS needs;
-//   - HTTPS refuses one only when fewer than httpFDReserve would be left;
 //   - below pressFDReserve free descriptors every HTTPS answer closes its
 //     connection and connections that go idle are closed, so agents' polls
 //     and fetches (and an operator's) hold a descriptor only while they are
-//     served instead of for the clients' idle timeout.
+//     served instead of for the clients' idle timeout; this starts well
+//     before any connection is refused;
+//   - the stream listener refuses a new connection (closes it as soon as it
+//     is accepted) when fewer than streamFDReserve descriptors would be left,
+//     so agents' streams never take what HTTPS needs;
+//   - HTTPS refuses one only when fewer than httpFDReserve would be left.
 //
 // A refused agent reconnects with its back-off (a stream to another replica
 // if it knows several). Refusals are counted in
@@ -33,18 +34,19 @@ type fdBudget struct {
 	limit int64        // RLIMIT_NOFILE when the server started (Go raises the soft limit to the hard one)
 	base  int64        // descriptors open before the listeners accepted anything, and PostgreSQL's pool
 	open  atomic.Int64 // connections accepted on either listener and not yet closed
+	press int64        // pressFDReserve (a test sets another)
 }
 
 const (
-	streamFDReserve = 256
+	pressFDReserve  = 512
+	streamFDReserve = 128
 	httpFDReserve   = 16
-	pressFDReserve  = 128
 )
 
 // newFDBudget reads the limit and counts the descriptors open now (the
 // store, the logs, the listeners themselves).
 func newFDBudget() *fdBudget {
-	b := &fdBudget{limit: math.MaxInt64}
+	b := &fdBudget{limit: math.MaxInt64, press: pressFDReserve}
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && rl.Cur < math.MaxInt64 {
 		b.limit = int64(rl.Cur)
@@ -59,7 +61,7 @@ func newFDBudget() *fdBudget {
 func (b *fdBudget) free() int64 { return b.limit - b.base - b.open.Load() }
 
 // pressed says HTTPS connections should not be kept open between requests.
-func (b *fdBudget) pressed() bool { return b.free() < pressFDReserve }
+func (b *fdBudget) pressed() bool { return b.free() < b.press }
 
 // admit counts a newly accepted connection if at least reserve descriptors
 // stay free, and returns it wrapped so that its Close gives the descriptor
