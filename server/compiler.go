@@ -52,7 +52,7 @@ type compiler struct {
 }
 
 // saveChunk is how many manifests are committed per transaction.
-const saveChunk = 1000
+const saveChunk = 250
 
 // compile recompiles the manifests of the given agents (every non-revoked
 // agent when ids is nil) and returns how many changed.
