@@ -2,8 +2,6 @@ package server
 
 import (
 	"fmt"
-	"github.com/drover/drover/api"
-	"github.com/drover/drover/server/notify"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -11,8 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/config"
 	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
+	"github.com/drover/drover/server/notify"
 	"github.com/drover/drover/signing"
 )
 
@@ -200,6 +201,11 @@ type GRPCConfig struct {
 	// OfflineAfter: an agent is online while it has a live stream and was
 	// heard from (any message, heartbeats included) within this time.
 	OfflineAfter time.Duration `yaml:"offline_after"`
+	// CarryManifestBytes: a SyncNow carries the agent's signed manifest
+	// when it is at most this large (the agent then needs no poll); 0
+	// never carries one. At most agentpb.MaxSyncNowManifestBytes, which
+	// agents accept.
+	CarryManifestBytes int `yaml:"carry_manifest_bytes"`
 }
 
 // EnrollmentConfig governs tokens and agent certificates.
@@ -286,13 +292,14 @@ func DefaultConfig() Config {
 			ShutdownTimeout:       15 * time.Second,
 		},
 		GRPC: GRPCConfig{
-			MaxStreams:     20000,
-			MaxRecvBytes:   4 << 20,
-			KeepaliveTime:  30 * time.Second,
-			KeepaliveWait:  10 * time.Second,
-			ConnectTimeout: 20 * time.Second,
-			IdleTimeout:    5 * time.Minute,
-			OfflineAfter:   90 * time.Second,
+			MaxStreams:         20000,
+			MaxRecvBytes:       4 << 20,
+			KeepaliveTime:      30 * time.Second,
+			KeepaliveWait:      10 * time.Second,
+			ConnectTimeout:     20 * time.Second,
+			IdleTimeout:        5 * time.Minute,
+			OfflineAfter:       90 * time.Second,
+			CarryManifestBytes: agentpb.MaxSyncNowManifestBytes,
 		},
 		Placement: PlacementConfig{Lease: 5 * time.Minute, SkewMargin: time.Minute},
 		Runtime:   RuntimeConfig{GCPercent: 50},
@@ -520,6 +527,9 @@ func (c *Config) Validate() error {
 	positive("grpc.connect_timeout", c.GRPC.ConnectTimeout)
 	positive("grpc.idle_timeout", c.GRPC.IdleTimeout)
 	positive("grpc.offline_after", c.GRPC.OfflineAfter)
+	if n := c.GRPC.CarryManifestBytes; n < 0 || n > agentpb.MaxSyncNowManifestBytes {
+		add("grpc.carry_manifest_bytes", "%d is not 0 (never) to %d", n, agentpb.MaxSyncNowManifestBytes)
+	}
 	positive("enrollment.default_ttl", c.Enrollment.DefaultTTL)
 	positive("enrollment.max_ttl", c.Enrollment.MaxTTL)
 	positive("runs.retention_age", c.Runs.RetentionAge)

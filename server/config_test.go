@@ -12,7 +12,9 @@ import (
 
 	"github.com/drover/drover/api"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
+	agentpb "github.com/drover/drover/proto"
 	"math"
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
@@ -353,5 +355,40 @@ func TestRuntimeSettings(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("runtime settings not applied: GOGC %d, limit %d", gc, limit)
 		}
+	}
+}
+
+// grpc.carry_manifest_bytes: 0 (never) up to what agents accept, from the
+// environment too; the hub then carries nothing.
+func TestCarryManifestBytes(t *testing.T) {
+	for _, n := range []int{0, 1, agentpb.MaxSyncNowManifestBytes} {
+		cfg := DefaultConfig()
+		cfg.GRPC.CarryManifestBytes = n
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%d: %v", n, err)
+		}
+	}
+	for _, n := range []int{-1, agentpb.MaxSyncNowManifestBytes + 1} {
+		cfg := DefaultConfig()
+		cfg.GRPC.CarryManifestBytes = n
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "grpc.carry_manifest_bytes") {
+			t.Errorf("%d: %v", n, err)
+		}
+	}
+	cfg, err := LoadConfig("", false, []string{"DROVER_GRPC_CARRY_MANIFEST_BYTES=0"})
+	if err != nil || cfg.GRPC.CarryManifestBytes != 0 {
+		t.Fatalf("from the environment: %v %d", err, cfg.GRPC.CarryManifestBytes)
+	}
+	ts := startServer(t, func(c *Config) { c.GRPC.CarryManifestBytes = 0 })
+	a := ts.enrollAgent(map[string]string{"role": "carry"})
+	st := a.mustStream(t)
+	defer st.close()
+	before := ts.s.fleet.hub.SyncNowCounts()
+	ts.putScriptPipe("carry", "true", map[string]string{"role": "carry"})
+	testkit.WaitFor(t, 10*time.Second, "the SyncNow of the change", func() bool {
+		return ts.s.fleet.hub.SyncNowCounts().Unavailable > before.Unavailable
+	})
+	if c := ts.s.fleet.hub.SyncNowCounts(); c.Manifest != before.Manifest {
+		t.Fatalf("a manifest was carried with carrying off: %+v", c)
 	}
 }

@@ -161,7 +161,9 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		agentStates: map[string]*agentMem{}, payloadSem: make(chan struct{}, cfg.Agents.PayloadFetches),
 		payloads: newPayloadCache(payloadCacheBytes, payloadCacheMaxEntry)}
 	s.agentSlots = newPool(cfg.HTTP.AgentMaxConcurrent)
-	hub.CarryManifests(s.publishedManifest)
+	if cfg.GRPC.CarryManifestBytes > 0 {
+		hub.CarryManifests(s.publishedManifest, cfg.GRPC.CarryManifestBytes)
+	}
 	// Through the fleet (set below): an agent streaming to another replica
 	// is told by a sync signal.
 	s.syncs = newSyncSpreader(func(id string, serial uint64) { s.fleet.SyncNow(id, serial) },

@@ -19,9 +19,12 @@ import (
 // disk is refused at its next run (failed on the server; reason
 // payload_mismatch in the agent's record) and restored by the next sync; a
 // drop-in added beside the pipe's service is removed by the next sync and
-// reported.
+// reported. The proxy stands in the manifest's only path: the server
+// carries no manifest on the stream (grpc.carry_manifest_bytes 0), else
+// its re-signed manifests would reach the agent around the proxy.
 func TestTamperingProxyFreeze(t *testing.T) {
-	mgr, srv, tags := userScenario(t, "freeze", "DROVER_SIGNING_MANIFEST_LIFETIME=2m", "DROVER_SIGNING_KEY_LIST_LIFETIME=24h")
+	mgr, srv, tags := userScenario(t, "freeze", "DROVER_SIGNING_MANIFEST_LIFETIME=2m", "DROVER_SIGNING_KEY_LIST_LIFETIME=24h",
+		"DROVER_GRPC_CARRY_MANIFEST_BYTES=0")
 	ag, id := enrolledAgent(t, srv, agentOpts{name: "agent-freeze", backend: "systemd", mgr: &mgr, tags: tags})
 	ag.stop()
 	proxy := newTamperProxy(t, srv, ag.dataDir)

@@ -39,8 +39,9 @@ type Hub struct {
 	mu    sync.Mutex
 	conns map[string]*streamConn
 	// manifests, if set, gives the manifest a SyncNow carries.
-	manifests ManifestSource
-	carried   syncNowCounters
+	manifests  ManifestSource
+	maxCarried int // the largest manifest carried (CarryManifests)
+	carried    syncNowCounters
 	// watch, if set, is told each time an agent's live stream opens
 	// (open) or ends without a replacement, in order; it is called with
 	// the hub's lock held and must not block.
@@ -110,9 +111,11 @@ type syncNowCounters struct{ manifest, tooLarge, behind, unavailable atomic.Uint
 func NewHub() *Hub { return &Hub{conns: map[string]*streamConn{}} }
 
 // CarryManifests makes every SyncNow carry the agent's manifest from src
-// when it is at most agentpb.MaxSyncNowManifestBytes and not older than
-// the serial announced (before any stream is served).
-func (h *Hub) CarryManifests(src ManifestSource) { h.manifests = src }
+// when it is at most maxBytes (and agentpb.MaxSyncNowManifestBytes) and
+// not older than the serial announced (before any stream is served).
+func (h *Hub) CarryManifests(src ManifestSource, maxBytes int) {
+	h.manifests, h.maxCarried = src, min(maxBytes, agentpb.MaxSyncNowManifestBytes)
+}
 
 // SyncNowCounts reports the SyncNows sent so far by what they carried.
 func (h *Hub) SyncNowCounts() SyncNowCounts {
@@ -220,7 +223,7 @@ func (h *Hub) syncNow(ctx context.Context, agentID string, serial uint64) *agent
 		h.carried.unavailable.Add(1)
 	case p.Serial < serial:
 		h.carried.behind.Add(1)
-	case len(p.Envelope) > agentpb.MaxSyncNowManifestBytes || len(p.ETag) > agentpb.MaxSyncNowManifestETag:
+	case len(p.Envelope) > h.maxCarried || len(p.ETag) > agentpb.MaxSyncNowManifestETag:
 		h.carried.tooLarge.Add(1)
 	default:
 		sn.Manifest, sn.ManifestEtag, sn.ManifestSerial = p.Envelope, p.ETag, p.Serial
