@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -117,20 +118,27 @@ func (a *admin) call(ctx context.Context, method, path string, body, out any) er
 	return json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out)
 }
 
+// tokenAttempts bounds the tries of one token creation.
+const tokenAttempts = 20
+
 // createToken creates an enrollment token. A 503 (the admin token's
 // requests in flight are capped: http.max_concurrent_per_token, shared by
-// every worker) is refused before the body is read, so it is retried, at
-// most five times.
+// every worker, each with --enroll-concurrency in flight) is refused before
+// the body is read, so it is retried after a growing, jittered pause (at
+// most 2 s), at most tokenAttempts times: five workers at 16 each ask for
+// 80 at once against a cap of 32, and five quick retries were not always
+// enough at 19,500 agents.
 func (a *admin) createToken(ctx context.Context, tags map[string]string) (string, error) {
 	var out api.EnrollmentTokenCreated
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = a.call(ctx, "POST", "/api/v1/enrollment-tokens", api.EnrollmentTokenRequest{TTL: "1h", Tags: tags}, &out)
 		var ae *api.Error
-		if err == nil || attempt == 5 || !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable {
+		if err == nil || attempt == tokenAttempts || !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable {
 			break
 		}
-		if sleep(ctx, time.Duration(attempt)*200*time.Millisecond) != nil {
+		pause := min(time.Duration(attempt)*200*time.Millisecond, 2*time.Second)
+		if sleep(ctx, pause/2+rand.N(pause/2)) != nil {
 			break
 		}
 	}
