@@ -100,6 +100,7 @@ type Server struct {
 	payloadSem  chan struct{}        // bounds payload downloads in all
 	payloads    *payloadCache        // bundles by digest (payloadcache.go)
 	syncs       *syncSpreader        // paces SyncNow after a recompile (syncspread.go)
+	bulk        *bulkWrites          // a fleet's recompile saving (compiler.go)
 	agentSlots  *pool                // the agents' request slots (http.agent_max_concurrent)
 	handshakes  connsInHandshake     // HTTPS connections accepted and not yet serving a request
 	fds         *fdBudget            // the open-files limit shared by both listeners (fdbudget.go)
@@ -166,11 +167,13 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	}
 	// Through the fleet (set below): an agent streaming to another replica
 	// is told by a sync signal.
+	s.bulk = &bulkWrites{}
 	s.syncs = newSyncSpreader(func(id string, serial uint64) { s.fleet.SyncNow(id, serial) },
 		hub.Count, func() bool {
 			inUse, slots := s.agentSlots.usage()
 			return agentsBusy(inUse, slots, s.handshakes.n.Load())
 		})
+	s.syncs.hold = func() bool { return s.bulk.UnderWay() != nil }
 	defer func() {
 		if err != nil {
 			s.release()
@@ -230,7 +233,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	if err := ensureBootstrapToken(ctx, s.store, s.admin, now); err != nil {
 		return nil, err
 	}
-	comp := &compiler{store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published,
+	comp := &compiler{bulk: s.bulk, store: s.store, keys: s.keys, clock: clock, lifetime: cfg.Signing.ManifestLifetime, log: logger, published: s.published,
 		leases: compile.Leases{Lease: cfg.Placement.Lease, SkewMargin: cfg.Placement.SkewMargin}, healthy: s.agentHealthy, holdUntil: now.Add(cfg.GRPC.OfflineAfter),
 		leading: func() bool { return s.leader.leading() }}
 	if s.kek != nil {
@@ -239,6 +242,10 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 	s.compiler = compilerSeam{comp}
 	s.enrolls = s.newEnrollQueue()
 	s.ingest = stream.NewIngester(st, cfg.Store.IngestBatch, cfg.Store.IngestDelay, store.IngestLimits{MaxLogBytes: cfg.Runs.MaxLogBytes, Marker: truncationMarker(cfg.Runs.MaxLogBytes)}, logger, s.afterCommit)
+	if cfg.Store.Driver == "sqlite" {
+		// One writer: the ingester gives way to the fleet's recompiles.
+		s.ingest.GiveWayTo(s.bulk)
+	}
 	s.monitor, s.leader = newMonitor(s), soleLeader{}
 	if ls, ok := st.(interface {
 		SessionLock(key int64) *postgres.SessionLock

@@ -170,3 +170,75 @@ func TestConnsInHandshakeCounted(t *testing.T) {
 	c.Close()
 	testkit.WaitFor(t, 5*time.Second, "the closed connection uncounted", func() bool { return ts.s.handshakes.n.Load() == base })
 }
+
+// While the fleet's recompile is still saving, nothing is sent — for at
+// most syncHoldMax after the first SyncNow was queued — and once it has
+// saved the queue moves at once with the burst the wait gathered.
+func TestSyncSpreaderHoldsWhileFleetCompiles(t *testing.T) {
+	now := time.Unix(1000, 0)
+	bulk := &bulkWrites{}
+	p := &syncSpreader{rate: 1000, burst: 100, tokens: 100, now: func() time.Time { return now }, serials: map[string]uint64{},
+		hold: func() bool { return bulk.UnderWay() != nil }}
+	p.running = true
+	end := bulk.begin()
+	for i := range 500 {
+		p.add(fmt.Sprintf("a%03d", i), 1)
+	}
+	for range 5 {
+		now = now.Add(500 * time.Millisecond)
+		if got := p.take(); got == nil || len(got) != 0 {
+			t.Fatalf("recompile saving: %d sent", len(got))
+		}
+	}
+	end()
+	if got := p.take(); len(got) != 100 || got[0].agentID != "a000" {
+		t.Fatalf("recompile saved: %d sent, want the burst of 100 from the first", len(got))
+	}
+	// A recompile that saves for longer than syncHoldMax is announced
+	// while it goes on; the hold counts from when the queue last became
+	// non-empty.
+	p.queue, p.serials = nil, map[string]uint64{}
+	end = bulk.begin()
+	defer end()
+	for i := range 500 {
+		p.add(fmt.Sprintf("b%03d", i), 2)
+	}
+	now = now.Add(syncHoldMax - 10*time.Millisecond)
+	if got := p.take(); len(got) != 0 {
+		t.Fatalf("within syncHoldMax of the first queued: %d sent", len(got))
+	}
+	now = now.Add(10 * time.Millisecond)
+	if got := p.take(); len(got) != 100 || got[0] != (pendingSync{"b000", 2}) {
+		t.Fatalf("past syncHoldMax: %d sent, want the burst", len(got))
+	}
+}
+
+// bulkWrites: nil when none is under way; the channel closes when the last
+// one ends.
+func TestBulkWritesUnderWay(t *testing.T) {
+	var b bulkWrites
+	if b.UnderWay() != nil {
+		t.Fatal("under way before any began")
+	}
+	end1 := b.begin()
+	ch := b.UnderWay()
+	end2 := b.begin()
+	if ch == nil || b.UnderWay() != ch {
+		t.Fatal("a second bulk write gets another channel")
+	}
+	end1()
+	select {
+	case <-ch:
+		t.Fatal("closed while one is still under way")
+	default:
+	}
+	end2()
+	select {
+	case <-ch:
+	default:
+		t.Fatal("not closed when the last ended")
+	}
+	if b.UnderWay() != nil {
+		t.Fatal("still under way")
+	}
+}

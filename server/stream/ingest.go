@@ -13,6 +13,20 @@ import (
 // delays last_seen and the lost-run check, which count in tens of seconds.
 const heartbeatDelay = 250 * time.Millisecond
 
+// maxGiveWay bounds how long a batch waits for a bulk write to end (see
+// Yield): its records are acknowledged that much later at the most.
+const maxGiveWay = 500 * time.Millisecond
+
+// Yield is what the ingester gives way to: a bulk write that holds the
+// store's one writer again and again for seconds (a fleet-wide recompile
+// saving its manifests chunk after chunk). Were the ingester to commit
+// between its chunks, each chunk would wait for an ingest commit to end.
+// UnderWay returns nil when no bulk write is under way, else a channel
+// closed when it ends.
+type Yield interface {
+	UnderWay() <-chan struct{}
+}
+
 // ingestItem is one record on its way to the database. A nil rec is a
 // record that was refused as invalid: it is acknowledged in order with the
 // others so that the agent does not resend it forever.
@@ -55,6 +69,9 @@ type Ingester struct {
 	quit     chan struct{}
 	done     chan struct{}
 	onCommit func([]*store.Record)
+	yield    Yield // nil: never give way
+	maxGive  time.Duration
+	gaveWay  int // batches that waited for a bulk write (Run's goroutine only)
 }
 
 // NewIngester returns an ingester committing to st in batches of up to
@@ -62,8 +79,13 @@ type Ingester struct {
 // is called with every committed batch.
 func NewIngester(st store.IngestStore, batch int, delay time.Duration, lim store.IngestLimits, log *slog.Logger, onCommit func([]*store.Record)) *Ingester {
 	return &Ingester{store: st, onCommit: onCommit, in: make(chan ingestItem, 4*batch), batch: batch, delay: delay, hbDelay: heartbeatDelay, lim: lim, log: log,
-		quit: make(chan struct{}), done: make(chan struct{})}
+		maxGive: maxGiveWay, quit: make(chan struct{}), done: make(chan struct{})}
 }
+
+// GiveWayTo makes the ingester hold a batch that is not full while y
+// reports a bulk write under way, for up to maxGiveWay after the batch's
+// first record (a store with one writer: SQLite). Call it before Run.
+func (g *Ingester) GiveWayTo(y Yield) { g.yield = y }
 
 // Run commits batches until stop is called, then commits what is queued.
 func (g *Ingester) Run() {
@@ -73,6 +95,7 @@ func (g *Ingester) Run() {
 	for {
 		select {
 		case it := <-g.in:
+			first := time.Now()
 			batch := g.gather(append(items[:0], it))
 			if len(batch) < g.batch && g.delay > 0 {
 				urgent := anyWaited(batch)
@@ -87,6 +110,13 @@ func (g *Ingester) Run() {
 				}
 				batch = g.wait(batch, timer, urgent)
 				timer.Stop()
+			}
+			if g.yield != nil && len(batch) < g.batch {
+				if timer == nil {
+					timer = time.NewTimer(time.Hour)
+					timer.Stop()
+				}
+				batch = g.giveWay(batch, first, timer)
 			}
 			g.commit(batch)
 		case <-g.quit:
@@ -116,6 +146,36 @@ func (g *Ingester) wait(items []ingestItem, timer *time.Timer, urgent bool) []in
 				}
 				timer.Reset(g.delay)
 			}
+		case <-timer.C:
+			return items
+		case <-g.quit:
+			return items
+		}
+	}
+	return items
+}
+
+// giveWay holds the batch while a bulk write is under way, adding records
+// as they come, until it ends, the batch is full, its first record is
+// maxGive old or the ingester is stopping.
+func (g *Ingester) giveWay(items []ingestItem, first time.Time, timer *time.Timer) []ingestItem {
+	end := g.yield.UnderWay()
+	if end == nil {
+		return items
+	}
+	left := g.maxGive - time.Since(first)
+	if left <= 0 {
+		return items
+	}
+	g.gaveWay++
+	timer.Reset(left)
+	defer timer.Stop()
+	for len(items) < g.batch {
+		select {
+		case it := <-g.in:
+			items = append(items, it)
+		case <-end:
+			return items
 		case <-timer.C:
 			return items
 		case <-g.quit:
