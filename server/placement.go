@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server/compile"
 	"github.com/drover/drover/server/errs"
@@ -230,19 +231,11 @@ func leasesInterval(lease time.Duration) time.Duration {
 // runLeases renews leases and hands pipes over when due, until ctx ends;
 // wakePlacement runs it at once (a holder that lost a pipe reported).
 func (s *Server) runLeases(ctx context.Context) {
-	t := time.NewTicker(leasesInterval(s.cfg.Placement.Lease))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.placeWake:
-		}
+	tick.Every(ctx, leasesInterval(s.cfg.Placement.Lease), s.placeWake, func() {
 		if _, err := s.compiler.Place(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("placement leases", "err", err)
 		}
-	}
+	})
 }
 
 // statusCommitted wakes the leases loop when an agent that is to confirm

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/server/bus"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
@@ -693,7 +694,7 @@ func (f *fleet) run(ctx context.Context) {
 	go func() { defer wg.Done(); f.keepPresence(ctx) }()
 	if f.shared() {
 		f.send("join", sigBody{})
-		onTick(ctx, followEvery, func() {
+		tick.Every(ctx, followEvery, nil, func() {
 			f.announceFollows()
 			now := time.Now()
 			f.followMu.Lock()
