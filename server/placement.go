@@ -56,7 +56,7 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 		live[p.Name] = compile.IsPlacedOne(&p)
 	}
 	for i, h := range stored {
-		holders[i] = compileHolder(h)
+		holders[i] = *h
 		if live[h.Pipe] && h.Agent == "" && h.Prev != "" && now.Before(h.PrevLeaseUntil.Add(c.leases.SkewMargin)) {
 			pending[h.Prev] = append(pending[h.Prev], h.Pipe)
 		}
@@ -162,7 +162,7 @@ func (c *compiler) follow(comp *compile.Compilation, pipes []compile.Pipe, store
 			continue
 		}
 		plans = append(plans, compile.Placement{Pipe: h.Pipe, Holder: h.Agent, LeaseUntil: h.LeaseUntil, LastFireServed: h.LastFireServed,
-			Reasons: []string{compile.PlaceHeld}, State: compileHolder(h)})
+			Reasons: []string{compile.PlaceHeld}, State: *h})
 		extra = append(extra, h.Agent)
 	}
 	if err := comp.Hold(plans); err != nil {
@@ -205,15 +205,11 @@ func (c *compiler) requestMove(ctx context.Context, pipe, to string) error {
 	return err
 }
 
-func compileHolder(h *store.Holder) compile.Holder {
-	return compile.Holder{Pipe: h.Pipe, Agent: h.Agent, LeaseUntil: h.LeaseUntil, Since: h.Since, LastFireServed: h.LastFireServed,
-		Prev: h.Prev, PrevSince: h.PrevSince, PrevLeaseUntil: h.PrevLeaseUntil, ReleasedAt: h.ReleasedAt, MoveTo: h.MoveTo, MoveRequestedAt: h.MoveRequestedAt}
-}
-
+// storeHolder is the planned state h to save, updated at now.
 func storeHolder(h *compile.Holder, now time.Time) *store.Holder {
-	return &store.Holder{Pipe: h.Pipe, Agent: h.Agent, LeaseUntil: h.LeaseUntil, Since: h.Since, LastFireServed: h.LastFireServed,
-		Prev: h.Prev, PrevSince: h.PrevSince, PrevLeaseUntil: h.PrevLeaseUntil, ReleasedAt: h.ReleasedAt, MoveTo: h.MoveTo, MoveRequestedAt: h.MoveRequestedAt,
-		UpdatedAt: now}
+	saved := *h
+	saved.UpdatedAt = now
+	return &saved
 }
 
 // agentHealthy: a live stream, or heard from within the offline grace (as
@@ -345,7 +341,7 @@ func (s *Server) dryRunPlacing(ctx context.Context, pipe string, now time.Time) 
 	}
 	for _, h := range hs {
 		if h.Pipe == pipe {
-			pl.Holders = append(pl.Holders, compileHolder(h))
+			pl.Holders = append(pl.Holders, *h)
 		}
 	}
 	if pl.Served, err = s.store.LastFiresServed(ctx, []string{pipe}); err != nil {
