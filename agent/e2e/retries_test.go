@@ -53,7 +53,7 @@ func TestRetriesBothBackends(t *testing.T) {
 	specs := map[string]retrySpec{
 		"r-flaky": {pipeSpec{Schedule: far, Script: "echo \"attempt $DROVER_ATTEMPT of $DROVER_MAX_ATTEMPTS ran\"\n[ \"$DROVER_ATTEMPT\" -ge 3 ] || exit 7\n"},
 			map[string]any{"attempts": 3, "delay": "1s"}},
-		"r-fail": {pipeSpec{Schedule: far, Script: "echo \"attempt $DROVER_ATTEMPT start $(date +%s%N)\"\necho \"attempt $DROVER_ATTEMPT end $(date +%s%N)\"\nexit 3\n"},
+		"r-fail": {pipeSpec{Schedule: far, Script: testkit.AttemptTimingScript},
 			map[string]any{"attempts": 3, "delay": "2s", "backoff": 2}},
 		// The first attempt runs past its timeout, the second succeeds.
 		// Three timed-out attempts would outlast a deadline of one timeout
@@ -102,7 +102,7 @@ func TestRetriesBothBackends(t *testing.T) {
 				t.Fatalf("%s: failing run %+v", s.backend, r)
 			}
 			assertInOrder(t, s.backend+": failing run's log", log, retryMarker(2, 3, "2s", "exit 3"), retryMarker(3, 3, "4s", "exit 3"))
-			starts, ends := scriptTimes(log)
+			starts, ends := testkit.AttemptTimes(log)
 			if len(starts) != 3 || len(ends) != 3 {
 				t.Fatalf("%s: failing run's log:\n%s", s.backend, log)
 			}
@@ -202,25 +202,6 @@ func assertInOrder(t *testing.T, what, text string, parts ...string) {
 		}
 		rest = rest[i+len(p):]
 	}
-}
-
-// scriptTimes parses the "attempt N start|end <unix ns>" lines of a log.
-func scriptTimes(log string) (starts, ends map[int]time.Time) {
-	starts, ends = map[int]time.Time{}, map[int]time.Time{}
-	for _, line := range strings.Split(log, "\n") {
-		var n int
-		var what string
-		var ns int64
-		if _, err := fmt.Sscanf(line, "attempt %d %s %d", &n, &what, &ns); err != nil {
-			continue
-		}
-		if what == "start" {
-			starts[n] = time.Unix(0, ns)
-		} else if what == "end" {
-			ends[n] = time.Unix(0, ns)
-		}
-	}
-	return starts, ends
 }
 
 // droverctl runs droverctl against srv and returns its output.
