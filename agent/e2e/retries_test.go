@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -180,11 +177,11 @@ func TestRetriesBothBackends(t *testing.T) {
 	// droverctl shows the attempts.
 	for backend, id := range agents {
 		r := got[backend+"/r-flaky"]
-		out := droverctl(t, srv, "describe", "run", r.ID)
+		out := srv.droverctl("describe", "run", r.ID)
 		if !strings.Contains(out, "Attempts:") || !strings.Contains(strings.Join(strings.Fields(out), " "), "Attempts: 3") {
 			t.Fatalf("%s: describe run:\n%s", backend, out)
 		}
-		wide := droverctl(t, srv, "get", "runs", "-o", "wide", "--pipe", "r-flaky", "--agent", id)
+		wide := srv.droverctl("get", "runs", "-o", "wide", "--pipe", "r-flaky", "--agent", id)
 		if !strings.Contains(wide, "ATTEMPTS") || !rowHas(wide, r.ID, "3") {
 			t.Fatalf("%s: get runs -o wide:\n%s", backend, wide)
 		}
@@ -202,21 +199,6 @@ func assertInOrder(t *testing.T, what, text string, parts ...string) {
 		}
 		rest = rest[i+len(p):]
 	}
-}
-
-// droverctl runs droverctl against srv and returns its output.
-func droverctl(t *testing.T, srv *serverProc, args ...string) string {
-	t.Helper()
-	home := t.TempDir()
-	cmd := exec.Command(ctlBin(), args...)
-	cmd.Env = childEnv("HOME="+home, "XDG_CONFIG_HOME="+home, "DROVER_SERVER="+srv.base,
-		"DROVER_TOKEN="+srv.admin, "DROVER_CA="+filepath.Join(srv.dataDir, "ca.crt"))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("droverctl %v: %v\n%s%s", args, err, out.String(), errb.String())
-	}
-	return out.String()
 }
 
 // rowHas reports whether a table line holds id and the cell value.
