@@ -46,14 +46,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 		"/usr/bin/drover-server", "--internal-agent", "--data-dir", dataDir,
 		"--http-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
 		"--grpc-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(grpcPort)))
-	t.Cleanup(func() {
-		if t.Failed() {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			out, _, _ := c.Output(ctx, "journalctl", "--no-pager", "-n", "150", "-u", "drover-server-ia", "-u", "drover-pipe-*")
-			t.Logf("---- container journal ----\n%s", out)
-		}
-	})
+	c.LogJournalOnFailure(t, 150, "drover-server-ia", "drover-pipe-*")
 
 	// admin.token and the CA certificate, read as root inside the container.
 	var admin, caPEM string
