@@ -464,15 +464,3 @@ func (a *Agent) setEnrollErr(err error) {
 		a.enrollErr = err.Error()
 	}
 }
-
-// sleep waits d or until ctx is done; it reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}

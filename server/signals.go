@@ -369,22 +369,13 @@ func (f *fleet) flush(ctx context.Context) {
 				if err == nil || ctx.Err() != nil {
 					break
 				}
-				sleepCtx(ctx, time.Duration(attempt+1)*200*time.Millisecond)
+				tick.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond)
 			}
 			if err != nil && ctx.Err() == nil {
 				f.dropped.Add(1)
 				f.s.log.Warn("a signal to the other replicas was not sent", "kind", it.kind, "err", err)
 			}
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package tick runs a function periodically until a context ends: the one
 // loop behind the daemons' periodic work (watchdog pings, the leases loop,
-// maintenance) and the simulator's paced agents.
+// maintenance) and the simulator's paced agents; and it waits for a
+// while unless a context ends first (Sleep).
 //
 // Any package of this module may import it; it imports nothing of it.
 package tick
@@ -39,6 +40,19 @@ func Paced(ctx context.Context, first time.Duration, next func() time.Duration, 
 		fn()
 		t.Reset(next())
 	})
+}
+
+// Sleep waits d, or less when ctx ends first; it reports whether d passed
+// (false: ctx ended). When both happen at once either may be reported.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // loop calls fn each time c or wake receives (woke: it was wake), until

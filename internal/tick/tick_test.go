@@ -128,3 +128,22 @@ func TestPacedWakeCallsAtOnceAndRestartsTheDelay(t *testing.T) {
 		t.Fatal("no call after the woken one: the delay did not restart")
 	}
 }
+
+func TestSleep(t *testing.T) {
+	start := time.Now()
+	if !Sleep(context.Background(), 30*time.Millisecond) {
+		t.Fatal("Sleep reported an end of a context that never ends")
+	}
+	if el := time.Since(start); el < 30*time.Millisecond {
+		t.Fatalf("slept %s, want at least 30ms", el)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	start = time.Now()
+	if Sleep(ctx, time.Hour) {
+		t.Fatal("Sleep reported that an hour passed")
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("the context's end took %s to stop Sleep", el)
+	}
+}
