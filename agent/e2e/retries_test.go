@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/agent/runner"
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
 )
@@ -22,9 +23,10 @@ func (s *serverProc) putRetryPipe(name string, spec retrySpec) {
 	s.api("PUT", "/api/v1/pipes/"+name, map[string]any{"spec": spec}, &out)
 }
 
-// retryMarker is the runner's line before attempt n (agent/runner.MarkerFormat).
+// retryMarker is the runner's line before attempt n of a run's log (its
+// exact text is pinned by the runner's tests).
 func retryMarker(n, of int, after, prev string) string {
-	return fmt.Sprintf("--- drover: attempt %d of %d after %s (previous: %s) ---\n", n, of, after, prev)
+	return fmt.Sprintf(runner.MarkerFormat, n, of, after, prev)
 }
 
 // TestRetriesBothBackends proves retries on a systemd user-manager agent and
