@@ -54,16 +54,7 @@ func serverHost(server string) (string, error) {
 
 // newHTTPClient returns a resty client for base with the given TLS config.
 func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log *slog.Logger) *resty.Client {
-	c := resty.New().
-		SetBaseURL(strings.TrimSuffix(base, "/")).
-		SetTLSClientConfig(tlsConf).
-		SetTimeout(timeout).
-		SetRetryCount(0).
-		SetError(&api.ErrorBody{}).
-		SetResponseBodyLimit(maxJSONBytes).
-		SetLogger(restyLogger{log}).
-		SetHeader("User-Agent", "drover-agent/"+Version)
-	return c
+	return newClient(base, timeout, log).SetTLSClientConfig(tlsConf)
 }
 
 // newReplicaClient returns the mTLS client of an enrolled agent: every
@@ -71,9 +62,16 @@ func newHTTPClient(base string, tlsConf *tls.Config, timeout time.Duration, log 
 // (failoverTransport); learn receives the replica lists the server sends.
 func newReplicaClient(rs *replicas, tlsConf *tls.Config, timeout time.Duration, log *slog.Logger, learn func(urls, addrs []string)) *resty.Client {
 	_, first := rs.httpURL()
+	return newClient(first, timeout, log).
+		SetTransport(&failoverTransport{rs: rs, base: newBaseTransport(tlsConf, timeout), learn: learn})
+}
+
+// newClient holds the settings every agent client shares: base URL,
+// timeout, no retries, API error bodies, the JSON size cap, the logger
+// and the User-Agent.
+func newClient(base string, timeout time.Duration, log *slog.Logger) *resty.Client {
 	return resty.New().
-		SetBaseURL(strings.TrimSuffix(first, "/")).
-		SetTransport(&failoverTransport{rs: rs, base: newBaseTransport(tlsConf, timeout), learn: learn}).
+		SetBaseURL(strings.TrimSuffix(base, "/")).
 		SetTimeout(timeout).
 		SetRetryCount(0).
 		SetError(&api.ErrorBody{}).

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/tick"
 	"github.com/go-resty/resty/v2"
 
 	"github.com/drover/drover/agent/apply"
@@ -218,14 +219,7 @@ func (a *Agent) sdNotify(state string) {
 
 // watchdogLoop pings systemd's watchdog while the daemon's loops turn.
 func (a *Agent) watchdogLoop(ctx context.Context) {
-	t := time.NewTicker(a.watchdog / 2)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	tick.Every(ctx, a.watchdog/2, nil, func() {
 		// The sync loop and the enrollment wait mark themselves alive at
 		// least every interval; a loop wedged longer than that stops the
 		// pings and systemd restarts the agent.
@@ -233,7 +227,7 @@ func (a *Agent) watchdogLoop(ctx context.Context) {
 		if time.Since(last) < a.cfg.pollInterval(true)*11/10+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
 			a.sdNotify("WATCHDOG=1")
 		}
-	}
+	})
 }
 
 func (a *Agent) markAlive() { a.alive.Store(time.Now().UnixNano()) }
@@ -468,17 +462,5 @@ func (a *Agent) setEnrollErr(err error) {
 	a.enrollErr = ""
 	if err != nil {
 		a.enrollErr = err.Error()
-	}
-}
-
-// sleep waits d or until ctx is done; it reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

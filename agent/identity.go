@@ -47,25 +47,21 @@ type Identity struct {
 }
 
 // serverURLs is the list of HTTPS base URLs this identity knows.
-func (id *Identity) serverURLs() []string {
-	if len(id.ServerURLs) > 0 {
-		return id.ServerURLs
-	}
-	if id.Server == "" {
-		return nil
-	}
-	return []string{id.Server}
-}
+func (id *Identity) serverURLs() []string { return listOrOne(id.ServerURLs, id.Server) }
 
 // grpcAddrs is the list of stream addresses this identity knows.
-func (id *Identity) grpcAddrs() []string {
-	if len(id.GRPCAddrs) > 0 {
-		return id.GRPCAddrs
+func (id *Identity) grpcAddrs() []string { return listOrOne(id.GRPCAddrs, id.GRPCAddr) }
+
+// listOrOne is list, or when it is empty the single entry one that
+// identities had before replica lists ("" for none).
+func listOrOne(list []string, one string) []string {
+	if len(list) > 0 {
+		return list
 	}
-	if id.GRPCAddr == "" {
+	if one == "" {
 		return nil
 	}
-	return []string{id.GRPCAddr}
+	return []string{one}
 }
 
 // withReplicas returns a copy of id (credentials shared) with the

@@ -9,6 +9,7 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/pemutil"
+	"github.com/drover/drover/internal/tick"
 )
 
 // renewLoop renews the client certificate at two thirds of its lifetime,
@@ -20,7 +21,7 @@ func (a *Agent) renewLoop(ctx context.Context) {
 		wait := time.Until(id.RenewAt())
 		if wait > 0 {
 			// Wake at least hourly so that a stepped clock is noticed.
-			if !sleep(ctx, min(wait, time.Hour)) {
+			if !tick.Sleep(ctx, min(wait, time.Hour)) {
 				return
 			}
 			continue
@@ -32,7 +33,7 @@ func (a *Agent) renewLoop(ctx context.Context) {
 			d := bo.next()
 			a.log.Error("certificate renewal failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond),
 				"expires", id.NotAfter())
-			if !sleep(ctx, d) {
+			if !tick.Sleep(ctx, d) {
 				return
 			}
 			continue

@@ -1,13 +1,11 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -48,14 +46,7 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 		"/usr/bin/drover-server", "--internal-agent", "--data-dir", dataDir,
 		"--http-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
 		"--grpc-addr", net.JoinHostPort("127.0.0.1", strconv.Itoa(grpcPort)))
-	t.Cleanup(func() {
-		if t.Failed() {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			out, _, _ := c.Output(ctx, "journalctl", "--no-pager", "-n", "150", "-u", "drover-server-ia", "-u", "drover-pipe-*")
-			t.Logf("---- container journal ----\n%s", out)
-		}
-	})
+	c.LogJournalOnFailure(t, 150, "drover-server-ia", "drover-pipe-*")
 
 	// admin.token and the CA certificate, read as root inside the container.
 	var admin, caPEM string
@@ -71,8 +62,8 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 	if !pool.AppendCertsFromPEM([]byte(caPEM)) {
 		t.Fatalf("ca.crt: no certificate:\n%s", caPEM)
 	}
-	bapi := &bootAPI{t: t, token: admin, base: "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
-		c: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}
+	bapi := &bootAPI{t: t, APIClient: testkit.APIClient{Token: admin, Base: "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)),
+		Accept: "application/json", HTTP: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}}
 
 	if got := strings.TrimSpace(c.Exec(t, "stat", "-c", "%a %U:%G", dataDir)); got != "700 root:root" {
 		t.Fatalf("%s is %s, want 700 root:root", dataDir, got)
@@ -165,46 +156,27 @@ func TestInternalAgentSystemdJobsCannotReadDataDirBooted(t *testing.T) {
 
 // bootAPI talks to a server in a container over the shared loopback.
 type bootAPI struct {
-	t     *testing.T
-	c     *http.Client
-	base  string
-	token string
+	t *testing.T
+	testkit.APIClient
 }
 
 // call sends a JSON request and decodes a 2xx answer into out; it returns
 // the status code (0 when the server did not answer).
 func (a *bootAPI) call(method, path string, body, out any) int {
 	a.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, a.base+path, rd)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+a.token)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	resp, err := a.c.Do(req)
+	code, b, err := a.Call(method, path, body)
 	if err != nil {
 		a.t.Logf("%s %s: %v", method, path, err)
 		return 0
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if resp.StatusCode >= 300 {
-		a.t.Logf("%s %s: %s: %s", method, path, resp.Status, b)
-		return resp.StatusCode
+	if code >= 300 {
+		a.t.Logf("%s %s: %d %s: %s", method, path, code, http.StatusText(code), b)
+		return code
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
 			a.t.Fatalf("%s %s: %v\n%s", method, path, err, fmt.Sprintf("%.2000s", b))
 		}
 	}
-	return resp.StatusCode
+	return code
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server/stream"
 )
@@ -109,14 +110,10 @@ func wait(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if !tick.Sleep(ctx, d) {
 		return ctx.Err()
 	}
+	return nil
 }
 
 // knownRunsMemory is how many recent run ids an agent's quota remembers, so

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/server/store"
 
 	"github.com/drover/drover/manifest"
@@ -104,7 +105,7 @@ func newMonitor(s *Server) *monitor {
 // waits one interval too, so that after a restart the agents have
 // reconnected before anything is judged.
 func (m *monitor) run(ctx context.Context) {
-	onTick(ctx, m.interval, func() {
+	tick.Every(ctx, m.interval, nil, func() {
 		if _, err := m.pass(ctx); err != nil && ctx.Err() == nil {
 			m.s.log.Error("missed-run detection", "err", err)
 		}

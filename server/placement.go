@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/manifest"
 	"github.com/drover/drover/server/compile"
 	"github.com/drover/drover/server/errs"
@@ -55,7 +56,7 @@ func (c *compiler) place(ctx context.Context, comp *compile.Compilation, pipes [
 		live[p.Name] = compile.IsPlacedOne(&p)
 	}
 	for i, h := range stored {
-		holders[i] = compileHolder(h)
+		holders[i] = *h
 		if live[h.Pipe] && h.Agent == "" && h.Prev != "" && now.Before(h.PrevLeaseUntil.Add(c.leases.SkewMargin)) {
 			pending[h.Prev] = append(pending[h.Prev], h.Pipe)
 		}
@@ -161,7 +162,7 @@ func (c *compiler) follow(comp *compile.Compilation, pipes []compile.Pipe, store
 			continue
 		}
 		plans = append(plans, compile.Placement{Pipe: h.Pipe, Holder: h.Agent, LeaseUntil: h.LeaseUntil, LastFireServed: h.LastFireServed,
-			Reasons: []string{compile.PlaceHeld}, State: compileHolder(h)})
+			Reasons: []string{compile.PlaceHeld}, State: *h})
 		extra = append(extra, h.Agent)
 	}
 	if err := comp.Hold(plans); err != nil {
@@ -204,15 +205,11 @@ func (c *compiler) requestMove(ctx context.Context, pipe, to string) error {
 	return err
 }
 
-func compileHolder(h *store.Holder) compile.Holder {
-	return compile.Holder{Pipe: h.Pipe, Agent: h.Agent, LeaseUntil: h.LeaseUntil, Since: h.Since, LastFireServed: h.LastFireServed,
-		Prev: h.Prev, PrevSince: h.PrevSince, PrevLeaseUntil: h.PrevLeaseUntil, ReleasedAt: h.ReleasedAt, MoveTo: h.MoveTo, MoveRequestedAt: h.MoveRequestedAt}
-}
-
+// storeHolder is the planned state h to save, updated at now.
 func storeHolder(h *compile.Holder, now time.Time) *store.Holder {
-	return &store.Holder{Pipe: h.Pipe, Agent: h.Agent, LeaseUntil: h.LeaseUntil, Since: h.Since, LastFireServed: h.LastFireServed,
-		Prev: h.Prev, PrevSince: h.PrevSince, PrevLeaseUntil: h.PrevLeaseUntil, ReleasedAt: h.ReleasedAt, MoveTo: h.MoveTo, MoveRequestedAt: h.MoveRequestedAt,
-		UpdatedAt: now}
+	saved := *h
+	saved.UpdatedAt = now
+	return &saved
 }
 
 // agentHealthy: a live stream, or heard from within the offline grace (as
@@ -230,19 +227,11 @@ func leasesInterval(lease time.Duration) time.Duration {
 // runLeases renews leases and hands pipes over when due, until ctx ends;
 // wakePlacement runs it at once (a holder that lost a pipe reported).
 func (s *Server) runLeases(ctx context.Context) {
-	t := time.NewTicker(leasesInterval(s.cfg.Placement.Lease))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.placeWake:
-		}
+	tick.Every(ctx, leasesInterval(s.cfg.Placement.Lease), s.placeWake, func() {
 		if _, err := s.compiler.Place(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("placement leases", "err", err)
 		}
-	}
+	})
 }
 
 // statusCommitted wakes the leases loop when an agent that is to confirm
@@ -352,7 +341,7 @@ func (s *Server) dryRunPlacing(ctx context.Context, pipe string, now time.Time) 
 	}
 	for _, h := range hs {
 		if h.Pipe == pipe {
-			pl.Holders = append(pl.Holders, compileHolder(h))
+			pl.Holders = append(pl.Holders, *h)
 		}
 	}
 	if pl.Served, err = s.store.LastFiresServed(ctx, []string{pipe}); err != nil {

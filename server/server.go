@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/server/notify"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -567,7 +568,7 @@ func (s *Server) Run(ctx context.Context) error {
 		bgWG.Add(1)
 		go func() {
 			defer bgWG.Done()
-			onTick(bg, keySyncInterval, func() {
+			tick.Every(bg, keySyncInterval, nil, func() {
 				if err := s.syncKeys(bg); err != nil && bg.Err() == nil {
 					s.log.Warn("key list sync", "err", err)
 				}
@@ -709,21 +710,7 @@ func (s *Server) watchdog(ctx context.Context) {
 	if err != nil || interval <= 0 {
 		return
 	}
-	onTick(ctx, interval/2, func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog) })
-}
-
-// onTick calls fn every d until ctx is done.
-func onTick(ctx context.Context, d time.Duration, fn func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			fn()
-		}
-	}
+	tick.Every(ctx, interval/2, nil, func() { _, _ = daemon.SdNotify(false, daemon.SdNotifyWatchdog) })
 }
 
 // serverSANs lists the names the server certificate must carry.

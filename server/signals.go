@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/server/bus"
 	"github.com/drover/drover/server/errs"
 	"github.com/drover/drover/server/store"
@@ -368,22 +369,13 @@ func (f *fleet) flush(ctx context.Context) {
 				if err == nil || ctx.Err() != nil {
 					break
 				}
-				sleepCtx(ctx, time.Duration(attempt+1)*200*time.Millisecond)
+				tick.Sleep(ctx, time.Duration(attempt+1)*200*time.Millisecond)
 			}
 			if err != nil && ctx.Err() == nil {
 				f.dropped.Add(1)
 				f.s.log.Warn("a signal to the other replicas was not sent", "kind", it.kind, "err", err)
 			}
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
@@ -693,7 +685,7 @@ func (f *fleet) run(ctx context.Context) {
 	go func() { defer wg.Done(); f.keepPresence(ctx) }()
 	if f.shared() {
 		f.send("join", sigBody{})
-		onTick(ctx, followEvery, func() {
+		tick.Every(ctx, followEvery, nil, func() {
 			f.announceFollows()
 			now := time.Now()
 			f.followMu.Lock()

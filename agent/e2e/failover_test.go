@@ -67,15 +67,7 @@ func failover(t *testing.T, blackhole bool) {
 		// Three replicas: after A, B dies too, and the agent goes on to C.
 		urls, addrs = append(urls, "https://"+cHTTP), append(addrs, cGRPC)
 	}
-	kek := filepath.Join(t.TempDir(), "kek")
-	if _, err := pki.GenerateKEK(kek); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{
-		"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn, "DROVER_KEK_FILE=" + kek,
-		"DROVER_PUBLIC_URLS=" + strings.Join(urls, ","),
-		"DROVER_GRPC_PUBLIC_ADDRS=" + strings.Join(addrs, ","),
-	}
+	env := replicaEnv(t, dsn, urls, addrs)
 	a := startReplica(t, "A", aHTTP, aGRPC, env)
 	b := startReplica(t, "B", bHTTP, bGRPC, env)
 	var c *serverProc
@@ -257,6 +249,22 @@ var replicaPorts = struct {
 	mu   sync.Mutex
 	used map[int]bool
 }{used: map[int]bool{}}
+
+// replicaEnv is the environment of replicas that share the PostgreSQL
+// database dsn and a new key-encryption key file, and that tell agents
+// the replica lists urls (HTTPS) and addrs (gRPC).
+func replicaEnv(t *testing.T, dsn string, urls, addrs []string) []string {
+	t.Helper()
+	kek := filepath.Join(t.TempDir(), "kek")
+	if _, err := pki.GenerateKEK(kek); err != nil {
+		t.Fatal(err)
+	}
+	return []string{
+		"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn, "DROVER_KEK_FILE=" + kek,
+		"DROVER_PUBLIC_URLS=" + strings.Join(urls, ","),
+		"DROVER_GRPC_PUBLIC_ADDRS=" + strings.Join(addrs, ","),
+	}
+}
 
 // startReplica starts a drover-server replica on fixed addresses, with a
 // data dir of its own; the replicas share their keys through the store,

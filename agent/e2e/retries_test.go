@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/drover/drover/agent/runner"
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
 )
@@ -25,9 +23,10 @@ func (s *serverProc) putRetryPipe(name string, spec retrySpec) {
 	s.api("PUT", "/api/v1/pipes/"+name, map[string]any{"spec": spec}, &out)
 }
 
-// retryMarker is the runner's line before attempt n (agent/runner.MarkerFormat).
+// retryMarker is the runner's line before attempt n of a run's log (its
+// exact text is pinned by the runner's tests).
 func retryMarker(n, of int, after, prev string) string {
-	return fmt.Sprintf("--- drover: attempt %d of %d after %s (previous: %s) ---\n", n, of, after, prev)
+	return fmt.Sprintf(runner.MarkerFormat, n, of, after, prev)
 }
 
 // TestRetriesBothBackends proves retries on a systemd user-manager agent and
@@ -53,7 +52,7 @@ func TestRetriesBothBackends(t *testing.T) {
 	specs := map[string]retrySpec{
 		"r-flaky": {pipeSpec{Schedule: far, Script: "echo \"attempt $DROVER_ATTEMPT of $DROVER_MAX_ATTEMPTS ran\"\n[ \"$DROVER_ATTEMPT\" -ge 3 ] || exit 7\n"},
 			map[string]any{"attempts": 3, "delay": "1s"}},
-		"r-fail": {pipeSpec{Schedule: far, Script: "echo \"attempt $DROVER_ATTEMPT start $(date +%s%N)\"\necho \"attempt $DROVER_ATTEMPT end $(date +%s%N)\"\nexit 3\n"},
+		"r-fail": {pipeSpec{Schedule: far, Script: testkit.AttemptTimingScript},
 			map[string]any{"attempts": 3, "delay": "2s", "backoff": 2}},
 		// The first attempt runs past its timeout, the second succeeds.
 		// Three timed-out attempts would outlast a deadline of one timeout
@@ -102,7 +101,7 @@ func TestRetriesBothBackends(t *testing.T) {
 				t.Fatalf("%s: failing run %+v", s.backend, r)
 			}
 			assertInOrder(t, s.backend+": failing run's log", log, retryMarker(2, 3, "2s", "exit 3"), retryMarker(3, 3, "4s", "exit 3"))
-			starts, ends := scriptTimes(log)
+			starts, ends := testkit.AttemptTimes(log)
 			if len(starts) != 3 || len(ends) != 3 {
 				t.Fatalf("%s: failing run's log:\n%s", s.backend, log)
 			}
@@ -180,11 +179,11 @@ func TestRetriesBothBackends(t *testing.T) {
 	// droverctl shows the attempts.
 	for backend, id := range agents {
 		r := got[backend+"/r-flaky"]
-		out := droverctl(t, srv, "describe", "run", r.ID)
+		out := srv.droverctl("describe", "run", r.ID)
 		if !strings.Contains(out, "Attempts:") || !strings.Contains(strings.Join(strings.Fields(out), " "), "Attempts: 3") {
 			t.Fatalf("%s: describe run:\n%s", backend, out)
 		}
-		wide := droverctl(t, srv, "get", "runs", "-o", "wide", "--pipe", "r-flaky", "--agent", id)
+		wide := srv.droverctl("get", "runs", "-o", "wide", "--pipe", "r-flaky", "--agent", id)
 		if !strings.Contains(wide, "ATTEMPTS") || !rowHas(wide, r.ID, "3") {
 			t.Fatalf("%s: get runs -o wide:\n%s", backend, wide)
 		}
@@ -202,40 +201,6 @@ func assertInOrder(t *testing.T, what, text string, parts ...string) {
 		}
 		rest = rest[i+len(p):]
 	}
-}
-
-// scriptTimes parses the "attempt N start|end <unix ns>" lines of a log.
-func scriptTimes(log string) (starts, ends map[int]time.Time) {
-	starts, ends = map[int]time.Time{}, map[int]time.Time{}
-	for _, line := range strings.Split(log, "\n") {
-		var n int
-		var what string
-		var ns int64
-		if _, err := fmt.Sscanf(line, "attempt %d %s %d", &n, &what, &ns); err != nil {
-			continue
-		}
-		if what == "start" {
-			starts[n] = time.Unix(0, ns)
-		} else if what == "end" {
-			ends[n] = time.Unix(0, ns)
-		}
-	}
-	return starts, ends
-}
-
-// droverctl runs droverctl against srv and returns its output.
-func droverctl(t *testing.T, srv *serverProc, args ...string) string {
-	t.Helper()
-	home := t.TempDir()
-	cmd := exec.Command(ctlBin(), args...)
-	cmd.Env = childEnv("HOME="+home, "XDG_CONFIG_HOME="+home, "DROVER_SERVER="+srv.base,
-		"DROVER_TOKEN="+srv.admin, "DROVER_CA="+filepath.Join(srv.dataDir, "ca.crt"))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("droverctl %v: %v\n%s%s", args, err, out.String(), errb.String())
-	}
-	return out.String()
 }
 
 // rowHas reports whether a table line holds id and the cell value.

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/drover/drover/api"
 	"github.com/drover/drover/internal/testkit"
-	"github.com/drover/drover/server/pki"
 	"github.com/drover/drover/server/store/postgres/pgtest"
 )
 
@@ -70,15 +68,7 @@ func TestSoakReplicas(t *testing.T) {
 		h, g := replicaAddr(t), replicaAddr(t)
 		httpAddrs, grpcAddrs, urls = append(httpAddrs, h), append(grpcAddrs, g), append(urls, "https://"+h)
 	}
-	kek := filepath.Join(t.TempDir(), "kek")
-	if _, err := pki.GenerateKEK(kek); err != nil {
-		t.Fatal(err)
-	}
-	env := []string{
-		"DROVER_STORE_DRIVER=postgres", "DROVER_STORE_DSN=" + dsn, "DROVER_KEK_FILE=" + kek,
-		"DROVER_PUBLIC_URLS=" + strings.Join(urls, ","),
-		"DROVER_GRPC_PUBLIC_ADDRS=" + strings.Join(grpcAddrs, ","),
-	}
+	env := replicaEnv(t, dsn, urls, grpcAddrs)
 	reps := make([]*serverProc, len(names))
 	for i, n := range names {
 		reps[i] = startReplica(t, n, httpAddrs[i], grpcAddrs[i], env)

@@ -197,12 +197,5 @@ func startAgentInContainer(t *testing.T, c *boottest.Container, srv *serverProc,
 	c.WriteFile(t, "/etc/drover/enroll.token", []byte(srv.token(tags)+"\n"), 0o600)
 	c.Exec(t, "systemctl", "daemon-reload")
 	c.Exec(t, "systemctl", "start", "drover-agent.service")
-	t.Cleanup(func() {
-		if t.Failed() {
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			out, _, _ := c.Output(ctx, "journalctl", "--no-pager", "-n", "80", "-u", "drover-agent", "-u", "drover-pipe-*")
-			t.Logf("---- container journal: drover-agent, drover-pipe-* ----\n%s", out)
-		}
-	})
+	c.LogJournalOnFailure(t, 80, "drover-agent", "drover-pipe-*")
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 )
@@ -66,7 +67,7 @@ func (r *runner) attempts(ctx context.Context, p *plannedRun, rr *RunResult, c *
 		msg := fmt.Sprintf(MarkerFormat, n+1, total, manifest.Duration(delay), previous)
 		_, _ = r.opts.Stderr.Write([]byte(msg))
 		c.in <- piece{stream: agentpb.LogStream_LOG_STREAM_SYSTEM, data: []byte(msg)}
-		if !sleepCtx(ctx, delay) {
+		if !tick.Sleep(ctx, delay) {
 			rr.Status, rr.ExitCode, rr.Signal, rr.Reason = agentpb.RunStatus_RUN_STATUS_CANCELED, -1, "", "canceled"
 			rr.Error = fmt.Sprintf("canceled during the delay before attempt %d of %d (attempt %d: %s)", n+1, total, n, previous)
 			r.note(c, "%s; no further attempt", rr.Error)
@@ -98,16 +99,4 @@ func (r *runner) recordAttempt(p *plannedRun, rr *RunResult, n int) {
 		StartedAt: ts(rr.StartedAt), ScheduledAt: ts(p.scheduledAt), RequestId: p.requestID,
 		Attempt: uint32(n),
 	}}}, false)
-}
-
-// sleepCtx waits d; false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/drover/drover/internal/testkit"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 )
@@ -79,47 +80,19 @@ echo "drover_test_attempt $DROVER_ATTEMPT" >> "$DROVER_METRICS"
 	}
 }
 
-// attemptTimes parses the "attempt N start|end <unix ns>" lines the timing
-// scripts print.
-func attemptTimes(t *testing.T, log string) (starts, ends map[int]time.Time) {
-	t.Helper()
-	starts, ends = map[int]time.Time{}, map[int]time.Time{}
-	for _, line := range strings.Split(log, "\n") {
-		var n int
-		var what string
-		var ns int64
-		if _, err := fmt.Sscanf(line, "attempt %d %s %d", &n, &what, &ns); err != nil {
-			continue
-		}
-		switch what {
-		case "start":
-			starts[n] = time.Unix(0, ns)
-		case "end":
-			ends[n] = time.Unix(0, ns)
-		}
-	}
-	return starts, ends
-}
-
-// timingScript prints when each attempt starts and ends, then fails.
-const timingScript = `echo "attempt $DROVER_ATTEMPT start $(date +%s%N)"
-echo "attempt $DROVER_ATTEMPT end $(date +%s%N)"
-exit 3
-`
-
 // A script that always fails with attempts 3: failed after the third, with
 // the third's exit code, and the waits between attempts (from the end of
 // one to the start of the next, as the script saw them) within 10% of
 // delay × backoff^(n-2).
 func TestRetriesAlwaysFailingBacksOff(t *testing.T) {
-	f := newPipe(t, manifest.Spec{Script: timingScript, Retries: retries(3, time.Second, 2)})
+	f := newPipe(t, manifest.Spec{Script: testkit.AttemptTimingScript, Retries: retries(3, time.Second, 2)})
 	res := f.run(f.opts())
 	r := only(t, f)
 	if res.ExitCode != 3 || r.finished.Status != agentpb.RunStatus_RUN_STATUS_FAILED || r.finished.Attempts != 3 ||
 		r.finished.ExitCode != 3 || r.finished.Reason != "exit 3" {
 		t.Fatalf("exit %d, finished %v", res.ExitCode, r.finished)
 	}
-	starts, ends := attemptTimes(t, r.log())
+	starts, ends := testkit.AttemptTimes(r.log())
 	if len(starts) != 3 || len(ends) != 3 {
 		t.Fatalf("log:\n%s", r.log())
 	}

@@ -13,6 +13,9 @@ type APIClient struct {
 	HTTP  *http.Client
 	Base  string // https://host:port
 	Token string
+	// Accept, when not empty, is sent as the Accept header (e.g.
+	// application/json for a run's log as JSON chunks).
+	Accept string
 }
 
 // Call sends a request, with body (when not nil) as JSON, and returns the
@@ -33,6 +36,9 @@ func (c APIClient) Call(method, path string, body any) (int, []byte, error) {
 	req.Header.Set("Authorization", "Bearer "+c.Token)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Accept != "" {
+		req.Header.Set("Accept", c.Accept)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

@@ -97,3 +97,22 @@ func TestCgroups(t *testing.T) {
 		t.Fatalf("tree left: %v", err)
 	}
 }
+
+func TestAttemptTimes(t *testing.T) {
+	log := "attempt 1 start 1000\nattempt 1 end 2000\n--- drover: attempt 2 of 2 after 1s (previous: exit 3) ---\n" +
+		"attempt 2 start 3000\nattempt 2 says hello\nattempt 2 end 4000\n"
+	starts, ends := AttemptTimes(log)
+	want := func(m map[int]time.Time, n int, ns int64) {
+		t.Helper()
+		if got, ok := m[n]; !ok || !got.Equal(time.Unix(0, ns)) {
+			t.Errorf("attempt %d: %v (present %v), want %d ns", n, got, ok, ns)
+		}
+	}
+	want(starts, 1, 1000)
+	want(ends, 1, 2000)
+	want(starts, 2, 3000)
+	want(ends, 2, 4000)
+	if len(starts) != 2 || len(ends) != 2 {
+		t.Fatalf("starts %v ends %v, want two each", starts, ends)
+	}
+}

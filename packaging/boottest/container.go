@@ -429,6 +429,26 @@ func (c *Container) Console() string {
 	return string(b)
 }
 
+// LogJournalOnFailure logs, when t has failed by the time it ends, the
+// last lines of the container's journal of units (journalctl -u patterns,
+// e.g. drover-pipe-*). Registered after Boot, it runs before the container
+// stops.
+func (c *Container) LogJournalOnFailure(t testing.TB, lines int, units ...string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		args := []string{"journalctl", "--no-pager", "-n", strconv.Itoa(lines)}
+		for _, u := range units {
+			args = append(args, "-u", u)
+		}
+		out, _, _ := c.Output(ctx, args...)
+		t.Logf("---- container journal: %s ----\n%s", strings.Join(units, ", "), out)
+	})
+}
+
 func (c *Container) logDiagnostics(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

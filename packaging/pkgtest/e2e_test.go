@@ -1,13 +1,11 @@
 package pkgtest
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -64,35 +62,20 @@ func netnsDialer(pid int) func(ctx context.Context, network, addr string) (net.C
 
 // api talks to the server in the container as its administrator.
 type api struct {
-	t     *testing.T
-	c     *http.Client
-	token string
+	t *testing.T
+	testkit.APIClient
 }
 
+// do sends a JSON request and fails the test unless it is answered 2xx;
+// it decodes the answer into out (a *string takes it as text).
 func (a *api) do(method, path string, body any, out any) int {
 	a.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			a.t.Fatal(err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, "https://127.0.0.1:8443"+path, rd)
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+a.token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := a.c.Do(req)
+	code, b, err := a.Call(method, path, body)
 	if err != nil {
 		a.t.Fatalf("%s %s: %v", method, path, err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode >= 300 {
-		a.t.Fatalf("%s %s: %s\n%s", method, path, resp.Status, b)
+	if code >= 300 {
+		a.t.Fatalf("%s %s: %d %s\n%s", method, path, code, http.StatusText(code), b)
 	}
 	if out != nil {
 		if s, ok := out.(*string); ok {
@@ -101,7 +84,7 @@ func (a *api) do(method, path string, body any, out any) int {
 			a.t.Fatalf("%s %s: %v\n%s", method, path, err, b)
 		}
 	}
-	return resp.StatusCode
+	return code
 }
 
 type runInfo struct {
@@ -186,13 +169,13 @@ func TestBootedEndToEnd(t *testing.T) {
 	if !pool.AppendCertsFromPEM(c.ReadFile(t, "/var/lib/drover-server/ca.crt")) {
 		t.Fatal("ca.crt holds no certificate")
 	}
-	srv := &api{t: t, token: adminToken, c: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+	srv := &api{t: t, APIClient: testkit.APIClient{Token: adminToken, Base: "https://127.0.0.1:8443", HTTP: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
 		DialContext:     netnsDialer(c.PID),
 		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"},
-	}}}
+	}}}}
 	if !testkit.Eventually(20*time.Second, func() bool {
 		req, _ := http.NewRequest("GET", "https://127.0.0.1:8443/healthz", nil)
-		resp, err := srv.c.Do(req)
+		resp, err := srv.HTTP.Do(req)
 		if err == nil {
 			resp.Body.Close()
 		}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/drover/drover/internal/tick"
 )
 
 // Channel is the PostgreSQL notification channel of every replica.
@@ -85,7 +87,7 @@ func (p *Postgres) Run(ctx context.Context, h Handler) error {
 			} else {
 				p.log.Debug("signal bus: cannot listen; retrying", "err", err, "backoff", backoff)
 			}
-			sleep(ctx, backoff/2+rand.N(backoff/2+1))
+			tick.Sleep(ctx, backoff/2+rand.N(backoff/2+1))
 			backoff = min(2*backoff, p.MaxBackoff)
 			continue
 		}
@@ -151,14 +153,5 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn, h Handler) error
 		}
 		kind, payload, _ := strings.Cut(rest, " ")
 		h.Signal(Signal{From: from, Kind: kind, Payload: payload})
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

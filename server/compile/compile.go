@@ -9,7 +9,8 @@
 //
 // It is pure: no store, no clock, no signing keys. The server's compiler
 // feeds it, signs the bytes it returns and saves them; any server package
-// may import it, and it imports only manifest.
+// may import it, and it imports only manifest and the domain types of
+// server/store (for Holder, which it reads and returns).
 package compile
 
 import (

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/drover/drover/manifest"
+	"github.com/drover/drover/server/store"
 )
 
 // Placement: one (docs/design.md, "Fleet semantics") is assignment with
@@ -32,20 +33,10 @@ import (
 //     (pipe, agent id) ranks first, so that the choice depends on nothing
 //     else.
 
-// Holder is the placement state of one pipe (store.Holder, which see).
-type Holder struct {
-	Pipe            string
-	Agent           string
-	LeaseUntil      time.Time
-	Since           time.Time
-	LastFireServed  time.Time
-	Prev            string
-	PrevSince       time.Time
-	PrevLeaseUntil  time.Time
-	ReleasedAt      time.Time
-	MoveTo          string
-	MoveRequestedAt time.Time
-}
+// Holder is the placement state of one pipe: the store's type, which the
+// plan reads and returns (never touching a store). Place leaves UpdatedAt
+// as it came; whoever saves a state sets it.
+type Holder = store.Holder
 
 // Leases are the placement settings of a compilation.
 type Leases struct {

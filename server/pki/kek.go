@@ -2,7 +2,6 @@ package pki
 
 import (
 	"bytes"
-	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
@@ -46,13 +45,9 @@ func NewKEK(key []byte) (*KEK, error) {
 	if len(key) != kekBytes {
 		return nil, fmt.Errorf("key-encryption key: %d bytes, want %d", len(key), kekBytes)
 	}
-	block, err := aes.NewCipher(key)
+	aead, err := newAESGCM("key-encryption key", key)
 	if err != nil {
-		return nil, fmt.Errorf("key-encryption key: %w", err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("key-encryption key: %w", err)
+		return nil, err
 	}
 	sum := sha256.Sum256(append([]byte("drover kek id\x00"), key...))
 	return &KEK{aead: aead, id: hex.EncodeToString(sum[:4])}, nil
@@ -66,12 +61,7 @@ func kekAD(id string) []byte { return []byte("drover-server key\x00" + id) }
 
 // Seal encrypts plain as the server key id.
 func (k *KEK) Seal(id string, plain []byte) []byte {
-	nonce := make([]byte, k.aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		panic(err) // crypto/rand never fails on Linux
-	}
-	out := append([]byte{sealedFormat}, nonce...)
-	return k.aead.Seal(out, nonce, plain, kekAD(id))
+	return sealFreshNonce(k.aead, []byte{sealedFormat}, plain, kekAD(id))
 }
 
 // Open decrypts the server key id; a KEK that did not seal it fails with

@@ -13,24 +13,16 @@ import (
 type Sealer struct{ aead cipher.AEAD }
 
 func NewSealer(key []byte) (*Sealer, error) {
-	block, err := aes.NewCipher(key)
+	aead, err := newAESGCM("secrets key", key)
 	if err != nil {
-		return nil, fmt.Errorf("secrets key: %w", err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("secrets key: %w", err)
+		return nil, err
 	}
 	return &Sealer{aead: aead}, nil
 }
 
-// seal returns nonce || ciphertext.
+// Seal returns nonce || ciphertext.
 func (s *Sealer) Seal(name string, value []byte) []byte {
-	nonce := make([]byte, s.aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		panic(err) // crypto/rand never fails on Linux
-	}
-	return s.aead.Seal(nonce, nonce, value, []byte(name))
+	return sealFreshNonce(s.aead, nil, value, []byte(name))
 }
 
 func (s *Sealer) Open(name string, sealed []byte) ([]byte, error) {
@@ -43,4 +35,28 @@ func (s *Sealer) Open(name string, sealed []byte) ([]byte, error) {
 		return nil, fmt.Errorf("open secret %s: %w", name, err)
 	}
 	return v, nil
+}
+
+// newAESGCM is AES-GCM under key (16, 24 or 32 bytes: AES-128, -192,
+// -256); what names the key in errors.
+func newAESGCM(what string, key []byte) (cipher.AEAD, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return aead, nil
+}
+
+// sealFreshNonce seals plain with ad under a new random nonce and returns
+// prefix || nonce || ciphertext.
+func sealFreshNonce(aead cipher.AEAD, prefix, plain, ad []byte) []byte {
+	nonce := make([]byte, aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return aead.Seal(append(prefix, nonce...), nonce, plain, ad)
 }

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/drover/drover/api"
+	"github.com/drover/drover/internal/tick"
 	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/signing"
@@ -476,24 +477,7 @@ func (a *simAgent) acceptPushed(ctx context.Context, pe *pushedEnv) bool {
 // frac, after each call, and at once when wake fires (nil: never), until
 // ctx ends.
 func everyJittered(ctx context.Context, every time.Duration, frac float64, wake <-chan struct{}, fn func()) {
-	t := time.NewTimer(time.Duration(rand.Int64N(int64(every)) + 1))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-wake:
-			if !t.Stop() {
-				select {
-				case <-t.C:
-				default:
-				}
-			}
-		}
-		fn()
-		t.Reset(jitter(every, frac))
-	}
+	tick.Paced(ctx, time.Duration(rand.Int64N(int64(every))+1), func() time.Duration { return jitter(every, frac) }, wake, fn)
 }
 
 func (a *simAgent) get(ctx context.Context, path, etag string) (*http.Response, error) {

@@ -33,6 +33,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/drover/drover/internal/tick"
 )
 
 // fleetTag is the tag every simulated agent carries (its enrollment token
@@ -862,15 +864,12 @@ func runChange(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Repor
 	return ch, s, nil
 }
 
+// sleep waits d; it returns ctx's error when ctx ended first.
 func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+	if !tick.Sleep(ctx, d) {
 		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
+	return nil
 }
 
 func kib(b int64) string { return fmt.Sprintf("%.0f KiB", float64(b)/1024) }

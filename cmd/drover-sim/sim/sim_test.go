@@ -36,17 +36,37 @@ func startServer(t *testing.T) (*server.Server, string, *admin) {
 	return ss.Server, ss.AdminToken, adm
 }
 
+// serverConfig is the simulator's default configuration pointed at the
+// test server s, as the admin token tok, for the fleet named fleet.
+func serverConfig(s *server.Server, tok, fleet string) Config {
+	cfg := DefaultConfig()
+	cfg.Server = "https://" + s.HTTPAddr()
+	cfg.CAPEM = s.CACertPEM()
+	cfg.AdminToken = tok
+	cfg.Fleet = fleet
+	return cfg
+}
+
+// runSim runs the simulator with cfg, logs what it printed, and fails t
+// when the run fails.
+func runSim(t *testing.T, cfg Config) *Report {
+	t.Helper()
+	var out, errout bytes.Buffer
+	cfg.Out, cfg.Errout = &out, &errout
+	rep, err := Run(t.Context(), cfg)
+	t.Logf("drover-sim output:\n%s%s", out.String(), errout.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 // TestEnvChangeOnStream: a change that keeps the payload (--change-kind
 // env) reaches every agent on the stream with no manifest poll and no
 // payload fetch.
 func TestEnvChangeOnStream(t *testing.T) {
 	s, tok, _ := startServer(t)
-	var out, errout bytes.Buffer
-	cfg := DefaultConfig()
-	cfg.Server = "https://" + s.HTTPAddr()
-	cfg.CAPEM = s.CACertPEM()
-	cfg.AdminToken = tok
-	cfg.Fleet = "env"
+	cfg := serverConfig(s, tok, "env")
 	cfg.Steps = []int{20}
 	cfg.Changes = 2
 	cfg.ChangeKind = ChangeEnv
@@ -57,12 +77,7 @@ func TestEnvChangeOnStream(t *testing.T) {
 	cfg.Settle = time.Minute
 	cfg.ChangeTimeout = time.Minute
 	cfg.MaxDuration = 2 * time.Minute
-	cfg.Out, cfg.Errout = &out, &errout
-	rep, err := Run(t.Context(), cfg)
-	t.Logf("drover-sim output:\n%s%s", out.String(), errout.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runSim(t, cfg)
 	if n := rep.ErrorCount(); n != 0 || len(rep.Steps) != 1 || len(rep.Steps[0].Changes) != 2 {
 		t.Fatalf("%d errors %v, %d steps", n, rep.Errors, len(rep.Steps))
 	}
@@ -80,12 +95,7 @@ func TestEnvChangeOnStream(t *testing.T) {
 // nothing fails. No timing is asserted.
 func TestFleetAgainstRealServer(t *testing.T) {
 	s, tok, adm := startServer(t)
-	var out, errout bytes.Buffer
-	cfg := DefaultConfig()
-	cfg.Server = "https://" + s.HTTPAddr()
-	cfg.CAPEM = s.CACertPEM()
-	cfg.AdminToken = tok
-	cfg.Fleet = "test"
+	cfg := serverConfig(s, tok, "test")
 	cfg.Steps = []int{60, 150}
 	cfg.PerWorker = 80 // two worker processes
 	cfg.ServerPID = os.Getpid()
@@ -99,12 +109,7 @@ func TestFleetAgainstRealServer(t *testing.T) {
 	cfg.Settle = time.Minute
 	cfg.ChangeTimeout = time.Minute
 	cfg.MaxDuration = 4 * time.Minute
-	cfg.Out, cfg.Errout = &out, &errout
-	rep, err := Run(t.Context(), cfg)
-	t.Logf("drover-sim output:\n%s%s", out.String(), errout.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runSim(t, cfg)
 	if n := rep.ErrorCount(); n != 0 {
 		t.Fatalf("%d errors: %v", n, rep.Errors)
 	}
