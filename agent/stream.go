@@ -121,6 +121,9 @@ func (a *Agent) dialStream(ctx context.Context, id *Identity, addr string, watch
 		// A SyncNow may carry the manifest (at most
 		// MaxSyncNowManifestBytes); nothing else the server sends is large.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(agentpb.MaxServerMessageBytes)),
+		// Fixed windows: no bandwidth-estimator PING after each message.
+		grpc.WithStaticStreamWindowSize(agentpb.StreamWindowBytes),
+		grpc.WithStaticConnWindowSize(agentpb.StreamWindowBytes),
 	}
 	if d := streamDialer(addr); watch && d != nil {
 		opts = append(opts, grpc.WithContextDialer(d))

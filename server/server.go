@@ -175,6 +175,7 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 			return agentsBusy(inUse, slots, s.handshakes.n.Load())
 		})
 	s.syncs.hold = func() bool { return s.bulk.UnderWay() != nil }
+	s.syncs.log = logger
 	defer func() {
 		if err != nil {
 			s.release()
@@ -315,10 +316,12 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		// whole record), so the HTTP/2 framer reads the TLS connection
 		// directly. The write buffer goes back to a shared pool after each
 		// flush; a log chunk larger than it takes several writes. The
-		// flow-control windows keep their defaults (64 KiB, grown by gRPC's
-		// bandwidth estimator), which a fixed window would switch off.
+		// flow-control windows are fixed (agentpb.StreamWindowBytes), which
+		// switches off gRPC's bandwidth estimator and its PING per message.
 		grpc.ReadBufferSize(0),
 		grpc.WriteBufferSize(grpcWriteBufferBytes),
+		grpc.StaticStreamWindowSize(agentpb.StreamWindowBytes),
+		grpc.StaticConnWindowSize(agentpb.StreamWindowBytes),
 	)
 	agentpb.RegisterAgentServer(s.grpcSrv, s.streams)
 	// The standard gRPC health service, for the agents' liveness probe of
