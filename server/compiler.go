@@ -95,8 +95,11 @@ func (b *bulkWrites) UnderWay() <-chan struct{} {
 	return b.done
 }
 
-// saveChunk is how many manifests are committed per transaction.
-const saveChunk = 250
+// saveChunk is how many manifests are committed per transaction. While a
+// recompile saves, the SyncNows wait and the ingester gives way, so only a
+// PUT's own writes queue behind one such commit (~0.1 s); fewer commits
+// made the recompile of 19,500 agents 1.4-1.9 s instead of 2.2-2.6 s at 250.
+const saveChunk = 1000
 
 // compile recompiles the manifests of the given agents (every non-revoked
 // agent when ids is nil) and returns how many changed.
@@ -352,7 +355,7 @@ func (c *compiler) secretChanged(ctx context.Context, name string) error {
 // publishWait is how long a pipe PUT waits for the fleet's recompile: a
 // change to a few thousand agents is compiled, signed and stored within
 // it; a larger fleet's recompile goes on after the answer.
-const publishWait = 750 * time.Millisecond
+const publishWait = 500 * time.Millisecond
 
 // publishRetries bounds the retries of a recompile that failed after the
 // answer; publishRetryBase is the first pause (doubling).

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -66,6 +67,7 @@ type syncSpreader struct {
 	// holds while it does, up to syncHoldMax after since.
 	hold func() bool
 	now  func() time.Time
+	log  *slog.Logger // nil: nothing logged
 
 	mu      sync.Mutex
 	queue   []string          // agents in announcement order
@@ -114,12 +116,17 @@ func (p *syncSpreader) add(agentID string, serial uint64) {
 // drain sends what the bucket allows, every syncTick, until the queue is
 // empty.
 func (p *syncSpreader) drain() {
+	start, sent, held := time.Now(), 0, p.heldCount()
 	for {
 		batch := p.take()
 		for _, s := range batch {
 			p.send(s.agentID, s.serial)
 		}
+		sent += len(batch)
 		if batch == nil {
+			if p.log != nil && sent > syncBurst {
+				p.log.Debug("SyncNows sent", "agents", sent, "took", time.Since(start), "held_ticks", p.heldCount()-held)
+			}
 			return
 		}
 		time.Sleep(syncTick)
@@ -162,6 +169,12 @@ func (p *syncSpreader) take() []pendingSync {
 	p.queue = p.queue[n:]
 	p.tokens -= float64(n)
 	return out
+}
+
+func (p *syncSpreader) heldCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
 }
 
 // pending is how many SyncNows are queued.
