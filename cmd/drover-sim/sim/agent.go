@@ -71,11 +71,13 @@ type AgentParams struct {
 
 // Probe modes (AgentParams.Probe) and the agent's timings.
 const (
-	ProbeSilent     = "silent"
-	ProbeUnanswered = "unanswered"
-	ProbeHeartbeat  = "heartbeat"
-	probeIdle       = 3 * time.Second
-	probeTimeout    = 3 * time.Second
+	ProbeSilent         = "silent"
+	ProbeUnanswered     = "unanswered"
+	ProbeHeartbeat      = "heartbeat"
+	streamKeepalive     = 10 * time.Second // as agent/replicas.go
+	streamKeepaliveWait = 3 * time.Second
+	probeIdle           = 3 * time.Second
+	probeTimeout        = 3 * time.Second
 )
 
 // recKind says what an outbox record counts as once acknowledged.
@@ -171,9 +173,13 @@ func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, err
 		grpc.WithTransportCredentials(credentials.NewTLS(gtls)),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d(ctx, "tcp", addr) }),
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: max(2*p.Heartbeat, 20*time.Second), Timeout: 20 * time.Second}),
+		// drover-agent's keepalive: a PING after streamKeepalive without
+		// reads (an idle stream reads nothing between SyncNows), so the
+		// server answers one per agent every 10 s.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: streamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
 		grpc.WithUserAgent("drover-sim"),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(agentpb.MaxServerMessageBytes)), // as drover-agent
+		grpc.WithStaticStreamWindowSize(agentpb.StreamWindowBytes), grpc.WithStaticConnWindowSize(agentpb.StreamWindowBytes),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("grpc client: %w", err)
