@@ -184,7 +184,7 @@ var errUnresponsive = errors.New("the server stopped answering (liveness probe t
 //
 // What neither notices within the failover bound is a server process that
 // hangs while its host still answers and the agent has nothing to send:
-// that is gRPC's keepalive (a ping after 10 s without reads, 3 s to
+// that is gRPC's keepalive (a ping after 30 s without reads, 3 s to
 // answer), or the first record the agent sends.
 const (
 	probeIdle    = 3 * time.Second
