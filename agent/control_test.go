@@ -44,9 +44,23 @@ func TestControlSocket(t *testing.T) {
 
 	p, b := testPipe(t, "viasocket", "@hourly", "true", 1)
 	// Publish without the stream's SyncNow: only `sync` can make the agent pull.
-	srv.mu.Lock()
-	delete(srv.streams, agentID)
-	srv.mu.Unlock()
+	// The agent counts its stream connected before the server has read its
+	// Hello and registered it, so wait for that first: a stream registered
+	// after the delete would carry the SyncNow.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		srv.mu.Lock()
+		registered := srv.streams[agentID] != nil
+		if registered {
+			delete(srv.streams, agentID)
+		}
+		srv.mu.Unlock()
+		if registered {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server never registered the agent's stream")
+		}
+	}
 	srv.publish(agentID, []manifest.Pipe{p}, b)
 	res, err := TriggerSync(ctx, sock)
 	must(t, err)
