@@ -4,7 +4,10 @@
 # path, and a demo pipe that runs every minute. Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! bin/drover-server --help 2>&1 | grep -q serve; then
+# The help is read whole before it is searched: with pipefail, `grep -q`
+# leaving early would fail the pipeline (drover-server killed by SIGPIPE).
+help=$(bin/drover-server --help 2>&1 || true)
+if ! grep -q serve <<<"$help"; then
   cat <<MSG
 drover-server and the drover-agent daemon are not built yet (see the open issues).
 What works today:
