@@ -90,18 +90,26 @@ func TestIngesterGroupCommit(t *testing.T) {
 	}
 }
 
-// A batch of heartbeats alone gathers for the heartbeat delay; the first
-// record somebody waits for that joins it ends the wait after the delay.
-func TestIngesterHeartbeatsGatherLonger(t *testing.T) {
+// timedIngester is an ingester on a real SQLite store (batches of 100, a
+// 20 ms delay) that reports the time of each commit.
+func timedIngester(t *testing.T) (*batchCounter, *Ingester, chan time.Time) {
+	t.Helper()
 	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "server.db"), "normal")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() })
 	st := &batchCounter{DB: db}
 	committed := make(chan time.Time, 10)
 	g := NewIngester(st, 100, 20*time.Millisecond, store.IngestLimits{MaxLogBytes: 1 << 20}, slog.New(slog.DiscardHandler),
 		func([]*store.Record) { committed <- time.Now() })
+	return st, g, committed
+}
+
+// A batch of heartbeats alone gathers for the heartbeat delay; the first
+// record somebody waits for that joins it ends the wait after the delay.
+func TestIngesterHeartbeatsGatherLonger(t *testing.T) {
+	st, g, committed := timedIngester(t)
 	g.hbDelay = 800 * time.Millisecond
 	go g.Run()
 	defer g.Stop()
@@ -174,15 +182,7 @@ func (y *yieldGate) set(under bool) {
 // write ends, and at maxGive at the latest; with none under way the delay
 // alone decides.
 func TestIngesterGivesWayToBulkWrites(t *testing.T) {
-	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "server.db"), "normal")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	st := &batchCounter{DB: db}
-	committed := make(chan time.Time, 10)
-	g := NewIngester(st, 100, 20*time.Millisecond, store.IngestLimits{MaxLogBytes: 1 << 20}, slog.New(slog.DiscardHandler),
-		func([]*store.Record) { committed <- time.Now() })
+	st, g, committed := timedIngester(t)
 	g.maxGive = 800 * time.Millisecond
 	y := &yieldGate{}
 	g.GiveWayTo(y)
