@@ -91,7 +91,8 @@ func (g *Ingester) GiveWayTo(y Yield) { g.yield = y }
 func (g *Ingester) Run() {
 	defer close(g.done)
 	items := make([]ingestItem, 0, g.batch)
-	var timer *time.Timer
+	timer := time.NewTimer(time.Hour) // one timer for every wait, stopped between them
+	timer.Stop()
 	for {
 		select {
 		case it := <-g.in:
@@ -103,19 +104,11 @@ func (g *Ingester) Run() {
 				if !urgent {
 					d = max(d, g.hbDelay)
 				}
-				if timer == nil {
-					timer = time.NewTimer(d)
-				} else {
-					timer.Reset(d)
-				}
-				batch = g.wait(batch, timer, urgent)
+				timer.Reset(d)
+				batch = g.wait(batch, timer, urgent, nil)
 				timer.Stop()
 			}
 			if g.yield != nil && len(batch) < g.batch {
-				if timer == nil {
-					timer = time.NewTimer(time.Hour)
-					timer.Stop()
-				}
 				batch = g.giveWay(batch, first, timer)
 			}
 			g.commit(batch)
@@ -131,10 +124,11 @@ func (g *Ingester) Run() {
 	}
 }
 
-// wait adds records as they come until the batch is full, the timer fires
-// or the ingester is stopping. The first waited-for record to join a batch
-// of heartbeats brings its end to delay from then.
-func (g *Ingester) wait(items []ingestItem, timer *time.Timer, urgent bool) []ingestItem {
+// wait adds records as they come until the batch is full, the timer fires,
+// end closes (a nil end never does) or the ingester is stopping. The first
+// waited-for record to join a batch of heartbeats brings its end to delay
+// from then.
+func (g *Ingester) wait(items []ingestItem, timer *time.Timer, urgent bool, end <-chan struct{}) []ingestItem {
 	for len(items) < g.batch {
 		select {
 		case it := <-g.in:
@@ -146,6 +140,8 @@ func (g *Ingester) wait(items []ingestItem, timer *time.Timer, urgent bool) []in
 				}
 				timer.Reset(g.delay)
 			}
+		case <-end:
+			return items
 		case <-timer.C:
 			return items
 		case <-g.quit:
@@ -170,19 +166,7 @@ func (g *Ingester) giveWay(items []ingestItem, first time.Time, timer *time.Time
 	g.gaveWay++
 	timer.Reset(left)
 	defer timer.Stop()
-	for len(items) < g.batch {
-		select {
-		case it := <-g.in:
-			items = append(items, it)
-		case <-end:
-			return items
-		case <-timer.C:
-			return items
-		case <-g.quit:
-			return items
-		}
-	}
-	return items
+	return g.wait(items, timer, true, end)
 }
 
 // Stop ends Run after the queued records are committed.
