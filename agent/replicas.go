@@ -45,12 +45,9 @@ import (
 // noticed by the stream's liveness probe (probeStream: at most probeIdle +
 // probeTick + probeTimeout after the last answer), by the dial and TLS
 // handshake timeouts, and by the response-header timeout of a poll;
-// gRPC's own keepalive and the TCP_USER_TIMEOUT it sets are the backstop:
-// a PING after 30 s without reads (an idle stream reads nothing between
-// SyncNows), which the server answers. At 10 s (gRPC's minimum) a fleet of
-// 19,500 agents sent the server 1,950 PINGs a second, ~7% of a core.
+// gRPC's own keepalive (a PING after agentpb.StreamKeepalive without
+// reads) and the TCP_USER_TIMEOUT it sets are the backstop.
 const (
-	streamKeepalive     = 30 * time.Second
 	streamKeepaliveWait = 3 * time.Second
 	connectTimeout      = 5 * time.Second
 	// httpHeaderTimeout bounds the wait for an answer's headers from one

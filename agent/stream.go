@@ -115,7 +115,7 @@ func (a *Agent) dialStream(ctx context.Context, id *Identity, addr string, watch
 	creds := credentials.NewTLS(mtlsConfig("", id.caPool, a.currentCert))
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: streamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: agentpb.StreamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.DefaultConfig, MinConnectTimeout: connectTimeout}),
 		grpc.WithUserAgent("drover-agent/" + Version),
 		// A SyncNow may carry the manifest (at most

@@ -74,8 +74,7 @@ const (
 	ProbeSilent         = "silent"
 	ProbeUnanswered     = "unanswered"
 	ProbeHeartbeat      = "heartbeat"
-	streamKeepalive     = 30 * time.Second // as agent/replicas.go
-	streamKeepaliveWait = 10 * time.Second
+	streamKeepaliveWait = 10 * time.Second // the agent's is 3 s (see the dial)
 	probeIdle           = 3 * time.Second
 	probeTimeout        = 3 * time.Second
 )
@@ -173,14 +172,14 @@ func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, err
 		grpc.WithTransportCredentials(credentials.NewTLS(gtls)),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d(ctx, "tcp", addr) }),
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
-		// drover-agent's keepalive interval: a PING after streamKeepalive
+		// drover-agent's keepalive interval: a PING after StreamKeepalive
 		// without reads (an idle stream reads nothing between SyncNows),
 		// so the server answers one per agent every 30 s. Its wait is
 		// longer than the agent's 3 s: the workers run at nice 19 on the
 		// server's cores and are starved for a second or more during a
 		// fleet's change, which an agent on its own host is not (at 3 s,
 		// 35 of 19,500 streams were dropped that way).
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: streamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: agentpb.StreamKeepalive, Timeout: streamKeepaliveWait, PermitWithoutStream: true}),
 		grpc.WithUserAgent("drover-sim"),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(agentpb.MaxServerMessageBytes)), // as drover-agent
 		grpc.WithStaticStreamWindowSize(agentpb.StreamWindowBytes), grpc.WithStaticConnWindowSize(agentpb.StreamWindowBytes),
