@@ -65,7 +65,13 @@ func Open(ctx context.Context, path, synchronous string) (*DB, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	base := path + "?_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_pragma=synchronous(" + synchronous + ")"
-	w, err := sql.Open("sqlite", base+"&_pragma=journal_mode(WAL)&_pragma=cache_size(-65536)&_txlock=immediate")
+	// The writer's page cache is 16 MiB. A bigger one saves nothing the
+	// OS's page cache does not, and costs at every commit that split a
+	// b-tree page: SQLite renumbers split pages through a page number
+	// beyond the file's end, and the commit then walks the whole cache to
+	// drop pages past the end (at 64 MiB that walk was ~7% of the server's
+	// CPU at rest with 19,500 agents).
+	w, err := sql.Open("sqlite", base+"&_pragma=journal_mode(WAL)&_pragma=cache_size(-16384)&_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
