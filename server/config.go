@@ -253,7 +253,9 @@ type StoreConfig struct {
 	IngestBatch int `yaml:"ingest_batch"`
 	// IngestDelay is how long a batch of agent records gathers after its
 	// first record before it is committed (group commit: one fsync for the
-	// records of many agents); acks wait at most this much longer.
+	// records of many agents); acks wait at most this much longer, or,
+	// while records keep coming, until 100 ms after the last commit began
+	// (stream.commitGap).
 	IngestDelay time.Duration `yaml:"ingest_delay"`
 }
 

@@ -154,6 +154,52 @@ func TestIngesterHeartbeatsGatherLonger(t *testing.T) {
 	}
 }
 
+// While records keep coming, commits begin at least the commit gap apart;
+// a record after a quiet spell is committed after the delay alone.
+func TestIngesterSpacesCommits(t *testing.T) {
+	_, g, committed := timedIngester(t)
+	g.gap = 600 * time.Millisecond
+	go g.Run()
+	defer g.Stop()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	c := &streamConn{agentID: "agt-1", ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 1), kick: make(chan struct{}, 16)}
+	var seq uint64
+	record := func() {
+		seq++
+		c.inflight.Add(1)
+		g.in <- ingestItem{rec: &store.Record{AgentID: c.agentID, Received: time.Now(), Seq: seq}, conn: c, seq: seq}
+	}
+
+	start := time.Now()
+	record()
+	first := <-committed
+	if d := first.Sub(start); d >= 500*time.Millisecond {
+		t.Fatalf("the first record was committed after %v, want about the delay (20 ms)", d)
+	}
+	record() // right after the first commit: waits for the gap
+	second := <-committed
+	if d := second.Sub(first); d < 500*time.Millisecond {
+		t.Fatalf("a second commit %v after the first, inside the commit gap (600 ms)", d)
+	}
+
+	time.Sleep(700 * time.Millisecond) // a quiet spell longer than the gap
+	start = time.Now()
+	record()
+	third := <-committed
+	if d := third.Sub(start); d >= 500*time.Millisecond {
+		t.Fatalf("a record after a quiet spell was committed after %v, want about the delay", d)
+	}
+	deadline := time.After(10 * time.Second)
+	for c.committed.Load() != seq {
+		select {
+		case <-c.kick:
+		case <-deadline:
+			t.Fatalf("acknowledged seq %d, want %d", c.committed.Load(), seq)
+		}
+	}
+}
+
 // yieldGate is a bulk write the test begins and ends by hand.
 type yieldGate struct {
 	mu sync.Mutex
