@@ -90,7 +90,17 @@ func TestCronBackendSameFireTimes(t *testing.T) {
 		}
 	}
 	for _, ag := range []struct{ who, id string }{{"systemd", sysID}, {"cron", cronID}} {
-		v := srv.agentView(ag.id)
+		// The agent's report reaches the server's view when the ingester
+		// commits it, a moment after the agent's own status shows it.
+		applied := sys.status().AppliedSerial
+		if ag.who == "cron" {
+			applied = crn.statusCLI().AppliedSerial
+		}
+		var v api.Agent
+		testkit.WaitFor(t, 30*time.Second, "the server's view of the "+ag.who+" agent at its applied serial", func() bool {
+			v = srv.agentView(ag.id)
+			return v.AppliedSerial == applied
+		})
 		if v.StatusAt == nil || v.ManifestState != "applied" {
 			t.Fatalf("the server's view of the %s agent: %+v", ag.who, v)
 		}

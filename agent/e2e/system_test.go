@@ -86,7 +86,12 @@ func TestSystemScopeBooted(t *testing.T) {
 	if _, err := h.readFile("/etc/drover/enroll.token"); !os.IsNotExist(err) {
 		t.Fatalf("the token file is still there after enrollment (%v)", err)
 	}
-	if v := srv.agentView(id); v.Scope != "system" || v.Backend != "systemd" {
+	var v api.Agent
+	testkit.WaitFor(t, 30*time.Second, "the agent's Hello in the server's view", func() bool {
+		v = srv.agentView(id)
+		return v.Scope != "" || v.Backend != ""
+	})
+	if v.Scope != "system" || v.Backend != "systemd" {
 		t.Fatalf("the agent reports scope %q, backend %q", v.Scope, v.Backend)
 	}
 

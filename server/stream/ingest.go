@@ -66,10 +66,10 @@ func anyWaited(items []ingestItem) bool {
 // or until it is full, and while one transaction commits the next batch
 // gathers, so one fsync'd commit serves the records of many agents and the
 // commit rate adapts to the load, up to one commit per commitGap. Acks are
-// sent only after the commit, in
-// seq order per stream. A batch of heartbeats alone, which nobody waits
-// for, gathers for up to heartbeatDelay: an idle fleet's heartbeats then
-// take a few commits a second instead of one per delay.
+// sent only after the commit, in seq order per stream. A batch of
+// heartbeats alone, which nobody waits for, gathers for up to
+// heartbeatDelay: an idle fleet's heartbeats then take a few commits a
+// second instead of one per delay.
 type Ingester struct {
 	store    store.IngestStore
 	in       chan ingestItem
