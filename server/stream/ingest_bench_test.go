@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	agentpb "github.com/drover/drover/proto"
 	"github.com/drover/drover/server/store"
 	"github.com/drover/drover/server/store/sqlite"
 )
@@ -48,9 +47,7 @@ func BenchmarkIngesterAtRest(b *testing.B) {
 			g.gap = gap
 			go g.Run()
 			defer g.Stop()
-			ctx, cancel := context.WithCancelCause(context.Background())
-			defer cancel(nil)
-			c := &streamConn{agentID: "agt-bench-00000", ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 1), kick: make(chan struct{}, 1)}
+			c := testConn(b, "agt-bench-00000", 1, 1)
 			log := make([]byte, 4096)
 			var seq uint64
 			send := func(r *store.Record) {

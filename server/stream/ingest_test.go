@@ -43,9 +43,7 @@ func TestIngesterGroupCommit(t *testing.T) {
 	conns := make([]*streamConn, 10)
 	start := time.Now()
 	for i := range conns {
-		ctx, cancel := context.WithCancelCause(context.Background())
-		defer cancel(nil)
-		c := &streamConn{agentID: fmt.Sprintf("agt-%d", i), ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 1), kick: make(chan struct{}, 1)}
+		c := testConn(t, fmt.Sprintf("agt-%d", i), 1, 1)
 		conns[i] = c
 		c.inflight.Add(1)
 		g.in <- ingestItem{rec: &store.Record{AgentID: c.agentID, Received: time.Now(), Seq: uint64(i + 1)}, conn: c, seq: uint64(i + 1)}
@@ -106,6 +104,14 @@ func timedIngester(t *testing.T) (*batchCounter, *Ingester, chan time.Time) {
 	return st, g, committed
 }
 
+// testConn is a stream connection for the ingester to acknowledge to,
+// canceled when the test ends, with out and kick buffered as given.
+func testConn(t testing.TB, agentID string, out, kick int) *streamConn {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	t.Cleanup(func() { cancel(nil) })
+	return &streamConn{agentID: agentID, ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, out), kick: make(chan struct{}, kick)}
+}
+
 // A batch of heartbeats alone gathers for the heartbeat delay; the first
 // record somebody waits for that joins it ends the wait after the delay.
 func TestIngesterHeartbeatsGatherLonger(t *testing.T) {
@@ -113,9 +119,7 @@ func TestIngesterHeartbeatsGatherLonger(t *testing.T) {
 	g.hbDelay = 800 * time.Millisecond
 	go g.Run()
 	defer g.Stop()
-	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
-	c := &streamConn{agentID: "agt-1", ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 1), kick: make(chan struct{}, 1)}
+	c := testConn(t, "agt-1", 1, 1)
 	heartbeat := func() {
 		c.inflight.Add(1)
 		g.in <- ingestItem{rec: &store.Record{AgentID: c.agentID, Received: time.Now()}, conn: c}
@@ -161,9 +165,7 @@ func TestIngesterSpacesCommits(t *testing.T) {
 	g.gap = 600 * time.Millisecond
 	go g.Run()
 	defer g.Stop()
-	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
-	c := &streamConn{agentID: "agt-1", ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 1), kick: make(chan struct{}, 16)}
+	c := testConn(t, "agt-1", 1, 16)
 	var seq uint64
 	record := func() {
 		seq++
@@ -234,9 +236,7 @@ func TestIngesterGivesWayToBulkWrites(t *testing.T) {
 	g.GiveWayTo(y)
 	go g.Run()
 	defer g.Stop()
-	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
-	c := &streamConn{agentID: "agt-1", ctx: ctx, cancel: cancel, out: make(chan *agentpb.ServerMessage, 16), kick: make(chan struct{}, 1)}
+	c := testConn(t, "agt-1", 16, 1)
 	seq := uint64(0)
 	record := func() {
 		seq++
