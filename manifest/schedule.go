@@ -454,7 +454,7 @@ func (s *Schedule) nextReal(after time.Time, loc *time.Location) time.Time {
 	for i := 0; i < 4*maxSearchYears+8; i++ {
 		probe := cur.Add(time.Second).In(loc)
 		_, off := probe.Zone()
-		_, end := probe.ZoneBounds()
+		_, end := ZoneBounds(probe)
 		// The period's wall clock as UTC: search there, shift back.
 		shift := time.Duration(off) * time.Second
 		t := s.nextWall(cur.Add(shift).UTC(), time.UTC)
@@ -638,7 +638,7 @@ func resolve(y, m, d, h, mi int, loc *time.Location, after time.Time) (time.Time
 		// check the offsets around it before concluding it is in a gap.
 		return resolveSlow(w, loc, a)
 	}
-	start, end := t.ZoneBounds()
+	start, end := ZoneBounds(t)
 	// An earlier occurrence lies in the previous zone period, if the clock
 	// was turned back at its end.
 	if !start.IsZero() && u-start.Unix() < maxShift {
@@ -692,7 +692,7 @@ func gapEnd(w int64, loc *time.Location) (int64, bool) {
 	at := time.Unix(w-maxShift, 0).In(loc)
 	for i := 0; i < 4; i++ {
 		_, off := at.Zone()
-		_, end := at.ZoneBounds()
+		_, end := ZoneBounds(at)
 		if end.IsZero() || end.Unix() > w+maxShift {
 			return 0, false
 		}

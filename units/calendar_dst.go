@@ -103,7 +103,7 @@ func Transitions(loc *time.Location, from, to time.Time) []time.Time {
 	var out []time.Time
 	at := from
 	for i := 0; i < 64; i++ {
-		_, end := at.In(loc).ZoneBounds()
+		_, end := manifest.ZoneBounds(at.In(loc))
 		if end.IsZero() || !end.Before(to) {
 			break
 		}

@@ -80,3 +80,18 @@ func TestTimerCalendar(t *testing.T) {
 		t.Error("@every: no error")
 	}
 }
+
+// TestTransitionsPastZoneData: a span across the last day of a leap year past
+// the zone data still lists the next year's changes (Go's ZoneBounds stands
+// still on that day; manifest.ZoneBounds corrects it).
+func TestTransitionsPastZoneData(t *testing.T) {
+	loc, err := manifest.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Transitions(loc, time.Date(2040, 12, 1, 0, 0, 0, 0, time.UTC), time.Date(2041, 12, 1, 0, 0, 0, 0, time.UTC))
+	want := []time.Time{time.Date(2041, 3, 31, 1, 0, 0, 0, time.UTC), time.Date(2041, 10, 27, 1, 0, 0, 0, time.UTC)}
+	if !slices.EqualFunc(got, want, time.Time.Equal) {
+		t.Fatalf("Transitions = %v, want %v", got, want)
+	}
+}
