@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -33,7 +34,8 @@ import (
 // When both lists came from the server and are as long as each other,
 // entry i of each is the same replica (the server configuration says so),
 // and a failure seen on either channel moves both: a dead replica noticed
-// by the stream is not polled again, and the other way round.
+// by the stream is not polled again (a poll already waiting on it is sent
+// to the next replica at once), and the other way round.
 //
 // One DNS name with several addresses is one entry: every new connection
 // resolves it and dials the addresses in the order the resolver gives
@@ -99,10 +101,13 @@ type replicas struct {
 	grpcSince time.Time
 	failovers uint64
 	now       func() time.Time
+	// httpMoved is closed (and replaced) whenever the URL in use changes:
+	// a request waiting on a replica the agent has left gives up at once.
+	httpMoved chan struct{}
 }
 
 func newReplicas(urls, addrs []string, paired bool) *replicas {
-	r := &replicas{now: time.Now}
+	r := &replicas{now: time.Now, httpMoved: make(chan struct{})}
 	r.set(urls, addrs, paired)
 	return r
 }
@@ -125,6 +130,9 @@ func (r *replicas) set(urls, addrs []string, paired bool) {
 	r.grpc = rotation{n: len(addrs), cur: indexOf(addrs, curAddr, strings.EqualFold)}
 	if r.http.cur < 0 {
 		r.http.cur, r.httpSince = 0, time.Time{}
+		if curURL != "" {
+			r.httpMovedLocked()
+		}
 	}
 	if r.grpc.cur < 0 {
 		r.grpc.cur, r.grpcSince = 0, time.Time{}
@@ -167,6 +175,25 @@ func (r *replicas) grpcAddr() (int, string) {
 	return r.grpc.cur, r.addrs[r.grpc.cur]
 }
 
+// httpMovedLocked wakes the requests waiting on the URL that was in use.
+func (r *replicas) httpMovedLocked() {
+	close(r.httpMoved)
+	r.httpMoved = make(chan struct{})
+}
+
+// httpWatch returns a channel that is closed when URL i is no longer the
+// one in use (closed already if it is not).
+func (r *replicas) httpWatch(i int) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i != r.http.cur {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	return r.httpMoved
+}
+
 func (r *replicas) httpOK(i int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -193,6 +220,7 @@ func (r *replicas) httpFailed(i int) bool {
 	}
 	r.httpSince = time.Time{}
 	r.failovers++
+	r.httpMovedLocked()
 	if r.paired && r.grpc.cur == i {
 		r.grpc.cur, r.grpcSince = r.http.cur, time.Time{}
 	}
@@ -210,6 +238,7 @@ func (r *replicas) grpcFailed(i int) bool {
 	r.failovers++
 	if r.paired && r.http.cur == i {
 		r.http.cur, r.httpSince = r.grpc.cur, time.Time{}
+		r.httpMovedLocked()
 	}
 	return true
 }
@@ -355,7 +384,14 @@ func (t *failoverTransport) RoundTrip(req *http.Request) (*http.Response, error)
 				r.Body = body
 			}
 		}
-		resp, err := t.base.RoundTrip(r)
+		resp, err, left := t.send(r, i)
+		if left && req.Context().Err() == nil {
+			// The stream found this replica dead while the request waited
+			// on it, and the agent moved on: send it where it went.
+			lastErr = fmt.Errorf("left replica %s while waiting for it", r.URL.Host)
+			errs = append(errs, fmt.Sprintf("%s: %v", r.URL.Host, lastErr))
+			continue
+		}
 		if err == nil && !unavailable(resp.StatusCode) {
 			t.rs.httpOK(i)
 			if t.learn != nil && resp.StatusCode < 400 {
@@ -392,6 +428,51 @@ func (t *failoverTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		return nil, fmt.Errorf("no replica answered (%s): %w", strings.Join(errs[:len(errs)-1], "; "), lastErr)
 	}
 	return nil, lastErr
+}
+
+// send sends r to replica i. It stops waiting for the answer when the
+// agent leaves replica i meanwhile (left): its stream found the replica
+// dead, and a poll stuck there would otherwise hold the sync for the whole
+// header timeout. A successful answer's body keeps the request's context
+// until it is closed.
+func (t *failoverTransport) send(r *http.Request, i int) (resp *http.Response, err error, left bool) {
+	moved := t.rs.httpWatch(i)
+	ctx, cancel := context.WithCancel(r.Context())
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-moved:
+			left = true
+			cancel()
+		case <-done:
+		}
+	}()
+	resp, err = t.base.RoundTrip(r.WithContext(ctx))
+	close(done)
+	<-exited
+	if left || err != nil {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		cancel()
+		return nil, err, left
+	}
+	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return resp, nil, false
+}
+
+// cancelOnClose is an answer's body that ends its request's context when
+// closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // CloseIdleConnections closes the idle connections of the transport

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -197,6 +198,55 @@ func TestFailoverTransport(t *testing.T) {
 	}
 }
 
+
+// TestFailoverTransportLeavesStuckReplica: a poll waiting on a replica that
+// accepted it and stays silent (a blackhole) is sent to the next replica as
+// soon as the stream finds the first one dead and the agent moves on, not
+// after the header timeout; the answer's body is whole.
+func TestFailoverTransportLeavesStuckReplica(t *testing.T) {
+	release := make(chan struct{})
+	stuck := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer stuck.Close()
+	defer close(release)
+	body := strings.Repeat("manifest ", 10000)
+	good := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(body))
+	}))
+	defer good.Close()
+	rs := newReplicas([]string{stuck.URL, good.URL}, []string{"a.example:1", "b.example:1"}, true)
+	tr := &failoverTransport{rs: rs, base: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ResponseHeaderTimeout: time.Minute}}
+	client := &http.Client{Transport: tr, Timeout: 2 * time.Minute}
+	time.AfterFunc(300*time.Millisecond, func() { rs.grpcFailed(0) }) // the stream on replica 0 failed
+	start := time.Now()
+	resp, err := client.Get(stuck.URL + "/api/v1/agents/self/manifest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	if err != nil || string(got) != body {
+		t.Fatalf("body: %d bytes, %v", len(got), err)
+	}
+	if took > 10*time.Second {
+		t.Fatalf("the poll was answered %s after it started: it waited on the replica the agent had left", took)
+	}
+	if i, _ := rs.httpURL(); i != 1 {
+		t.Fatalf("URL in use: %d", i)
+	}
+	// A request that does not wait on a replica being left is untouched.
+	resp, err = client.Get(stuck.URL + "/api/v1/agents/self/manifest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	t.Logf("answered by the next replica %s after the request started (the move came at 300 ms)", took.Round(time.Millisecond))
+}
 // The lists a server sends on its manifest answers replace the identity's,
 // are stored in identity.json (an identity without them, as older agents
 // wrote it, keeps working), survive a restart, and show in status; a
