@@ -107,6 +107,12 @@ type RuntimeConfig struct {
 	// (GOMEMLIMIT): near it the collector runs more often, whatever
 	// gc_percent says. 0 leaves Go's setting alone (GOMEMLIMIT, else none).
 	MemoryLimitBytes int64 `yaml:"memory_limit_bytes"`
+	// ProfileAddr, when set, serves Go's profiles (net/http/pprof, under
+	// /debug/pprof/) on this loopback address, plain HTTP without
+	// authentication: every local user of the host can read them, so set
+	// it only while measuring. Empty (the default) serves nothing. Only a
+	// loopback IP or "localhost" with a port is accepted.
+	ProfileAddr string `yaml:"profile_addr"`
 }
 
 // PlacementConfig sets the leases of placement: one pipes.
@@ -632,5 +638,30 @@ func (c *Config) Validate() error {
 	if m := c.Runtime.MemoryLimitBytes; m != 0 && m < 64<<20 {
 		add("runtime.memory_limit_bytes", "%d is not 0 (none) or at least 64 MiB (67108864)", m)
 	}
+	if a := c.Runtime.ProfileAddr; a != "" {
+		if err := checkLoopbackAddr(a); err != nil {
+			add("runtime.profile_addr", "%v", err)
+		}
+	}
 	return ps.Err()
 }
+
+// checkLoopbackAddr accepts host:port where host is a loopback IP address
+// or "localhost" and port a number from 1 to 65535.
+func checkLoopbackAddr(a string) error {
+	h, p, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", a)
+	}
+	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not 1 to 65535", p)
+	}
+	if h == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(h); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("host %q is not a loopback address (127.0.0.1, ::1 or localhost): profiles are not for the network", h)
+	}
+	return nil
+}
+

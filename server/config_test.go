@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -390,5 +393,67 @@ func TestCarryManifestBytes(t *testing.T) {
 	})
 	if c := ts.s.fleet.hub.SyncNowCounts(); c.Manifest != before.Manifest {
 		t.Fatalf("a manifest was carried with carrying off: %+v", c)
+	}
+}
+
+// TestProfileAddr: runtime.profile_addr accepts only a loopback address with
+// a port (checked with its field path, from the environment too); when set,
+// the running server serves Go's profiles there and nothing else, and by
+// default it serves them nowhere.
+func TestProfileAddr(t *testing.T) {
+	for addr, ok := range map[string]bool{
+		"": true, "127.0.0.1:6060": true, "[::1]:6060": true, "localhost:6060": true, "127.0.0.2:1": true,
+		"0.0.0.0:6060": false, ":6060": false, "10.0.0.1:6060": false, "127.0.0.1": false, "127.0.0.1:0": false,
+		"127.0.0.1:65536": false, "example.com:6060": false, "[::]:6060": false,
+	} {
+		cfg := DefaultConfig()
+		cfg.Runtime.ProfileAddr = addr
+		err := cfg.Validate()
+		if ok != (err == nil) || err != nil && !strings.Contains(err.Error(), "runtime.profile_addr:") {
+			t.Errorf("profile_addr %q: %v", addr, err)
+		}
+	}
+	if _, err := LoadConfig("", false, []string{"DROVER_RUNTIME_PROFILE_ADDR=0.0.0.0:6060"}); err == nil || !strings.Contains(err.Error(), "runtime.profile_addr") {
+		t.Fatalf("a public profile address from the environment: %v", err)
+	}
+
+	// Served: a free loopback port, then the profiles there.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ts := startServer(t, func(c *Config) { c.Runtime.ProfileAddr = addr })
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/debug/pprof/goroutine?debug=1"); code != 200 || !strings.Contains(body, "goroutine profile:") {
+		t.Fatalf("goroutine profile: %d %.200s", code, body)
+	}
+	if code, _ := get("/metrics"); code != http.StatusNotFound {
+		t.Fatalf("/metrics on the profile address: %d", code)
+	}
+	// Not on the API port, and not served by a server without the setting.
+	plain := startServer(t)
+	for _, s := range []*testServer{ts, plain} {
+		resp, err := s.client.Get(s.base + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Fatalf("%s serves profiles on the API port", s.base)
+		}
+	}
+	ts.stop()
+	if _, err := http.Get("http://" + addr + "/debug/pprof/"); err == nil {
+		t.Fatal("profiles still served after the server stopped")
 	}
 }

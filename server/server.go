@@ -110,6 +110,10 @@ type Server struct {
 	httpLn  net.Listener
 	grpcLn  net.Listener
 	httpSrv *http.Server
+	// profileLn and profileSrv serve Go's profiles (runtime.profile_addr,
+	// profile.go); nil unless configured.
+	profileLn  net.Listener
+	profileSrv *http.Server
 	grpcSrv *grpc.Server
 	// grpcHealth answers the standard gRPC health check.
 	grpcHealth *health.Server
@@ -338,6 +342,9 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 		return nil, fmt.Errorf("listen grpc: %w", err)
 	}
 	s.grpcLn = newWatchedListener(s.grpcLn, "grpc", s.metrics.acceptErrors, logger).withBudget(s.fds, streamFDReserve)
+	if s.profileLn, err = listenProfiles(cfg.Runtime.ProfileAddr); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -459,7 +466,7 @@ func (s *Server) refreshKeyList(ctx context.Context, now time.Time) (bool, error
 
 // release closes what New acquired, for a server that will not run.
 func (s *Server) release() {
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.profileLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -558,6 +565,10 @@ func (s *Server) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("grpc: %w", err)
 		}
 	}()
+	if s.profileLn != nil {
+		s.profileSrv = profileServer()
+		go serveProfiles(s.profileSrv, s.profileLn, s.log)
+	}
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
 	var bgWG sync.WaitGroup
@@ -620,6 +631,9 @@ func (s *Server) shutdown() {
 	defer cancel()
 	grpcDone := make(chan struct{})
 	s.grpcHealth.Shutdown()
+	if s.profileSrv != nil {
+		s.profileSrv.Close()
+	}
 	go func() { s.grpcSrv.GracefulStop(); close(grpcDone) }()
 	if err := s.httpSrv.Shutdown(tctx); err != nil {
 		s.httpSrv.Close()
