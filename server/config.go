@@ -664,4 +664,3 @@ func checkLoopbackAddr(a string) error {
 	}
 	return nil
 }
-

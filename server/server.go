@@ -114,7 +114,7 @@ type Server struct {
 	// profile.go); nil unless configured.
 	profileLn  net.Listener
 	profileSrv *http.Server
-	grpcSrv *grpc.Server
+	grpcSrv    *grpc.Server
 	// grpcHealth answers the standard gRPC health check.
 	grpcHealth *health.Server
 
