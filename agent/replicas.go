@@ -384,7 +384,7 @@ func (t *failoverTransport) RoundTrip(req *http.Request) (*http.Response, error)
 				r.Body = body
 			}
 		}
-		resp, err, left := t.send(r, i)
+		resp, left, err := t.send(r, i)
 		if left && req.Context().Err() == nil {
 			// The stream found this replica dead while the request waited
 			// on it, and the agent moved on: send it where it went.
@@ -435,7 +435,7 @@ func (t *failoverTransport) RoundTrip(req *http.Request) (*http.Response, error)
 // dead, and a poll stuck there would otherwise hold the sync for the whole
 // header timeout. A successful answer's body keeps the request's context
 // until it is closed.
-func (t *failoverTransport) send(r *http.Request, i int) (resp *http.Response, err error, left bool) {
+func (t *failoverTransport) send(r *http.Request, i int) (resp *http.Response, left bool, err error) {
 	moved := t.rs.httpWatch(i)
 	ctx, cancel := context.WithCancel(r.Context())
 	done, exited := make(chan struct{}), make(chan struct{})
@@ -456,10 +456,10 @@ func (t *failoverTransport) send(r *http.Request, i int) (resp *http.Response, e
 			resp.Body.Close()
 		}
 		cancel()
-		return nil, err, left
+		return nil, left, err
 	}
 	resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
-	return resp, nil, false
+	return resp, false, nil
 }
 
 // cancelOnClose is an answer's body that ends its request's context when

@@ -198,7 +198,6 @@ func TestFailoverTransport(t *testing.T) {
 	}
 }
 
-
 // TestFailoverTransportLeavesStuckReplica: a poll waiting on a replica that
 // accepted it and stays silent (a blackhole) is sent to the next replica as
 // soon as the stream finds the first one dead and the agent moves on, not
@@ -247,6 +246,7 @@ func TestFailoverTransportLeavesStuckReplica(t *testing.T) {
 	resp.Body.Close()
 	t.Logf("answered by the next replica %s after the request started (the move came at 300 ms)", took.Round(time.Millisecond))
 }
+
 // The lists a server sends on its manifest answers replace the identity's,
 // are stored in identity.json (an identity without them, as older agents
 // wrote it, keeps working), survive a restart, and show in status; a
