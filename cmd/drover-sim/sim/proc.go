@@ -128,3 +128,43 @@ func loadAvg() string {
 	}
 	return strings.Join(f[:3], " ")
 }
+
+// cpuTimes is the whole host's CPU time from /proc/stat: all of it, and the
+// part the hypervisor gave to other guests (steal), in clock ticks.
+type cpuTimes struct{ total, steal uint64 }
+
+// readCPUTimes reads the first line of /proc/stat; ok is false where there
+// is none (not Linux) or it does not parse.
+func readCPUTimes() (t cpuTimes, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return t, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return t, false
+	}
+	// user nice system idle iowait irq softirq steal [guest guest_nice]:
+	// guest time is already counted in user and nice.
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return cpuTimes{}, false
+		}
+		t.total += n
+		if i == 7 {
+			t.steal = n
+		}
+	}
+	return t, true
+}
+
+// stealPercent is the share of the host's CPU time between a and b that
+// the hypervisor gave to other guests; -1 when unknown.
+func stealPercent(a, b cpuTimes) float64 {
+	if b.total <= a.total || b.steal < a.steal {
+		return -1
+	}
+	return 100 * float64(b.steal-a.steal) / float64(b.total-a.total)
+}

@@ -356,7 +356,12 @@ type StepReport struct {
 	Changes        []ChangeFigures  `json:"changes,omitempty"`
 	Errors         map[string]int64 `json:"errors"` // new in this step
 	LoadAvg        string           `json:"loadavg"`
-	Workers        int              `json:"workers"`
+	// StealPercent is the share of the host's CPU time during the step
+	// that the hypervisor gave to other guests (-1: unknown): on a shared
+	// virtual machine, the figures of a step with much steal are slower
+	// for reasons outside the server.
+	StealPercent float64 `json:"steal_percent"`
+	Workers      int     `json:"workers"`
 }
 
 // Report is the whole run.
@@ -624,7 +629,8 @@ func finish(cfg Config, f *fleet, rep *Report, runErr error) error {
 }
 
 func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report, n, pid int, base procSample, prev *Stats, prevErrs map[string]int64) (*StepReport, error) {
-	st := &StepReport{Agents: n}
+	st := &StepReport{Agents: n, StealPercent: -1}
+	cpu0, cpuOK := readCPUTimes()
 	s, err := growFleet(ctx, cfg, f, st, n, prev)
 	if err != nil {
 		return nil, err
@@ -650,6 +656,9 @@ func runStep(ctx context.Context, cfg Config, f *fleet, adm *admin, rep *Report,
 	st.Enrolled, st.Connected = last.Enrolled, last.Connected
 	stepErrors(st, rep, last, n, prevErrs)
 	st.LoadAvg = loadAvg()
+	if cpu1, ok := readCPUTimes(); ok && cpuOK {
+		st.StealPercent = stealPercent(cpu0, cpu1)
+	}
 	*prev = last
 	return st, nil
 }
@@ -896,7 +905,11 @@ func printStep(cfg Config, st StepReport) {
 		return
 	}
 	w := cfg.Out
-	fmt.Fprintf(w, "== %d agents (%d enrolled, %d connected; %d worker processes; load %s)\n", st.Agents, st.Enrolled, st.Connected, st.Workers, st.LoadAvg)
+	steal := ""
+	if st.StealPercent >= 0 {
+		steal = fmt.Sprintf("; %.1f%% of the CPU time stolen by the hypervisor", st.StealPercent)
+	}
+	fmt.Fprintf(w, "== %d agents (%d enrolled, %d connected; %d worker processes; load %s%s)\n", st.Agents, st.Enrolled, st.Connected, st.Workers, st.LoadAvg, steal)
 	fmt.Fprintf(w, "  enrollment  %d new in %.1f s: %.0f/s (tokens made before; %.1f s with them); request %s\n",
 		st.NewAgents, st.EnrollSeconds, st.EnrollRate, st.GrowSeconds, lat(st.Enroll))
 	if s := st.Server; s != nil {

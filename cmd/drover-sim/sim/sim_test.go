@@ -132,6 +132,9 @@ func TestFleetAgainstRealServer(t *testing.T) {
 		if st.Server == nil || st.Server.RSSBytes == 0 || st.PollsPerSec == 0 || st.HeartbeatsSec == 0 {
 			t.Fatalf("step %d: figures missing: %+v", st.Agents, st)
 		}
+		if st.StealPercent < 0 || st.StealPercent > 100 {
+			t.Fatalf("step %d: steal %.2f%%", st.Agents, st.StealPercent)
+		}
 	}
 	f := rep.Final
 	if f.Enrolled != 150 || f.RecordsSent != f.RecordsAcked || f.RunsAcked != f.RunsFinished || f.RunsAcked == 0 ||
@@ -249,3 +252,21 @@ func TestPIDListening(t *testing.T) {
 		t.Fatalf("readProc: %+v %v", s, err)
 	}
 }
+
+// TestStealPercent: the host's CPU time is read from /proc/stat, and the
+// stolen share between two readings is the steal ticks over all ticks.
+func TestStealPercent(t *testing.T) {
+	a, ok := readCPUTimes()
+	if !ok || a.total == 0 || a.steal > a.total {
+		t.Fatalf("readCPUTimes: %+v %v", a, ok)
+	}
+	if got := stealPercent(cpuTimes{total: 1000, steal: 10}, cpuTimes{total: 3000, steal: 110}); got != 5 {
+		t.Fatalf("stealPercent = %v, want 5", got)
+	}
+	for _, b := range []cpuTimes{{total: 1000, steal: 10}, {total: 900, steal: 20}, {total: 2000, steal: 5}} {
+		if got := stealPercent(cpuTimes{total: 1000, steal: 10}, b); got != -1 {
+			t.Fatalf("stealPercent(%+v) = %v, want -1 (unknown)", b, got)
+		}
+	}
+}
+
