@@ -269,4 +269,3 @@ func TestStealPercent(t *testing.T) {
 		}
 	}
 }
-
