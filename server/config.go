@@ -646,20 +646,14 @@ func (c *Config) Validate() error {
 	return ps.Err()
 }
 
-// checkLoopbackAddr accepts host:port where host is a loopback IP address
-// or "localhost" and port a number from 1 to 65535.
+// checkLoopbackAddr accepts host:port (checkPublicAddr) where host is a
+// loopback IP address or "localhost".
 func checkLoopbackAddr(a string) error {
-	h, p, err := net.SplitHostPort(a)
-	if err != nil {
-		return fmt.Errorf("%q is not host:port", a)
+	if err := checkPublicAddr(a); err != nil {
+		return err
 	}
-	if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q is not 1 to 65535", p)
-	}
-	if h == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(h); ip == nil || !ip.IsLoopback() {
+	h, _, _ := net.SplitHostPort(a)
+	if ip := net.ParseIP(h); h != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("host %q is not a loopback address (127.0.0.1, ::1 or localhost): profiles are not for the network", h)
 	}
 	return nil

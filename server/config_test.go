@@ -417,13 +417,32 @@ func TestProfileAddr(t *testing.T) {
 		t.Fatalf("a public profile address from the environment: %v", err)
 	}
 
-	// Served: a free loopback port, then the profiles there.
+	// A profile address already in use: New fails naming it and releases
+	// what it had bound (the same API ports bind again).
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
+	busy := testConfig(t.TempDir())
+	busy.HTTPAddr, busy.GRPCAddr = fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
+	busy.Runtime.ProfileAddr = addr
+	if s, err := New(busy, testLogger(t), &testkit.Clock{}); err == nil || !strings.Contains(err.Error(), "runtime.profile_addr") {
+		if s != nil {
+			s.release()
+		}
+		t.Fatalf("New with the profile address in use: %v", err)
+	}
+	for _, a := range []string{busy.HTTPAddr, busy.GRPCAddr} {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			t.Fatalf("%s still bound after New failed: %v", a, err)
+		}
+		l.Close()
+	}
 	ln.Close()
+
+	// Served: a free loopback port, then the profiles there.
 	ts := startServer(t, func(c *Config) { c.Runtime.ProfileAddr = addr })
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + addr + path)

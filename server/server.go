@@ -123,8 +123,9 @@ type Server struct {
 }
 
 // New prepares the data dir (creating keys, certificates and tokens on first
-// start), opens the store, compiles manifests and binds both listeners, so
-// that HTTPAddr and GRPCAddr are known before Run. On error everything
+// start), opens the store, compiles manifests and binds both listeners (and
+// the profile address, when configured), so that HTTPAddr and GRPCAddr are
+// known before Run. On error everything
 // acquired is released.
 func New(cfg Config, logger *slog.Logger, clock Clock) (*Server, error) {
 	return newServer(cfg, logger, clock, func(ctx context.Context) (store.Store, error) {
