@@ -163,13 +163,37 @@ func (c *cachedStore) EnrollAgent(ctx context.Context, tokenID string, now time.
 	return c.Store.EnrollAgent(ctx, tokenID, now, a)
 }
 
+// EnrollAgents enrolls es and caches the certificate state of each agent
+// it enrolled — a new row holds exactly the issued serial, no renewal, not
+// revoked — so that the new agents' first stream and poll do not read it
+// back. The generation counter keeps a write that raced with the
+// enrollment (a revocation of an agent listed meanwhile) from being
+// covered up: then the entries are only evicted.
 func (c *cachedStore) EnrollAgents(ctx context.Context, es []store.Enrollment) ([]error, error) {
-	defer func() {
-		for _, e := range es {
-			c.written(e.Agent.ID)
+	gen := c.certs.gen.Load()
+	failed, err := c.Store.EnrollAgents(ctx, es)
+	ids := make([]string, len(es))
+	for i, e := range es {
+		ids[i] = e.Agent.ID
+	}
+	c.mu.Lock()
+	fill := err == nil && len(failed) == len(es) && c.certs.gen.Load() == gen && (c.bypass == nil || !c.bypass())
+	evict(&c.certs, ids...)
+	evict(&c.manifests, ids...)
+	if fill {
+		for i, e := range es {
+			if failed[i] != nil {
+				continue
+			}
+			if len(c.certs.m) >= maxCached {
+				clear(c.certs.m)
+			}
+			c.certs.m[e.Agent.ID] = &store.AgentCert{Serial: e.Agent.CertSerial}
 		}
-	}()
-	return c.Store.EnrollAgents(ctx, es)
+	}
+	c.mu.Unlock()
+	c.shared(ids)
+	return failed, err
 }
 
 // SaveManifests saves ms and, once committed, caches the ones saved: they

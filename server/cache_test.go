@@ -94,3 +94,62 @@ func TestCacheKeepsKindsApartAndFillsFromSaves(t *testing.T) {
 		t.Fatalf("after a refused save: %+v %v (%d reads)", m, err, st.manifestReads.Load())
 	}
 }
+
+// raceStore runs during after each enrollment's commit, before the cache
+// sees its result: a write that races with the enrollment.
+type raceStore struct {
+	*countingStore
+	during func()
+}
+
+func (r *raceStore) EnrollAgents(ctx context.Context, es []store.Enrollment) ([]error, error) {
+	failed, err := r.countingStore.EnrollAgents(ctx, es)
+	if r.during != nil {
+		r.during()
+	}
+	return failed, err
+}
+
+// An enrollment caches the certificate state of each agent it enrolled,
+// so the new agent's first stream and poll read nothing back; a refused
+// enrollment caches nothing, and a write that raced with the enrollment
+// (here a revocation) is not covered up by the fill.
+func TestCacheFillsFromEnrollment(t *testing.T) {
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "server.db"), "normal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rs := &raceStore{countingStore: &countingStore{DB: db}}
+	c := newCachedStore(rs)
+	now := time.Now().UTC()
+	ok, twice := testEnrollment(t, db, "t1", now), testEnrollment(t, db, "t1", now.Add(time.Second))
+	failed, err := c.EnrollAgents(ctx, []store.Enrollment{ok, twice})
+	if err != nil || failed[0] != nil || failed[1] == nil {
+		t.Fatalf("enrollments: %v, %v", failed, err)
+	}
+	ac, err := c.AgentCert(ctx, ok.Agent.ID)
+	if err != nil || rs.certReads.Load() != 0 {
+		t.Fatalf("the enrolled agent's certificate: %+v %v (%d reads from the database, want 0)", ac, err, rs.certReads.Load())
+	}
+	if dc, err := db.AgentCert(ctx, ok.Agent.ID); err != nil || *dc != *ac {
+		t.Fatalf("cached %+v, the database holds %+v (%v)", ac, dc, err)
+	}
+	if _, err := c.AgentCert(ctx, twice.Agent.ID); err == nil || rs.certReads.Load() != 1 {
+		t.Fatalf("the refused enrollment's agent: %v (%d reads, want 1)", err, rs.certReads.Load())
+	}
+
+	raced := testEnrollment(t, db, "t2", now)
+	rs.during = func() {
+		if err := c.RevokeAgent(ctx, raced.Agent.ID, now); err != nil {
+			t.Error(err)
+		}
+	}
+	if failed, err := c.EnrollAgents(ctx, []store.Enrollment{raced}); err != nil || failed[0] != nil {
+		t.Fatalf("enrollment: %v, %v", failed, err)
+	}
+	if ac, err := c.AgentCert(ctx, raced.Agent.ID); err != nil || !ac.Revoked {
+		t.Fatalf("an agent revoked while its enrollment committed: %+v %v, want revoked", ac, err)
+	}
+}

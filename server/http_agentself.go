@@ -136,6 +136,14 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 	if rec != nil {
 		rec.committed = true
 	}
+	if a.MachineID != "" {
+		// Bound in the enrollment's transaction: the agent's first stream
+		// and requests find the binding here instead of reading it back.
+		am := s.agentMem(id)
+		am.mu.Lock()
+		am.machineID = a.MachineID
+		am.mu.Unlock()
+	}
 	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
 	return writeJSON(w, http.StatusOK, api.EnrollResponse{
 		AgentID: id, Certificate: string(certPEM), CABundle: string(s.ca.PEM()), TrustRoot: s.keys.TrustRoot(),

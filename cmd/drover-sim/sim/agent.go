@@ -161,9 +161,8 @@ func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, err
 		Certificates: []tls.Certificate{cert}, ClientSessionCache: tls.NewLRUClientSessionCache(1)}
 	tr := &http.Transport{TLSClientConfig: tlsConf, DialContext: dialer(src, p.Timeout), MaxIdleConnsPerHost: 1,
 		IdleConnTimeout: p.IdleTimeout, DisableKeepAlives: !p.KeepAlive, TLSHandshakeTimeout: p.Timeout}
-	mid := sha256.Sum256([]byte(w.cfg.Fleet + "/" + itoa(index)))
 	a := &simAgent{w: w, index: index, src: src, id: id, host: host,
-		hostname: fmt.Sprintf("sim-%s-%d", w.cfg.Fleet, index), machineID: hex.EncodeToString(mid[:16]),
+		hostname: fmt.Sprintf("sim-%s-%d", w.cfg.Fleet, index), machineID: w.machineID(index),
 		http: &http.Client{Timeout: p.Timeout, Transport: tr}, syncCh: make(chan struct{}, 1), wakeCh: make(chan struct{}, 1),
 		payloads: map[string]bool{}}
 	gtls := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host, RootCAs: id.caPool, Certificates: []tls.Certificate{cert}}

@@ -61,7 +61,7 @@ func newKeyCSR(hostname string) (*keyCSR, error) {
 // is nil), the server's CA checked against the token's pin in the
 // handshake, the CSR posted, the certificate checked against the key and
 // the CA bundle, the trust root verified.
-func enroll(ctx context.Context, server, host, token, hostname string, kc *keyCSR, src net.IP, timeout time.Duration) (*identity, error) {
+func enroll(ctx context.Context, server, host, token, hostname, machineID string, kc *keyCSR, src net.IP, timeout time.Duration) (*identity, error) {
 	pin, err := tokenPin(token)
 	if err != nil {
 		return nil, err
@@ -72,7 +72,7 @@ func enroll(ctx context.Context, server, host, token, hostname string, kc *keyCS
 		}
 	}
 	key, csr := kc.key, kc.csr
-	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim", CSR: csr})
+	body, _ := json.Marshal(api.EnrollRequest{Token: token, Hostname: hostname, OS: "linux", Arch: "amd64", AgentVersion: "drover-sim", CSR: csr, MachineID: machineID})
 	tr := &http.Transport{TLSClientConfig: pemutil.PinnedTLS(host, pin), DialContext: dialer(src, timeout), DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Timeout: timeout, Transport: tr}

@@ -3,6 +3,8 @@ package sim
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -225,6 +227,13 @@ func (w *worker) parallel(n int, f func(int)) {
 // hostname is agent i's host name.
 func (w *worker) hostname(i int) string { return fmt.Sprintf("sim-%s-%d", w.cfg.Fleet, i) }
 
+// machineID is agent i's machine id (32 hex digits, as /etc/machine-id),
+// sent at enrollment and on every stream and request, as drover-agent does.
+func (w *worker) machineID(i int) string {
+	mid := sha256.Sum256([]byte(w.cfg.Fleet + "/" + itoa(i)))
+	return hex.EncodeToString(mid[:16])
+}
+
 // startAgent enrolls agent i with tok and kc (bounded retries, each with a
 // new token and key) and starts its loops.
 func (w *worker) startAgent(i int, tok string, kc *keyCSR) {
@@ -245,7 +254,7 @@ func (w *worker) startAgent(i int, tok string, kc *keyCSR) {
 		}
 		if err == nil {
 			start := time.Now()
-			id, err = enroll(ctx, w.cfg.Server, w.cfg.Host, tok, hostname, kc, src, w.cfg.Agent.Timeout)
+			id, err = enroll(ctx, w.cfg.Server, w.cfg.Host, tok, hostname, w.machineID(i), kc, src, w.cfg.Agent.Timeout)
 			w.rec.observe(&w.rec.enroll, time.Since(start))
 			if err == nil {
 				break
