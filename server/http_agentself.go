@@ -137,12 +137,7 @@ func (s *Server) handleEnroll(w http.ResponseWriter, r *http.Request) error {
 		rec.committed = true
 	}
 	if a.MachineID != "" {
-		// Bound in the enrollment's transaction: the agent's first stream
-		// and requests find the binding here instead of reading it back.
-		am := s.agentMem(id)
-		am.mu.Lock()
-		am.machineID = a.MachineID
-		am.mu.Unlock()
+		s.rememberMachine(id, a.MachineID) // bound in the enrollment's transaction
 	}
 	s.log.Info("agent enrolled", "agent", id, "hostname", req.Hostname, "token_id", tok.ID)
 	return writeJSON(w, http.StatusOK, api.EnrollResponse{

@@ -136,10 +136,7 @@ func (s *Server) checkMachine(ctx context.Context, agentID, machineID, source st
 		if bound, err = s.store.BindMachine(ctx, agentID, machineID, s.clock.Now()); err != nil {
 			return err
 		}
-		am := s.agentMem(agentID)
-		am.mu.Lock()
-		am.machineID = bound
-		am.mu.Unlock()
+		s.rememberMachine(agentID, bound)
 		if bound == machineID {
 			s.log.Info("agent bound to its machine", "agent", agentID, "machine_id", machineID)
 			return nil
@@ -165,10 +162,17 @@ func (s *Server) boundMachine(ctx context.Context, agentID string) (string, erro
 	if err != nil {
 		return "", err
 	}
-	am.mu.Lock()
-	am.machineID = a.MachineID
-	am.mu.Unlock()
+	s.rememberMachine(agentID, a.MachineID)
 	return a.MachineID, nil
+}
+
+// rememberMachine keeps the machine id the store holds bound to the agent
+// ("" for none yet), so that its streams and requests need not read it.
+func (s *Server) rememberMachine(agentID, machineID string) {
+	am := s.agentMem(agentID)
+	am.mu.Lock()
+	am.machineID = machineID
+	am.mu.Unlock()
 }
 
 // identityConflict counts, records and audits a refusal of another machine
