@@ -59,8 +59,11 @@ func BenchmarkStreamHandshake(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		conn.Read(make([]byte, 64)) // the session ticket comes after the handshake
+		_, err = conn.Read(make([]byte, 64)) // the session ticket comes after the handshake
 		conn.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
 		for b.Loop() {
 			shake(b, c)
 		}
