@@ -66,8 +66,12 @@ func TestManifestOnStream(t *testing.T) {
 		t.Helper()
 		var st Status
 		testkit.WaitFor(t, 20*time.Second, what, func() bool {
+			// Serial == AppliedSerial: the pipes are read from the backend,
+			// which has the new manifest's units a moment before the agent
+			// records it applied (under load a status in that moment gave
+			// the older serial with the newer pipes).
 			st = ta.a.Status(t.Context())
-			return st.AppliedSerial > serialAbove && ok(st)
+			return st.AppliedSerial > serialAbove && st.Serial == st.AppliedSerial && ok(st)
 		})
 		return st
 	}
