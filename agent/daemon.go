@@ -54,6 +54,7 @@ type Agent struct {
 	leaseCh     chan struct{} // the manifest in force changed: look at its leases (buffered 1)
 	accountMu   sync.Mutex    // one accounting pass at a time
 	collectMu   sync.Mutex    // one spool pass at a time
+	statusMu    sync.Mutex    // a ManifestStatus enqueued against an identity switch (reenroll.go)
 	loadAvg     string        // host load file (default /proc/loadavg)
 
 	alive atomic.Int64 // unix nanos of the last main-loop turn, for the watchdog
@@ -362,7 +363,7 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 		if _, serr := os.Stat(a.cfg.TokenFile); a.cfg.TokenFile != "" && serr == nil {
 			a.log.Info("already enrolled; the token file is used only if this identity stops working (revoked, expired)", "agent_id", id.AgentID, "token_file", a.cfg.TokenFile)
 		}
-		a.setIdentity(id)
+		a.switchIdentity(id, false)
 		return nil
 	}
 	if !errors.Is(err, errNotEnrolled) {
@@ -384,7 +385,7 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 				if fromFile {
 					a.removeTokenFile()
 				}
-				a.setIdentity(id)
+				a.switchIdentity(id, false)
 				return nil
 			}
 			if ctx.Err() != nil {
@@ -399,7 +400,7 @@ func (a *Agent) waitEnrolled(ctx context.Context) error {
 		case call := <-a.enrollCh:
 			id, err := a.tryEnroll(ctx, call.token)
 			if err == nil {
-				a.setIdentity(id)
+				a.switchIdentity(id, false)
 				call.reply <- nil
 				return nil
 			}

@@ -90,6 +90,7 @@ type fakeServer struct {
 	committed        map[uint64]*agentpb.AgentMessage // by seq
 	order            []uint64                         // seqs in commit order
 	dupes            int                              // records received again after commit
+	statusesBy       []fakeStatus                     // every ManifestStatus received, dupes too, with its stream's agent
 	holdAcks         bool
 	dropAfter        int // close a stream after this many records (0: never)
 	streams          map[string]chan *agentpb.ServerMessage
@@ -551,6 +552,9 @@ func (f *fakeStream) AgentStream(stream grpc.BidiStreamingServer[agentpb.AgentMe
 		}
 		n++
 		s.mu.Lock()
+		if ms := msg.GetManifestStatus(); ms != nil {
+			s.statusesBy = append(s.statusesBy, fakeStatus{agentID: agentID, status: ms})
+		}
 		if _, dup := s.committed[msg.GetSeq()]; dup {
 			s.dupes++
 		} else {
@@ -573,6 +577,12 @@ func (f *fakeStream) AgentStream(stream grpc.BidiStreamingServer[agentpb.AgentMe
 			cmds <- &agentpb.ServerMessage{Body: &agentpb.ServerMessage_Ack{Ack: &agentpb.Ack{Seq: msg.GetSeq()}}}
 		}
 	}
+}
+
+// fakeStatus is a ManifestStatus as received on the stream of agentID.
+type fakeStatus struct {
+	agentID string
+	status  *agentpb.ManifestStatus
 }
 
 // manifestStatuses returns the committed ManifestStatus records in order.

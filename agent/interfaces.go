@@ -48,6 +48,9 @@ type Store interface {
 	Pending(after uint64, limit int) ([]*agentpb.AgentMessage, error)
 	// Ack deletes every record with seq <= seq.
 	Ack(seq uint64) error
+	// DropStatuses deletes the ManifestStatus records waiting in the outbox
+	// and says how many (reenroll.go).
+	DropStatuses() (int, error)
 	// OutboxStats returns the number and total size of unacknowledged records.
 	OutboxStats() (records, bytes uint64, err error)
 

@@ -203,5 +203,5 @@ func (a *Agent) reportLeases(now time.Time) {
 		st.ExpiresAt = timestamppb.New(m.ExpiresAt)
 		st.ManifestExpired = !now.Before(m.ExpiresAt)
 	}
-	a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
+	a.enqueueStatus(m.AgentID, st)
 }

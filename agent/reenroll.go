@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/drover/drover/api"
+	agentpb "github.com/drover/drover/proto"
 )
 
 // Re-enrollment.
@@ -26,7 +27,8 @@ import (
 // CA pin is checked as at first enrollment. The new identity has a new agent
 // id, whose manifest serials start anew: the accepted-manifest state of the
 // old id no longer judges them (see manifestState). Runs recorded meanwhile
-// stay in the outbox and are delivered over the new identity.
+// stay in the outbox and are delivered over the new identity; the old id's
+// manifest statuses are dropped (switchIdentity).
 //
 // A token present while the identity works is left alone (and logged at
 // start): a working identity is never replaced.
@@ -144,6 +146,44 @@ func (a *Agent) reenrollLoop(ctx context.Context) {
 	}
 }
 
+// switchIdentity installs id. When it replaces an identity (replacing:
+// re-enrollment) or the store's manifest state is another agent's (the
+// daemon starts on an identity enrolled by `drover-agent enroll`, or on a
+// new enrollment over an old state), the ManifestStatus records still
+// waiting in the outbox describe the other agent's manifest: they are
+// dropped in the same step, under statusMu, so none is delivered under the
+// new id, and none for the old manifest is queued once the new id is in
+// force (enqueueStatus). Run records stay and are delivered as the new
+// agent's.
+func (a *Agent) switchIdentity(id *Identity, replacing bool) {
+	a.statusMu.Lock()
+	defer a.statusMu.Unlock()
+	if !replacing {
+		ms, err := a.store.ManifestState()
+		replacing = err == nil && ms.AgentID != "" && ms.AgentID != id.AgentID
+	}
+	if replacing {
+		if n, err := a.store.DropStatuses(); err != nil {
+			a.log.Error("drop the previous identity's manifest statuses from the outbox", "err", err)
+		} else if n > 0 {
+			a.log.Info("dropped the previous identity's manifest statuses from the outbox", "records", n)
+		}
+	}
+	a.setIdentity(id)
+}
+
+// enqueueStatus queues st, the status of a manifest of agent agentID,
+// unless the agent is no longer agentID (it enrolled again meanwhile).
+func (a *Agent) enqueueStatus(agentID string, st *agentpb.ManifestStatus) {
+	a.statusMu.Lock()
+	defer a.statusMu.Unlock()
+	if id := a.identity(); id == nil || id.AgentID != agentID {
+		a.log.Debug("manifest status of a previous identity not sent", "agent_id", agentID, "serial", st.GetSerial())
+		return
+	}
+	a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
+}
+
 // reenroll enrolls with tok and switches the running daemon to the new
 // identity: the sync loop pulls the new agent's manifest at once and the
 // stream reconnects as the new agent.
@@ -153,7 +193,7 @@ func (a *Agent) reenroll(ctx context.Context, tok string) error {
 	if err != nil {
 		return err
 	}
-	a.setIdentity(id)
+	a.switchIdentity(id, true)
 	a.mu.Lock()
 	a.authLost = ""
 	a.etag = ""

@@ -133,6 +133,9 @@ func (b *BoltStore) Enqueue(msgs ...*agentpb.AgentMessage) error {
 	return err
 }
 
+// DropStatuses implements Store.
+func (b *BoltStore) DropStatuses() (int, error) { return b.S.DropStatuses() }
+
 // EnqueueSpooled implements Store: the records are enqueued in one
 // transaction, each at most once per (source, name).
 func (b *BoltStore) EnqueueSpooled(source string, recs []spool.Record) error {

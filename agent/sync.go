@@ -648,7 +648,7 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 		ms, _ := a.manifestState()
 		st.AppliedSerial = ms.AppliedSerial
 		if report || wasOK {
-			a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
+			a.enqueueStatus(m.AgentID, st)
 		}
 		return SyncResult{Outcome: OutcomeApplyFailed, Serial: m.Serial, Error: err.Error()}
 	}
@@ -666,7 +666,7 @@ func (a *Agent) apply(ctx context.Context, m *manifest.Manifest, env []byte, dig
 		a.log.Warn("restored drift", "step", s.String())
 	}
 	if report || !wasOK || len(drift) > 0 || expiryChanged || leaseChanged || hasDropIns(results) {
-		a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: st}})
+		a.enqueueStatus(m.AgentID, st)
 	}
 	if report {
 		return SyncResult{Outcome: OutcomeApplied, Serial: m.Serial}
@@ -848,13 +848,17 @@ func (a *Agent) reportRejected(env []byte, err error) {
 	if dup {
 		return
 	}
+	id := a.identity()
+	if id == nil {
+		return
+	}
 	ms, _ := a.manifestState()
-	a.enqueue(&agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
+	a.enqueueStatus(id.AgentID, &agentpb.ManifestStatus{
 		State:         agentpb.ManifestStatus_STATE_REJECTED,
 		Error:         err.Error(),
 		At:            timestamppb.New(time.Now()),
 		AppliedSerial: ms.AppliedSerial,
-	}}})
+	})
 }
 
 func pipeStatuses(rs []PipeResult) []*agentpb.PipeStatus {

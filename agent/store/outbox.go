@@ -339,6 +339,30 @@ func (t *Tx) Ack(seq uint64) (int, error) {
 	return n, o.save()
 }
 
+// DropStatuses deletes every ManifestStatus waiting in the outbox and
+// returns how many it deleted. A status describes one identity's manifest:
+// after the agent enrolls again as a new agent, none that was waiting may
+// be delivered under the new id. Run records and log chunks stay.
+func (t *Tx) DropStatuses() (int, error) {
+	o := t.outboxTx()
+	var seqs []uint64
+	c := o.outbox.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(v) > 0 && v[0] == kindManifestStatus {
+			seqs = append(seqs, binary.BigEndian.Uint64(k))
+		}
+	}
+	for _, seq := range seqs {
+		if err := o.del(seq); err != nil {
+			return 0, err
+		}
+	}
+	if len(seqs) == 0 {
+		return 0, nil
+	}
+	return len(seqs), o.save()
+}
+
 // OutboxStats returns the outbox's counters.
 func (t *Tx) OutboxStats() OutboxStats {
 	c := t.tx.Bucket(bCursors)
@@ -366,6 +390,12 @@ func (s *Store) Pending(after uint64, limit int) (msgs []*agentpb.AgentMessage, 
 // Ack deletes every record with seq <= seq.
 func (s *Store) Ack(seq uint64) (n int, err error) {
 	err = s.Update(func(t *Tx) error { n, err = t.Ack(seq); return err })
+	return n, err
+}
+
+// DropStatuses deletes every ManifestStatus waiting in the outbox.
+func (s *Store) DropStatuses() (n int, err error) {
+	err = s.Update(func(t *Tx) error { n, err = t.DropStatuses(); return err })
 	return n, err
 }
 

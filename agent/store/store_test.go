@@ -246,6 +246,33 @@ func TestOutboxBytesMatchContent(t *testing.T) {
 	}
 }
 
+// TestDropStatuses: only the ManifestStatus records go; the counters
+// follow the content and sequence numbers go on.
+func TestDropStatuses(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), FileName), Options{})
+	s.Enqueue(status(3), started("a"), chunk("a", 0, 100), status(4), finished("a"), status(5))
+	s.Ack(1)
+	n, err := s.DropStatuses()
+	if err != nil || n != 2 {
+		t.Fatalf("dropped %d %v, want 2", n, err)
+	}
+	left, _ := s.Pending(0, 0)
+	if got := describeAll(left); got != "start:a chunk:a/0 finish:a" {
+		t.Fatalf("after the drop %s", got)
+	}
+	var sum uint64
+	s.View(func(tx *Tx) error {
+		return tx.tx.Bucket(bOutbox).ForEach(func(k, v []byte) error { sum += uint64(len(k) + len(v)); return nil })
+	})
+	st, _ := s.OutboxStats()
+	if st.Bytes != sum || st.Records != 3 || st.NextSeq != 7 || st.LastAcked != 1 {
+		t.Fatalf("stats %+v (content %d bytes)", st, sum)
+	}
+	if n, err := s.DropStatuses(); err != nil || n != 0 {
+		t.Fatalf("second drop %d %v", n, err)
+	}
+}
+
 func TestOutboxBoundDropsOldestChunks(t *testing.T) {
 	const limit = 4096
 	s := open(t, filepath.Join(t.TempDir(), FileName), Options{MaxOutboxBytes: limit})
