@@ -73,7 +73,8 @@ type Config struct {
 
 	// SyncInterval is how often the manifest is polled while the stream
 	// is down; SyncIntervalStreaming while it is up (the stream's SyncNow
-	// announces every change, so the interval poll is only the backstop).
+	// announces every change, and the server nudges an agent whose
+	// heartbeats show it behind, so the interval poll is only the backstop).
 	// The streaming interval is never shorter than SyncInterval.
 	SyncInterval          time.Duration `yaml:"sync_interval"`
 	SyncIntervalStreaming time.Duration `yaml:"sync_interval_streaming"`
@@ -107,7 +108,7 @@ func DefaultConfig() Config {
 		Backend:               BackendAuto,
 		Scope:                 ScopeSystem,
 		SyncInterval:          30 * time.Second,
-		SyncIntervalStreaming: 5 * time.Minute,
+		SyncIntervalStreaming: 30 * time.Minute,
 		HeartbeatInterval:     30 * time.Second,
 		OutboxMaxBytes:        256 << 20,
 		MaxManifestBytes:      16 << 20,

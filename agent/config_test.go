@@ -82,7 +82,7 @@ func TestConfigValidate(t *testing.T) {
 // it is refused with its field name.
 func TestSyncIntervalStreaming(t *testing.T) {
 	c := DefaultConfig()
-	if c.SyncIntervalStreaming != 5*time.Minute || c.pollInterval(true) != 5*time.Minute || c.pollInterval(false) != 30*time.Second {
+	if c.SyncIntervalStreaming != 30*time.Minute || c.pollInterval(true) != 30*time.Minute || c.pollInterval(false) != 30*time.Second {
 		t.Fatalf("defaults: streaming %s, polls %s up and %s down", c.SyncIntervalStreaming, c.pollInterval(true), c.pollInterval(false))
 	}
 	c.SyncInterval = time.Hour

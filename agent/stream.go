@@ -184,8 +184,8 @@ var errUnresponsive = errors.New("the server stopped answering (liveness probe t
 //
 // What neither notices within the failover bound is a server process that
 // hangs while its host still answers and the agent has nothing to send:
-// that is gRPC's keepalive (a ping after 30 s without reads, 3 s to
-// answer), or the first record the agent sends.
+// that is gRPC's keepalive (a ping after agentpb.StreamKeepalive, 2 min,
+// without reads, 3 s to answer), or the first record the agent sends.
 const (
 	probeIdle    = 3 * time.Second
 	probeTick    = time.Second
@@ -452,6 +452,9 @@ func (a *Agent) heartbeat(ctx context.Context) *agentpb.AgentMessage {
 	// Every status pass also settles what ended while no signal said so.
 	a.kickAccount()
 	hb.OutboxRecords, hb.OutboxBytes, _ = a.store.OutboxStats()
+	if ms, err := a.manifestState(); err == nil {
+		hb.ManifestSerial = ms.Serial // the server nudges an agent left behind
+	}
 	return &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Heartbeat{Heartbeat: hb}}
 }
 

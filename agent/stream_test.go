@@ -12,6 +12,7 @@ import (
 	"github.com/drover/drover/agent/apply"
 	"github.com/drover/drover/agent/spool"
 	"github.com/drover/drover/internal/testkit"
+	"github.com/drover/drover/manifest"
 	agentpb "github.com/drover/drover/proto"
 )
 
@@ -229,4 +230,22 @@ func TestRunNowRefused(t *testing.T) {
 	if srv.count("GET "+pathManifest) <= syncs {
 		t.Error("no sync for the unknown pipe")
 	}
+}
+
+// TestHeartbeatCarriesAcceptedSerial: the heartbeat says which manifest
+// the agent accepted (0 before any), for the server to nudge an agent left
+// behind.
+func TestHeartbeatCarriesAcceptedSerial(t *testing.T) {
+	srv := newFakeServer(t)
+	ta, agentID := enrolledAgent(t, srv, func(c *Config) { c.HeartbeatInterval = time.Second })
+	testkit.WaitFor(t, 10*time.Second, "a heartbeat", func() bool { return srv.lastHeartbeat() != nil })
+	if s := srv.lastHeartbeat().GetManifestSerial(); s != 0 {
+		t.Fatalf("heartbeat before any manifest says serial %d", s)
+	}
+	p, b := testPipe(t, "hb-serial", "0 * * * *", "echo hb", 1)
+	serial := srv.publish(agentID, []manifest.Pipe{p}, b)
+	testkit.WaitFor(t, 10*time.Second, "the apply", func() bool { return ta.fake.applyCount() == 1 })
+	testkit.WaitFor(t, 10*time.Second, "a heartbeat with the serial", func() bool {
+		return srv.lastHeartbeat().GetManifestSerial() == serial
+	})
 }

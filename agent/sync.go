@@ -65,9 +65,10 @@ const expiredRetryMax = 15 * time.Second
 // asked, and with backoff after errors, until ctx is done. The interval is
 // sync_interval while the stream is down and sync_interval_streaming while
 // it is up: the stream's SyncNow announces every change (and the server
-// sends one after a reconnect's Hello when the agent is behind), so the
-// interval poll is the backstop, and a fleet at rest holds one socket per
-// agent (the poll connection closes after pollIdleTimeout). When the stream
+// sends one after a reconnect's Hello, or two heartbeats, that show the
+// agent behind), so the interval poll is the backstop, and a fleet at rest
+// holds one socket per agent (the poll connection closes after
+// pollIdleTimeout). When the stream
 // comes up or goes down during a wait, the wait is measured again from the
 // last poll with the other interval.
 func (a *Agent) syncLoop(ctx context.Context) {

@@ -652,11 +652,18 @@ type Heartbeat struct {
 	OutboxRecords uint64                 `protobuf:"varint,3,opt,name=outbox_records,json=outboxRecords,proto3" json:"outbox_records,omitempty"` // records waiting for an ack
 	OutboxBytes   uint64                 `protobuf:"varint,4,opt,name=outbox_bytes,json=outboxBytes,proto3" json:"outbox_bytes,omitempty"`
 	// The host's load averages (/proc/loadavg) when the heartbeat was sent.
-	Load1         float64 `protobuf:"fixed64,5,opt,name=load1,proto3" json:"load1,omitempty"`
-	Load5         float64 `protobuf:"fixed64,6,opt,name=load5,proto3" json:"load5,omitempty"`
-	Load15        float64 `protobuf:"fixed64,7,opt,name=load15,proto3" json:"load15,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Load1  float64 `protobuf:"fixed64,5,opt,name=load1,proto3" json:"load1,omitempty"`
+	Load5  float64 `protobuf:"fixed64,6,opt,name=load5,proto3" json:"load5,omitempty"`
+	Load15 float64 `protobuf:"fixed64,7,opt,name=load15,proto3" json:"load15,omitempty"`
+	// The serial of the manifest the agent has accepted (0: none). The
+	// server holding the stream compares it with the one published for the
+	// agent and, when the agent stays behind across two heartbeats, sends a
+	// SyncNow: a change the stream failed to announce reaches the agent
+	// within a minute, and the interval poll while the stream is up can be
+	// rare.
+	ManifestSerial uint64 `protobuf:"varint,8,opt,name=manifest_serial,json=manifestSerial,proto3" json:"manifest_serial,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
@@ -734,6 +741,13 @@ func (x *Heartbeat) GetLoad5() float64 {
 func (x *Heartbeat) GetLoad15() float64 {
 	if x != nil {
 		return x.Load15
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetManifestSerial() uint64 {
+	if x != nil {
+		return x.ManifestSerial
 	}
 	return 0
 }
@@ -1687,7 +1701,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fmanifest_digest\x18\t \x01(\tR\x0emanifestDigest\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\n" +
-	" \x01(\tR\tmachineId\"\xf6\x01\n" +
+	" \x01(\tR\tmachineId\"\x9f\x02\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12&\n" +
 	"\x0frunning_run_ids\x18\x02 \x03(\tR\rrunningRunIds\x12%\n" +
@@ -1695,7 +1709,8 @@ const file_agent_proto_rawDesc = "" +
 	"\foutbox_bytes\x18\x04 \x01(\x04R\voutboxBytes\x12\x14\n" +
 	"\x05load1\x18\x05 \x01(\x01R\x05load1\x12\x14\n" +
 	"\x05load5\x18\x06 \x01(\x01R\x05load5\x12\x16\n" +
-	"\x06load15\x18\a \x01(\x01R\x06load15\"\xde\x03\n" +
+	"\x06load15\x18\a \x01(\x01R\x06load15\x12'\n" +
+	"\x0fmanifest_serial\x18\b \x01(\x04R\x0emanifestSerial\"\xde\x03\n" +
 	"\x0eManifestStatus\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\x04R\x06serial\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12;\n" +

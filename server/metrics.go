@@ -116,6 +116,9 @@ func newMetrics(s *Server) *metrics {
 	}
 	streams := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_stream_connections", Help: "Live agent streams."},
 		func() float64 { return float64(s.streams.Streams()) })
+	nudges := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "drover_stream_nudges_total",
+		Help: "SyncNows sent because an agent's heartbeats showed it behind its published manifest for two heartbeats: changes whose announcement the stream lost."},
+		func() float64 { return float64(s.streams.Nudges()) })
 	busUp := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "drover_signal_bus_up", Help: "1 while this replica receives the other replicas' signals."},
 		func() float64 {
 			if s.fleet.bus.Up() {
@@ -148,7 +151,7 @@ func newMetrics(s *Server) *metrics {
 			func() float64 { return float64(c.n(s.fleet.hub.SyncNowCounts())) }))
 	}
 	m.reg.MustRegister(m.runsLost, m.acceptErrors, m.refused, m.throttled, m.identityConflicts, m.pipes)
-	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams,
+	m.reg.MustRegister(mr, m.records, m.ackLatency, m.runsFinished, m.runDuration, m.apiRequests, m.apiDuration, m.auditFailures, streams, nudges,
 		&stateCollector{s: s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

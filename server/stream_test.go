@@ -281,6 +281,73 @@ func TestStreamReportsAgentState(t *testing.T) {
 	testkit.WaitFor(t, 5*time.Second, "the agent to go offline", func() bool { return !ts.s.hub.Online(a.id) })
 }
 
+// TestHeartbeatNudgesAgentBehind: an agent whose heartbeats show it behind
+// the published manifest for two heartbeats in a row (the SyncNow that
+// announced it was lost) gets one SyncNow for that serial; one heartbeat
+// behind, an up-to-date one, or one without a serial gets none.
+func TestHeartbeatNudgesAgentBehind(t *testing.T) {
+	ts := startServer(t)
+	tags := map[string]string{"nudge": "yes"}
+	a := ts.enrollAgent(tags)
+	ts.putScriptPipe("nudge", "echo 1", tags)
+	ts.putScriptPipe("nudge", "echo 2", tags)
+	acc, err := a.pullManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := acc.Manifest.Serial
+	if published < 2 {
+		t.Fatalf("published serial %d", published)
+	}
+	st := a.mustStream(t) // Hello with the published serial: no SyncNow
+	seq := uint64(1)
+	// beat sends a heartbeat saying serial, then a record, and waits for its
+	// ack: the heartbeat was handled by then.
+	beat := func(serial uint64) {
+		t.Helper()
+		hb := heartbeat(0, time.Now())
+		hb.GetHeartbeat().ManifestSerial = serial
+		if err := st.stream.Send(hb); err != nil {
+			t.Fatal(err)
+		}
+		seq = sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
+			Serial: published, State: agentpb.ManifestStatus_STATE_APPLIED, AppliedSerial: published}}})
+	}
+	// The change's own announcement may reach the new stream after its
+	// Hello: what came before the heartbeats is not counted.
+	time.Sleep(500 * time.Millisecond)
+	st.mu.Lock()
+	announced := len(st.syncs)
+	st.mu.Unlock()
+	syncs := func() []uint64 {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return slices.Clone(st.syncs[announced:])
+	}
+	beat(published)
+	beat(published - 1)
+	beat(0)
+	beat(published - 1) // not two in a row: the heartbeat without a serial came between
+	time.Sleep(200 * time.Millisecond)
+	if got := syncs(); len(got) != 0 {
+		t.Fatalf("SyncNow without two heartbeats behind: %v", got)
+	}
+	beat(published - 1)
+	testkit.WaitFor(t, 5*time.Second, "the nudge", func() bool { return len(syncs()) == 1 })
+	if got := syncs(); got[0] != published {
+		t.Fatalf("nudged with serial %d, want %d", got[0], published)
+	}
+	beat(published - 1)
+	beat(published - 1)
+	time.Sleep(200 * time.Millisecond)
+	if got := syncs(); len(got) != 1 {
+		t.Fatalf("nudged again for the same serial: %v", got)
+	}
+	if v := metricValue(ts.scrape(ts.admin), "drover_stream_nudges_total"); v != 1 {
+		t.Fatalf("drover_stream_nudges_total %v, want 1", v)
+	}
+}
+
 func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	ts := startServer(t)
 	db := ts.db()

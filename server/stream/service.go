@@ -85,6 +85,7 @@ type Service struct {
 	clock   Clock
 	log     *slog.Logger
 	streams atomic.Int64
+	nudges  atomic.Uint64 // SyncNows sent to agents their heartbeats showed behind
 
 	pendingMu sync.Mutex
 	pending   map[string]int // per agent: streams waiting for their Hello
@@ -97,6 +98,11 @@ func NewService(cfg Config, host Host, hub *Hub, ingest *Ingester, clock Clock, 
 
 // Streams is the number of streams being served.
 func (g *Service) Streams() int64 { return g.streams.Load() }
+
+// Nudges is the number of SyncNows sent because an agent's heartbeats
+// showed it behind its published manifest (see nudge): announcements the
+// stream lost, ever.
+func (g *Service) Nudges() uint64 { return g.nudges.Load() }
 
 // beginHello counts a stream of the agent waiting for its Hello, unless as
 // many as allowed already wait.
@@ -268,6 +274,7 @@ func (g *Service) ended(cctx context.Context, finish func(error) error) error {
 // returns io.EOF when the agent closes its side.
 func (g *Service) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStreamServer, first *agentpb.AgentMessage, log *slog.Logger) error {
 	var lastSeq uint64
+	var lag laggard
 	msg := first
 	for {
 		if msg == nil {
@@ -321,6 +328,8 @@ func (g *Service) recvLoop(conn *streamConn, stream agentpb.Agent_AgentStreamSer
 		}
 		if h := msg.GetHello(); h != nil {
 			g.syncIfBehind(conn, h.GetManifestSerial())
+		} else if hb := msg.GetHeartbeat(); hb != nil && verr == nil {
+			g.nudge(conn, &lag, hb.GetManifestSerial())
 		}
 		msg = nil
 	}
@@ -361,5 +370,44 @@ func (g *Service) syncIfBehind(conn *streamConn, accepted uint64) {
 	select {
 	case conn.out <- g.hub.syncNow(conn.ctx, conn.agentID, serial):
 	default:
+	}
+}
+
+// laggard is what one stream's heartbeats said about the agent's manifest.
+type laggard struct {
+	behind uint64 // the published serial the last heartbeat was behind (0: it was not)
+	nudged uint64 // the published serial a SyncNow was sent for
+}
+
+// nudge sends the agent a SyncNow when two heartbeats in a row show it
+// behind the same published serial, once per serial. Every change is
+// announced by a SyncNow, some seconds late by design (the spread), so one
+// heartbeat behind is normal; two, a heartbeat interval apart, mean the
+// announcement was lost (the stream's send queue was full, a replica missed
+// the signal). An agent that rejects the manifest is nudged once; its polls
+// retry. A heartbeat without a serial (no manifest accepted yet, or an
+// agent that does not report it) is left to the Hello and the polls.
+func (g *Service) nudge(conn *streamConn, lag *laggard, accepted uint64) {
+	if accepted == 0 {
+		lag.behind = 0
+		return
+	}
+	serial, err := g.host.PublishedSerial(conn.ctx, conn.agentID)
+	if err != nil || serial <= accepted {
+		lag.behind = 0
+		return
+	}
+	if lag.behind != serial {
+		lag.behind = serial
+		return
+	}
+	if lag.nudged == serial {
+		return
+	}
+	select {
+	case conn.out <- g.hub.syncNow(conn.ctx, conn.agentID, serial):
+		lag.nudged = serial
+		g.nudges.Add(1)
+	default: // the queue is full: the next heartbeat tries again
 	}
 }

@@ -379,8 +379,11 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 			return err
 		case <-a.wakeCh:
 		case <-hb.C:
+			a.mu.Lock()
+			accepted := a.serial
+			a.mu.Unlock()
 			msg := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{
-				SentAt: timestamppb.Now(), OutboxRecords: uint64(a.outboxLen())}}}
+				SentAt: timestamppb.Now(), OutboxRecords: uint64(a.outboxLen()), ManifestSerial: accepted}}}
 			if err := st.Send(msg); err != nil {
 				return fmt.Errorf("send heartbeat: %w", err)
 			}
