@@ -221,11 +221,12 @@ func (a *Agent) sdNotify(state string) {
 // watchdogLoop pings systemd's watchdog while the daemon's loops turn.
 func (a *Agent) watchdogLoop(ctx context.Context) {
 	tick.Every(ctx, a.watchdog/2, nil, func() {
-		// The sync loop and the enrollment wait mark themselves alive at
-		// least every interval; a loop wedged longer than that stops the
-		// pings and systemd restarts the agent.
+		// The sync loop marks itself alive before each poll and every
+		// aliveEvery while it waits (the enrollment wait every second); a
+		// poll wedged longer than its bound stops the pings and systemd
+		// restarts the agent.
 		last := time.Unix(0, a.alive.Load())
-		if time.Since(last) < a.cfg.pollInterval(true)*11/10+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
+		if time.Since(last) < aliveEvery*11/10+a.cfg.MaxBackoff+a.cfg.RequestTimeout*4 {
 			a.sdNotify("WATCHDOG=1")
 		}
 	})

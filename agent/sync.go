@@ -61,6 +61,11 @@ func (r *rejection) Unwrap() error { return r.err }
 // expired: "retried hard".
 const expiredRetryMax = 15 * time.Second
 
+// aliveEvery is how often the sync loop marks itself alive while it waits
+// for the next poll, so that the watchdog's bound (watchdogLoop) does not
+// grow with sync_interval_streaming.
+const aliveEvery = time.Minute
+
 // syncLoop pulls the manifest every interval (with jitter), at once when
 // asked, and with backoff after errors, until ctx is done. The interval is
 // sync_interval while the stream is down and sync_interval_streaming while
@@ -99,12 +104,16 @@ func (a *Agent) syncLoop(ctx context.Context) {
 			d = scaled(a.cfg.pollInterval(a.streamConnected()), f)
 		}
 		t := time.NewTimer(d)
+		alive := time.NewTicker(aliveEvery)
 	wait:
 		for {
 			select {
 			case <-ctx.Done():
 				t.Stop()
+				alive.Stop()
 				return
+			case <-alive.C:
+				a.markAlive()
 			case w := <-a.syncReq:
 				waiting = append(waiting, w)
 				break wait
@@ -122,6 +131,7 @@ func (a *Agent) syncLoop(ctx context.Context) {
 			}
 		}
 		t.Stop()
+		alive.Stop()
 		// Coalesce requests that arrived together.
 		for more := true; more; {
 			select {
@@ -271,7 +281,7 @@ func (a *Agent) poll(ctx context.Context, id *Identity) SyncResult {
 		switch {
 		case errors.Is(err, resty.ErrResponseBodyTooLarge):
 			rj := fmt.Errorf("manifest: %w: more than %d bytes", signing.ErrTooLarge, a.cfg.MaxManifestBytes)
-			a.reportRejected([]byte("too large"), rj)
+			a.reportRejected(id, []byte("too large"), rj)
 			return SyncResult{Outcome: OutcomeRejected, Error: rj.Error()}
 		case errors.As(err, &ae) && ae.Status == 404 && ae.Code == api.CodeNotFound:
 			// Enrolled, but the server has compiled no manifest yet.
@@ -302,7 +312,7 @@ func (a *Agent) accept(ctx context.Context, id *Identity, env []byte, newTag str
 		}
 		var rj *rejection
 		if errors.As(err, &rj) {
-			a.reportRejected(env, rj.err)
+			a.reportRejected(id, env, rj.err)
 			return SyncResult{Outcome: OutcomeRejected, Error: rj.Error()}, nil
 		}
 		return SyncResult{Outcome: OutcomeError, Error: err.Error()}, nil
@@ -322,7 +332,7 @@ func (a *Agent) accept(ctx context.Context, id *Identity, env []byte, newTag str
 	if err != nil {
 		var rj *rejection
 		if errors.As(err, &rj) {
-			a.reportRejected(env, rj.err)
+			a.reportRejected(id, env, rj.err)
 			return SyncResult{Outcome: OutcomeRejected, Serial: acc.Manifest.Serial, Error: rj.Error()}, nil
 		}
 		return SyncResult{Outcome: OutcomeError, Error: err.Error()}, nil
@@ -838,19 +848,17 @@ func hasSecrets(m *manifest.Manifest) bool {
 	return false
 }
 
-// reportRejected reports a rejected manifest once per distinct envelope.
-func (a *Agent) reportRejected(env []byte, err error) {
+// reportRejected reports a rejected manifest once per distinct envelope,
+// as agent id's (the identity the sync ran with: a sync that began before
+// a re-enrollment reports nothing for the new agent).
+func (a *Agent) reportRejected(id *Identity, env []byte, err error) {
 	d := signing.Digest(env) + " " + err.Error()
 	a.mu.Lock()
 	dup := a.lastReject == d
 	a.lastReject = d
 	a.mu.Unlock()
 	a.log.Error("manifest rejected; nothing changed", "err", err)
-	if dup {
-		return
-	}
-	id := a.identity()
-	if id == nil {
+	if dup || id == nil {
 		return
 	}
 	ms, _ := a.manifestState()

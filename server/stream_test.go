@@ -282,9 +282,10 @@ func TestStreamReportsAgentState(t *testing.T) {
 }
 
 // TestHeartbeatNudgesAgentBehind: an agent whose heartbeats show it behind
-// the published manifest for two heartbeats in a row (the SyncNow that
-// announced it was lost) gets one SyncNow for that serial; one heartbeat
-// behind, an up-to-date one, or one without a serial gets none.
+// the published manifest for two heartbeats in a row at least stream.NudgeAfter
+// apart (the SyncNow that announced it was lost) gets one SyncNow for that
+// serial; heartbeats behind for a shorter time, an up-to-date one, or one
+// without a serial get none.
 func TestHeartbeatNudgesAgentBehind(t *testing.T) {
 	ts := startServer(t)
 	tags := map[string]string{"nudge": "yes"}
@@ -300,22 +301,10 @@ func TestHeartbeatNudgesAgentBehind(t *testing.T) {
 		t.Fatalf("published serial %d", published)
 	}
 	st := a.mustStream(t) // Hello with the published serial: no SyncNow
-	seq := uint64(1)
-	// beat sends a heartbeat saying serial, then a record, and waits for its
-	// ack: the heartbeat was handled by then.
-	beat := func(serial uint64) {
-		t.Helper()
-		hb := heartbeat(0, time.Now())
-		hb.GetHeartbeat().ManifestSerial = serial
-		if err := st.stream.Send(hb); err != nil {
-			t.Fatal(err)
-		}
-		seq = sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
-			Serial: published, State: agentpb.ManifestStatus_STATE_APPLIED, AppliedSerial: published}}})
-	}
 	// The change's own announcement may reach the new stream after its
 	// Hello: what came before the heartbeats is not counted.
-	time.Sleep(500 * time.Millisecond)
+	testkit.WaitFor(t, 10*time.Second, "the announcements sent", func() bool { return ts.s.syncs.pending() == 0 })
+	time.Sleep(100 * time.Millisecond)
 	st.mu.Lock()
 	announced := len(st.syncs)
 	st.mu.Unlock()
@@ -324,21 +313,38 @@ func TestHeartbeatNudgesAgentBehind(t *testing.T) {
 		defer st.mu.Unlock()
 		return slices.Clone(st.syncs[announced:])
 	}
-	beat(published)
-	beat(published - 1)
-	beat(0)
-	beat(published - 1) // not two in a row: the heartbeat without a serial came between
+	seq := uint64(1)
+	// beat moves the clock by gap, sends a heartbeat saying serial, then a
+	// record, and waits for its ack: the heartbeat was handled by then.
+	beat := func(gap time.Duration, serial uint64) {
+		t.Helper()
+		ts.clock.Advance(gap)
+		hb := heartbeat(0, time.Now())
+		hb.GetHeartbeat().ManifestSerial = serial
+		if err := st.stream.Send(hb); err != nil {
+			t.Fatal(err)
+		}
+		seq = sendAll(t, st, seq, &agentpb.AgentMessage{Body: &agentpb.AgentMessage_ManifestStatus{ManifestStatus: &agentpb.ManifestStatus{
+			Serial: published, State: agentpb.ManifestStatus_STATE_APPLIED, AppliedSerial: published}}})
+	}
+	const hbGap = 30 * time.Second
+	beat(hbGap, published)
+	beat(hbGap, published-1)
+	beat(hbGap, 0)
+	beat(hbGap, published-1) // not two in a row: the heartbeat without a serial came between
+	beat(5*time.Second, published-1)
+	beat(5*time.Second, published-1) // behind for 10 s only
 	time.Sleep(200 * time.Millisecond)
 	if got := syncs(); len(got) != 0 {
-		t.Fatalf("SyncNow without two heartbeats behind: %v", got)
+		t.Fatalf("SyncNow before heartbeats showed the agent behind for %s: %v", stream.NudgeAfter, got)
 	}
-	beat(published - 1)
+	beat(hbGap, published-1)
 	testkit.WaitFor(t, 5*time.Second, "the nudge", func() bool { return len(syncs()) == 1 })
 	if got := syncs(); got[0] != published {
 		t.Fatalf("nudged with serial %d, want %d", got[0], published)
 	}
-	beat(published - 1)
-	beat(published - 1)
+	beat(hbGap, published-1)
+	beat(hbGap, published-1)
 	time.Sleep(200 * time.Millisecond)
 	if got := syncs(); len(got) != 1 {
 		t.Fatalf("nudged again for the same serial: %v", got)

@@ -375,18 +375,27 @@ func (g *Service) syncIfBehind(conn *streamConn, accepted uint64) {
 
 // laggard is what one stream's heartbeats said about the agent's manifest.
 type laggard struct {
-	behind uint64 // the published serial the last heartbeat was behind (0: it was not)
-	nudged uint64 // the published serial a SyncNow was sent for
+	behind uint64    // the published serial the last heartbeat was behind (0: it was not)
+	since  time.Time // when a heartbeat first showed it behind that serial
+	nudged uint64    // the published serial a SyncNow was sent for
 }
 
-// nudge sends the agent a SyncNow when two heartbeats in a row show it
-// behind the same published serial, once per serial. Every change is
-// announced by a SyncNow, some seconds late by design (the spread), so one
-// heartbeat behind is normal; two, a heartbeat interval apart, mean the
-// announcement was lost (the stream's send queue was full, a replica missed
-// the signal). An agent that rejects the manifest is nudged once; its polls
-// retry. A heartbeat without a serial (no manifest accepted yet, or an
-// agent that does not report it) is left to the Hello and the polls.
+// NudgeAfter is how long heartbeats must show an agent behind the same
+// serial before it is nudged: longer than the spread delays announcements
+// (its window and its holds, seconds) and than an agent takes to fetch a
+// change's payloads, shorter than drover-agent's 30 s heartbeat interval.
+const NudgeAfter = 20 * time.Second
+
+// nudge sends the agent a SyncNow when heartbeats in a row, at least
+// NudgeAfter apart, show it behind the same published serial, once per
+// serial. Every change is announced by a SyncNow, some seconds late by
+// design (the spread), so one heartbeat behind is normal; two, a heartbeat
+// interval apart, mean the announcement was lost (the stream's send queue
+// was full). Heartbeats arrive spread over their interval, so nudges after
+// a fleet-wide loss are spread too. An agent that rejects the manifest is
+// nudged once; its polls retry. A heartbeat without a serial (no manifest
+// accepted yet, or an agent that does not report it) is left to the Hello
+// and the polls.
 func (g *Service) nudge(conn *streamConn, lag *laggard, accepted uint64) {
 	if accepted == 0 {
 		lag.behind = 0
@@ -397,11 +406,12 @@ func (g *Service) nudge(conn *streamConn, lag *laggard, accepted uint64) {
 		lag.behind = 0
 		return
 	}
+	now := g.clock.Now()
 	if lag.behind != serial {
-		lag.behind = serial
+		lag.behind, lag.since = serial, now
 		return
 	}
-	if lag.nudged == serial {
+	if lag.nudged == serial || now.Sub(lag.since) < NudgeAfter {
 		return
 	}
 	select {

@@ -173,7 +173,7 @@ func newSimAgent(w *worker, index int, src net.IP, id *identity) (*simAgent, err
 		grpc.WithReadBufferSize(8<<10), grpc.WithWriteBufferSize(8<<10),
 		// drover-agent's keepalive interval: a PING after StreamKeepalive
 		// without reads (an idle stream reads nothing between SyncNows),
-		// so the server answers one per agent every 30 s. Its wait is
+		// so the server answers one per agent every 2 min. Its wait is
 		// longer than the agent's 3 s: the workers run at nice 19 on the
 		// server's cores and are starved for a second or more during a
 		// fleet's change, which an agent on its own host is not (at 3 s,
