@@ -284,8 +284,8 @@ func TestStreamReportsAgentState(t *testing.T) {
 // TestHeartbeatNudgesAgentBehind: an agent whose heartbeats show it behind
 // the published manifest for two heartbeats in a row at least stream.NudgeAfter
 // apart (the SyncNow that announced it was lost) gets one SyncNow for that
-// serial; heartbeats behind for a shorter time, an up-to-date one, or one
-// without a serial get none.
+// serial; heartbeats behind for a shorter time, up to date or ahead of
+// what was published, or without a serial get none.
 func TestHeartbeatNudgesAgentBehind(t *testing.T) {
 	ts := startServer(t)
 	tags := map[string]string{"nudge": "yes"}
@@ -329,6 +329,8 @@ func TestHeartbeatNudgesAgentBehind(t *testing.T) {
 	}
 	const hbGap = 30 * time.Second
 	beat(hbGap, published)
+	beat(hbGap, published+5) // a serial never published: not behind
+	beat(hbGap, published+5)
 	beat(hbGap, published-1)
 	beat(hbGap, 0)
 	beat(hbGap, published-1) // not two in a row: the heartbeat without a serial came between

@@ -363,13 +363,29 @@ func PeerAddr(ctx context.Context) string {
 // when the agent's last accepted manifest is older than the one published
 // for it.
 func (g *Service) syncIfBehind(conn *streamConn, accepted uint64) {
+	if serial := g.publishedAhead(conn, accepted); serial > 0 {
+		g.offerSync(conn, serial)
+	}
+}
+
+// publishedAhead is the serial published for the agent when it is newer
+// than accepted, else 0.
+func (g *Service) publishedAhead(conn *streamConn, accepted uint64) uint64 {
 	serial, err := g.host.PublishedSerial(conn.ctx, conn.agentID)
 	if err != nil || serial <= accepted {
-		return
+		return 0
 	}
+	return serial
+}
+
+// offerSync queues a SyncNow for serial on the stream unless its queue is
+// full, and says whether it did.
+func (g *Service) offerSync(conn *streamConn, serial uint64) bool {
 	select {
 	case conn.out <- g.hub.syncNow(conn.ctx, conn.agentID, serial):
+		return true
 	default:
+		return false
 	}
 }
 
@@ -401,8 +417,8 @@ func (g *Service) nudge(conn *streamConn, lag *laggard, accepted uint64) {
 		lag.behind = 0
 		return
 	}
-	serial, err := g.host.PublishedSerial(conn.ctx, conn.agentID)
-	if err != nil || serial <= accepted {
+	serial := g.publishedAhead(conn, accepted)
+	if serial == 0 {
 		lag.behind = 0
 		return
 	}
@@ -414,10 +430,8 @@ func (g *Service) nudge(conn *streamConn, lag *laggard, accepted uint64) {
 	if lag.nudged == serial || now.Sub(lag.since) < NudgeAfter {
 		return
 	}
-	select {
-	case conn.out <- g.hub.syncNow(conn.ctx, conn.agentID, serial):
+	if g.offerSync(conn, serial) { // else the queue is full: the next heartbeat tries again
 		lag.nudged = serial
 		g.nudges.Add(1)
-	default: // the queue is full: the next heartbeat tries again
 	}
 }

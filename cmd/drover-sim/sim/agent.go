@@ -380,10 +380,9 @@ func (a *simAgent) streamOnce(ctx context.Context) error {
 		case <-a.wakeCh:
 		case <-hb.C:
 			a.mu.Lock()
-			accepted := a.serial
+			beat := &agentpb.Heartbeat{SentAt: timestamppb.Now(), OutboxRecords: uint64(len(a.outbox)), ManifestSerial: a.serial}
 			a.mu.Unlock()
-			msg := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Heartbeat{Heartbeat: &agentpb.Heartbeat{
-				SentAt: timestamppb.Now(), OutboxRecords: uint64(a.outboxLen()), ManifestSerial: accepted}}}
+			msg := &agentpb.AgentMessage{Body: &agentpb.AgentMessage_Heartbeat{Heartbeat: beat}}
 			if err := st.Send(msg); err != nil {
 				return fmt.Errorf("send heartbeat: %w", err)
 			}
