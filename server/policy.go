@@ -56,7 +56,7 @@ func pathOverlaps(a, b string) bool {
 }
 
 // privilegedReasons lists why spec is privileged, as field errors; agents
-// are the enrolled agents (to find internal ones). Empty: not privileged.
+// are the enrolled agents tagged internalAgentTag (the others play no part). Empty: not privileged.
 func privilegedReasons(spec *manifest.Spec, agents []*store.Agent) []api.Detail {
 	var out []api.Detail
 	if t := spec.Targets; t != nil {
@@ -124,7 +124,7 @@ func (s *Server) checkPrivileged(ctx context.Context, r *http.Request, spec *man
 }
 
 func (s *Server) privileged(ctx context.Context, spec *manifest.Spec) ([]api.Detail, error) {
-	agents, err := s.store.ListAgents(ctx)
+	agents, err := s.store.AgentsTagged(ctx, internalAgentTag)
 	if err != nil {
 		return nil, err
 	}

@@ -60,6 +60,11 @@ type TokenStore interface {
 type AgentStore interface {
 	GetAgent(ctx context.Context, id string) (*Agent, error)
 	ListAgents(ctx context.Context) ([]*Agent, error)
+	// AgentsTagged lists the agents whose tags have key (revoked ones
+	// too), as ListAgents orders them: a few among a fleet, without reading
+	// the fleet (the privileged-spec check looks for internal agents at
+	// every pipe write).
+	AgentsTagged(ctx context.Context, key string) ([]*Agent, error)
 	// AgentCert returns what a client-certificate check needs.
 	AgentCert(ctx context.Context, id string) (*AgentCert, error)
 	// SetNextCert records a certificate issued by renewal.

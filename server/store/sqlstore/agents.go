@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/drover/drover/server/store"
@@ -41,6 +42,31 @@ func (s *DB) GetAgent(ctx context.Context, id string) (*store.Agent, error) {
 func (s *DB) ListAgents(ctx context.Context) ([]*store.Agent, error) {
 	return queryAll(ctx, s.r, "list agents", scanAgent, `SELECT `+agentColumns+` FROM agents ORDER BY created_at, id`)
 }
+
+func (s *DB) AgentsTagged(ctx context.Context, key string) ([]*store.Agent, error) {
+	// Tags are stored as a JSON object's text: the key, quoted and followed
+	// by its colon, is in the text of every agent that has it; the SQL
+	// narrows by that, the check below is exact.
+	quoted, err := json.Marshal(key)
+	if err != nil {
+		return nil, fmt.Errorf("agents tagged: %w", err)
+	}
+	pattern := "%" + likeEscaper.Replace(string(quoted)) + ":%"
+	as, err := queryAll(ctx, s.r, "agents tagged", scanAgent, `SELECT `+agentColumns+` FROM agents WHERE tags LIKE ? ESCAPE '\' ORDER BY created_at, id`, pattern)
+	if err != nil {
+		return nil, err
+	}
+	out := as[:0]
+	for _, a := range as {
+		if _, ok := a.Tags[key]; ok {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// likeEscaper escapes LIKE's wildcards and its escape character.
+var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 
 func (s *DB) AgentCert(ctx context.Context, id string) (*store.AgentCert, error) {
 	var c store.AgentCert

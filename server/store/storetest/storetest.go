@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"EnrollmentBatch", testEnrollmentBatch},
 		{"EnrollmentConcurrent", testEnrollmentConcurrent},
 		{"Agents", testAgents},
+		{"AgentsTagged", testAgentsTagged},
 		{"Pipes", testPipes},
 		{"Secrets", testSecrets},
 		{"Manifests", testManifests},
@@ -239,6 +241,42 @@ func testEnrollmentConcurrent(t *testing.T, st store.Store) {
 	must(t, err)
 	if len(agents) != tokens {
 		t.Fatalf("%d agents for %d tokens", len(agents), tokens)
+	}
+}
+
+// AgentsTagged finds exactly the agents that have the key, whatever its
+// value, and not those whose other keys or values contain it, nor those
+// that LIKE's wildcards in the key would match.
+func testAgentsTagged(t *testing.T, st store.Store) {
+	ctx := t.Context()
+	enroll(t, st, "agt-a", map[string]string{"drover.internal": "true"})
+	enroll(t, st, "agt-b", map[string]string{"role": "drover.internal"})
+	enroll(t, st, "agt-c", map[string]string{"drover.internal.x": "1", "x.drover.internal": "2"})
+	enroll(t, st, "agt-d", map[string]string{"droverXinternal": "true", "DROVER.INTERNAL": "true"})
+	enroll(t, st, "agt-e", map[string]string{"a": "1", "drover.internal": ""})
+	enroll(t, st, "agt-f", nil)
+	enroll(t, st, "agt-g", map[string]string{"k_%\\\"<": "v"})
+	must(t, st.RevokeAgent(ctx, "agt-e", t0.Add(time.Minute)))
+	ids := func(key string) []string {
+		as, err := st.AgentsTagged(ctx, key)
+		must(t, err)
+		var out []string
+		for _, a := range as {
+			out = append(out, a.ID)
+		}
+		return out
+	}
+	if got := ids("drover.internal"); !slices.Equal(got, []string{"agt-a", "agt-e"}) {
+		t.Fatalf("AgentsTagged(drover.internal): %v, want [agt-a agt-e]", got)
+	}
+	if got := ids("k_%\\\"<"); !slices.Equal(got, []string{"agt-g"}) {
+		t.Fatalf("AgentsTagged(a key with LIKE's wildcards, a backslash, a quote): %v, want [agt-g]", got)
+	}
+	if got := ids("k__\\\"<"); len(got) != 0 {
+		t.Fatalf("AgentsTagged(k__...): %v, want none (_ is not a wildcard)", got)
+	}
+	if got := ids("nope"); len(got) != 0 {
+		t.Fatalf("AgentsTagged(nope): %v", got)
 	}
 }
 
