@@ -96,7 +96,7 @@ func (b *bulkWrites) UnderWay() <-chan struct{} {
 }
 
 // saveChunk is how many manifests are committed per transaction. While a
-// recompile saves, the SyncNows wait and the ingester gives way, so only a
+// recompile saves, the ingester gives way, so only a
 // PUT's own writes queue behind one such commit (~0.1 s); fewer commits
 // made the recompile of 19,500 agents 1.4-1.9 s instead of 2.2-2.6 s at 250.
 const saveChunk = 1000

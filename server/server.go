@@ -179,7 +179,11 @@ func newServer(cfg Config, logger *slog.Logger, clock Clock, open func(context.C
 			inUse, slots := s.agentSlots.usage()
 			return agentsBusy(inUse, slots, s.handshakes.n.Load())
 		})
-	s.syncs.hold = func() bool { return s.bulk.UnderWay() != nil }
+	if cfg.GRPC.CarryManifestBytes == 0 {
+		// Every SyncNow sets off a poll: hold them while the fleet's
+		// recompile saves (syncspread.go).
+		s.syncs.hold = func() bool { return s.bulk.UnderWay() != nil }
+	}
 	s.syncs.log = logger
 	defer func() {
 		if err != nil {

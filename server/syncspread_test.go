@@ -242,3 +242,24 @@ func TestBulkWritesUnderWay(t *testing.T) {
 		t.Fatal("still under way")
 	}
 }
+
+// The fleet's SyncNows wait for its recompile's save only when they do not
+// carry manifests (each then sets off a poll); carried, each chunk is
+// announced as soon as it is committed.
+func TestSyncNowsHeldForTheSaveOnlyWithoutManifests(t *testing.T) {
+	if ts := startServer(t); ts.s.syncs.hold != nil {
+		t.Fatal("manifests carried on the stream (the default), yet the SyncNows wait for the save")
+	}
+	ts := startServer(t, func(c *Config) { c.GRPC.CarryManifestBytes = 0 })
+	if ts.s.syncs.hold == nil {
+		t.Fatal("grpc.carry_manifest_bytes 0: the SyncNows do not wait for the save")
+	}
+	end := ts.s.bulk.begin()
+	if !ts.s.syncs.hold() {
+		t.Fatal("a bulk save under way, yet hold says no")
+	}
+	end()
+	if ts.s.syncs.hold() {
+		t.Fatal("no bulk save under way, yet hold says yes")
+	}
+}
