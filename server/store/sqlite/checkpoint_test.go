@@ -119,3 +119,17 @@ func TestCheckpointerRunsInTheBackground(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Closing twice is harmless, as closing the pools is.
+func TestCloseTwice(t *testing.T) {
+	db, err := Open(context.Background(), filepath.Join(t.TempDir(), "server.db"), "normal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,7 @@ type DB struct {
 	ckptDone chan struct{}
 	ckptErr  atomic.Pointer[error] // the last checkpoint's error, nil if it succeeded
 	ckptRuns atomic.Int64          // background checkpoints run
+	stopOnce sync.Once
 }
 
 // Checkpoints. SQLite's default copies the WAL into the database file
@@ -169,7 +171,7 @@ func (s *DB) Reader() *sql.DB { return s.r }
 // Close stops the checkpointer and closes the pools.
 func (s *DB) Close() error {
 	s.CloseIngest()
-	close(s.stopCkpt)
+	s.stopOnce.Do(func() { close(s.stopCkpt) })
 	<-s.ckptDone
 	return errors.Join(s.ckpt.Close(), s.r.Close(), s.w.Close())
 }
@@ -200,7 +202,7 @@ func (s *DB) checkpointer(every time.Duration) {
 // CheckpointStats is what one PASSIVE checkpoint reports: the WAL's frames
 // and how many of them are now in the database file.
 type CheckpointStats struct {
-	Busy         bool // it could not start (another checkpoint ran)
+	Busy         bool // blocked: another connection was checkpointing
 	WALFrames    int
 	Checkpointed int
 }
